@@ -1,0 +1,41 @@
+# speechstream: `make demo` and `make test` set everything up from a fresh clone.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSTEM_PACKAGES := libportaudio2 espeak-ng
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup system demo test verify clean
+
+setup: $(STAMP)
+
+# Debian packages: PortAudio for the microphone, espeak-ng for synthetic speech.
+system:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "note: install$$missing for the microphone and synthetic speech"; fi; \
+	fi
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	$(MAKE) system
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps simuleval==1.1.4
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/speechstream transcribe samples/jfk.wav
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+verify: setup
+	$(BIN)/speechstream verify --all-architectures
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from speechstream.cli import main
+
+sys.exit(main())

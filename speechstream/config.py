@@ -1,0 +1,134 @@
+"""Frozen configuration dataclasses, loaded from YAML with unknown keys rejected.
+
+Model configs live in ``models/<name>/config.yaml``; decoding options map one-to-one
+onto command-line flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from speechstream.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """A Whisper-architecture speech encoder run block-causally."""
+
+    d_model: int = 384  # width of the encoder
+    layers: int = 4  # transformer layers
+    heads: int = 6  # attention heads
+    ffn_dim: int = 1536  # feed-forward width
+    num_mel_bins: int = 80  # input features per frame
+    max_source_positions: int = 1500  # rows of the sinusoidal position table (30 s)
+    left_frames: int | None = 500  # encoder frames of left context each block sees (None: unbounded)
+    weights: str | None = None  # Whisper checkpoint (asset name, HF directory or hub id); None: random init
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectorConfig:
+    """Frame stacking plus a two-layer MLP into the LLM's embedding space."""
+
+    stack: int = 4  # encoder frames per source token (4 x 20 ms = 80 ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMConfig:
+    """The decoder-only LLM and its group position encoding."""
+
+    architecture: str = "llama"  # llama | qwen2 | gemma2 | phi3 (used when no base is given)
+    base: str | None = None  # pretrained LLM (asset name, HF directory or hub id); None: build from the fields below
+    hidden_size: int = 64  # tiny models only
+    layers: int = 2  # tiny models only
+    heads: int = 4  # tiny models only
+    kv_heads: int = 2  # tiny models only
+    intermediate_size: int = 128  # tiny models only
+    phi: int = 0  # first position id of the target group
+    lora_rank: int = 0  # LoRA rank of the shipped adapter (0: none)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+    """How source and target token sequences are framed around the speech."""
+
+    source_prefix: str = "<|im_start|>user\nTranscribe the audio.\n"  # text before the speech (source group)
+    source_suffix: str = "<|im_end|>\n"  # end-of-source marker, read at finish
+    target_prefix: str = "<|im_start|>assistant\n"  # assistant header (target group)
+    eoc_token: str = "<|eoc|>"  # end of chunk: the writer asks for the next chunk
+    eos_token: str = "<|im_end|>"  # end of the transcript
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to build a speech LLM."""
+
+    name: str = "tiny-random"  # display name
+    tokenizer: str = "bytes"  # "bytes" (built-in byte-level tokenizer) or a tokenizer directory / hub id
+    seed: int = 0  # initialisation seed of randomly initialised parts
+    encoder: EncoderConfig = EncoderConfig()
+    projector: ProjectorConfig = ProjectorConfig()
+    llm: LLMConfig = LLMConfig()
+    prompt: PromptConfig = PromptConfig()
+    checkpoint: str | None = None  # safetensors with trained projector/adapter weights, relative to the config
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingConfig:
+    """Streaming decoding options (one field per command-line flag)."""
+
+    chunk_ms: int = 640  # audio per chunk (source segment)
+    policy: str = "wait-k"  # read/write policy name
+    k: int = 2  # chunks read before the first write
+    max_tokens_per_chunk: int = 24  # cap on tokens written between two reads
+    max_tail_tokens: int = 200  # cap on tokens written after the end of the audio
+    device: str = "cpu"  # torch device
+
+
+def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, recursing into nested dataclasses; unknown keys are errors."""
+    data = dict(data or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise InputError(f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(where + k for k in unknown)}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise InputError(f"config key {where}{name} must be a mapping")
+            value = from_dict(hint, value, f"{where}{name}.")
+        else:
+            value = _check_type(value, hint, where + name)
+        values[name] = value
+    return cls(**values)
+
+
+def _check_type(value: Any, hint: Any, name: str) -> Any:
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return None
+    for kind in allowed:
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if kind in (int, str, bool, float) and isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return value
+    raise InputError(f"config key {name} has the wrong type: {value!r}")
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    """Read ``models/<name>/config.yaml``."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise InputError(f"{path}: cannot read model config ({error})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a model config must be a mapping")
+    return from_dict(ModelConfig, data)

@@ -1,0 +1,1 @@
+"""Evaluation: latency metrics as SimulEval 1.1.4 computes them (`latency`) and WER/CER/BLEU/chrF (`quality`)."""

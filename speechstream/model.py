@@ -1,0 +1,234 @@
+"""The speech LLM: streaming encoder -> projector -> GPE decoder, plus its prompt and tokenizer.
+
+``load_model`` finds a model config (a name under ``models/`` or a directory holding
+``config.yaml``) and builds it. ``source_batch`` and ``target_sequence`` are the
+training-side views of what a streaming session feeds: the same encoder, projector,
+segments and prompt tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from speechstream import features, gpe, schedule
+from speechstream.chunker import chunk_samples
+from speechstream.config import LLMConfig, ModelConfig, load_model_config
+from speechstream.decoder import GPEDecoder
+from speechstream.encoder import StreamingWhisperEncoder
+from speechstream.errors import InputError
+from speechstream.projector import Projector
+from speechstream.text import byte_tokenizer
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"  # model configs shipped with the project
+DEFAULT_MODELS = {"asr": "tiny-random", "translate": "tiny-random"}  # used when no --model is given
+ARCHITECTURES = ("llama", "qwen2", "gemma2", "phi3")  # LLM families the GPE decoder is verified on
+
+
+@dataclass(frozen=True)
+class SourceBatch:
+    """Source token embeddings of a batch, as the training forward sees them."""
+
+    embeds: torch.Tensor  # (B, S, H) prefix + speech + suffix, padded
+    lengths: torch.Tensor  # (B,) valid source tokens per item
+    unit_ends: list[list[int]]  # per item, cumulative source tokens at the end of each read unit
+
+
+def tiny_llm_config(llm: LLMConfig, vocab_size: int, pad_id: int):
+    """A transformers config of ``llm.architecture`` with the tiny sizes of ``llm``."""
+    from transformers import Gemma2Config, LlamaConfig, Phi3Config, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=llm.hidden_size,
+        num_hidden_layers=llm.layers,
+        num_attention_heads=llm.heads,
+        num_key_value_heads=llm.kv_heads,
+        intermediate_size=llm.intermediate_size,
+        max_position_embeddings=8192,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    if llm.architecture == "llama":
+        return LlamaConfig(**common)
+    if llm.architecture == "qwen2":
+        return Qwen2Config(**common)
+    if llm.architecture == "gemma2":
+        return Gemma2Config(**common, head_dim=llm.hidden_size // llm.heads, sliding_window=8192)
+    if llm.architecture == "phi3":
+        return Phi3Config(**common, sliding_window=None)
+    raise InputError(f"unknown LLM architecture {llm.architecture!r} (known: {', '.join(ARCHITECTURES)})")
+
+
+def attention_implementation(model_type: str) -> str:
+    """SDPA with an additive mask where transformers supports it; eager (also additive) otherwise."""
+    return "eager" if model_type == "gemma2" else "sdpa"
+
+
+def build_llm(config: ModelConfig, tokenizer) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    if config.llm.base is None:
+        vocab = -(-len(tokenizer) // 16) * 16
+        llm_config = tiny_llm_config(config.llm, vocab, tokenizer.pad_token_id or 0)
+        llm_config._attn_implementation = attention_implementation(llm_config.model_type)
+        torch.manual_seed(config.seed + 1)
+        return AutoModelForCausalLM.from_config(llm_config)
+    from speechstream.weights.fetch import resolve
+
+    path = resolve(config.llm.base)
+    probe = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, torch_dtype=torch.float32)
+    probe.config._attn_implementation = attention_implementation(probe.config.model_type)
+    return probe
+
+
+def build_tokenizer(config: ModelConfig):
+    if config.tokenizer == "bytes":
+        prompt = config.prompt
+        texts = [prompt.source_prefix, prompt.source_suffix, prompt.target_prefix, prompt.eoc_token, prompt.eos_token]
+        specials = [token for text in texts for token in re.findall(r"<\|[^|>]+\|>", text)]
+        return byte_tokenizer(specials)
+    from transformers import AutoTokenizer
+
+    from speechstream.weights.fetch import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(config.tokenizer))
+    missing = [t for t in (config.prompt.eoc_token, config.prompt.eos_token) if t not in tokenizer.get_vocab()]
+    if missing:
+        raise InputError(f"tokenizer {config.tokenizer} lacks the special tokens {missing}")
+    return tokenizer
+
+
+class SpeechLLM(nn.Module):
+    def __init__(self, config: ModelConfig, tokenizer, llm: nn.Module):
+        super().__init__()
+        self.config = config
+        self.tokenizer = tokenizer
+        torch.manual_seed(config.seed)
+        self.encoder = StreamingWhisperEncoder(config.encoder)
+        hidden = llm.get_input_embeddings().weight.shape[1]
+        self.projector = Projector(config.encoder.d_model, hidden, config.projector.stack)
+        self.decoder = GPEDecoder(llm, config.llm.phi)
+        prompt = config.prompt
+        self.prefix_ids = self._ids(prompt.source_prefix)  # source group, before the speech
+        self.suffix_ids = self._ids(prompt.source_suffix)  # source group, read at the end of the audio
+        self.header_ids = self._ids(prompt.target_prefix)  # target group, before the text
+        self.eoc_id = tokenizer.convert_tokens_to_ids(prompt.eoc_token)
+        self.eos_id = tokenizer.convert_tokens_to_ids(prompt.eos_token)
+        added_special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+        self.special_ids = frozenset(tokenizer.all_special_ids) | added_special | {self.eoc_id, self.eos_id}
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def embed_ids(self, ids: list[int]) -> torch.Tensor:
+        """(n, H) LLM input embeddings of token ids."""
+        device = self.decoder.llm.get_input_embeddings().weight.device
+        return self.decoder.embed(torch.tensor(ids, dtype=torch.long, device=device))
+
+    def source_batch(self, audios: list[np.ndarray], chunk_ms: int) -> SourceBatch:
+        """Training-side source: every item's prompt, speech tokens and read units in one pass."""
+        chunk = chunk_samples(chunk_ms)
+        device = self.encoder.conv1.weight.device
+        mels = [features.log_mel(a) for a in audios]
+        frame_ends = [schedule.segment_frame_ends(len(a), chunk) for a in audios]
+        mel_len = torch.tensor([m.shape[0] for m in mels])
+        max_mel = max(1, int(mel_len.max()))
+        mel = torch.zeros(len(audios), max_mel, features.N_MELS)
+        for b, m in enumerate(mels):
+            mel[b, : m.shape[0]] = m
+        frames = self.encoder(mel.to(device), mel_len.to(device), frame_ends)  # (B, U, d)
+        n_frames = torch.tensor([ends[-1] for ends in frame_ends], device=device)
+        keep = torch.arange(frames.shape[1], device=device)[None, :] < n_frames[:, None]
+        speech = self.projector(frames * keep[..., None])  # (B, ceil(U / stack), H)
+        prefix, suffix = self.embed_ids(self.prefix_ids), self.embed_ids(self.suffix_ids)
+        items, unit_ends = [], []
+        for b, ends in enumerate(frame_ends):
+            token_ends = schedule.segment_token_ends(ends, self.config.projector.stack)
+            items.append(torch.cat([prefix, speech[b, : token_ends[-1]], suffix]))
+            units = [len(prefix) + t for t in token_ends]
+            units[-1] += len(suffix)
+            unit_ends.append(units)
+        lengths = torch.tensor([len(x) for x in items])
+        embeds = torch.nn.utils.rnn.pad_sequence(items, batch_first=True)
+        return SourceBatch(embeds, lengths, unit_ends)
+
+    def target_sequence(self, chunk_texts: list[str]) -> list[int]:
+        """Target ids: header, the words of each segment separated by end-of-chunk tokens, end marker."""
+        ids = list(self.header_ids)
+        for j, text in enumerate(chunk_texts):
+            if j:
+                ids.append(self.eoc_id)
+            ids += self._ids(text)
+        return ids + [self.eos_id]
+
+    def forward_train(self, source: SourceBatch, targets: list[list[int]], k: int) -> torch.Tensor:
+        """(B, T, V) logits of every target row under the wait-k GPE mask."""
+        device = source.embeds.device
+        target_ids = torch.nn.utils.rnn.pad_sequence(
+            [torch.tensor(t, dtype=torch.long) for t in targets], batch_first=True, padding_value=self.eos_id
+        ).to(device)
+        target_lengths = torch.tensor([len(t) for t in targets])
+        visible = torch.stack(
+            [gpe.target_visibility(target_ids[b].cpu(), ends, self.eoc_id, k) for b, ends in enumerate(source.unit_ends)]
+        )
+        return self.decoder.forward_train(source.embeds, source.lengths, target_ids, target_lengths, visible.to(device))
+
+
+def model_config_path(name_or_path: str) -> Path:
+    """``models/<name>/config.yaml`` or ``<dir>/config.yaml`` or a YAML file itself."""
+    candidate = Path(name_or_path)
+    if candidate.is_file():
+        return candidate
+    if candidate.is_dir() and (candidate / "config.yaml").is_file():
+        return candidate / "config.yaml"
+    shipped = MODELS_DIR / name_or_path / "config.yaml"
+    if shipped.is_file():
+        return shipped
+    known = sorted(p.parent.name for p in MODELS_DIR.glob("*/config.yaml"))
+    raise InputError(f"unknown model {name_or_path!r} (shipped models: {', '.join(known)})")
+
+
+def build_model(config: ModelConfig, base_dir: Path | None = None) -> SpeechLLM:
+    """Build a model from its config; load the Whisper encoder and trained checkpoint where given."""
+    tokenizer = build_tokenizer(config)
+    model = SpeechLLM(config, tokenizer, build_llm(config, tokenizer))
+    if config.encoder.weights:
+        load_whisper_encoder(model.encoder, config.encoder.weights)
+    if config.checkpoint:
+        from safetensors.torch import load_file
+
+        path = (base_dir or Path.cwd()) / config.checkpoint
+        model.load_state_dict(load_file(str(path)), strict=False)
+    return model.eval()
+
+
+def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str) -> None:
+    """Copy ``model.encoder.*`` tensors of a transformers Whisper checkpoint into the encoder."""
+    from safetensors import safe_open
+
+    from speechstream.weights.fetch import resolve
+
+    path = Path(resolve(weights)) / "model.safetensors"
+    prefix = "model.encoder."
+    state = {}
+    with safe_open(str(path), framework="pt") as handle:
+        for key in handle.keys():
+            if key.startswith(prefix):
+                state[key[len(prefix) :]] = handle.get_tensor(key)
+    missing, unexpected = encoder.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise InputError(f"{weights}: encoder weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
+def load_model(name_or_path: str, device: str = "cpu") -> SpeechLLM:
+    path = model_config_path(name_or_path)
+    config = load_model_config(path)
+    return build_model(config, path.parent).to(device)

