@@ -91,9 +91,10 @@ def cache_attention_mask(cache_kinds: torch.Tensor, new_kinds: torch.Tensor) -> 
     key_ok = (kinds != PAD)[:, None, :]  # (B, 1, L + Q)
     source_row = (new_kinds == SOURCE)[:, :, None]  # (B, Q, 1)
     not_target_key = (kinds != TARGET)[:, None, :]
-    mask = earlier[None] & key_ok & (~source_row | not_target_key)
+    pad_row = (new_kinds == PAD)[:, :, None]
+    mask = earlier[None] & key_ok & (~source_row | not_target_key) & ~pad_row
     self_slot = slot[None, :] == row_slot[:, None]  # (Q, L + Q)
-    mask = mask | (self_slot[None] & (new_kinds == PAD)[:, :, None])
+    mask = mask | (self_slot[None] & pad_row)
     return mask[:, None]
 
 

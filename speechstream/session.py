@@ -57,6 +57,16 @@ class UnitStats:
     target_tokens: int = 0  # LLM target tokens fed while this unit was the latest read
 
 
+@dataclass(frozen=True)
+class LLMRequest:
+    """One LLM step a session needs: source embeddings to read, or target tokens to write."""
+
+    embeds: torch.Tensor  # (n, H) input embeddings
+    kind: int  # gpe.SOURCE or gpe.TARGET
+    tokens: list[int] | None = None  # target token ids
+    is_text: bool = False  # target tokens that belong to the transcript (not the header)
+
+
 @dataclass
 class _Unit:
     embeds: torch.Tensor  # (n, H) source embeddings (prompt prefix included in unit 0, suffix in the last)
@@ -77,7 +87,9 @@ class StreamingSession:
         policy: Policy | None = None,
         choose: TokenChooser | None = None,
         partials: bool = True,
+        own_llm: bool = True,
     ):
+        """``own_llm=False`` leaves the LLM to an outside driver that batches several sessions."""
         self.model = model
         self.decoding = decoding
         self.policy = policy or make_policy(
@@ -89,7 +101,7 @@ class StreamingSession:
         self.mel = LogMelStream()
         self.encoder = EncoderStream(model.encoder)
         self.projector = ProjectorStream(model.projector)
-        self.llm = model.decoder.new_state(1)
+        self.llm = model.decoder.new_state(1) if own_llm else None
         self.text = TextAssembler(model.tokenizer)
         self.units: deque[_Unit] = deque()  # units computed but not yet read by the LLM
         self.stats: list[UnitStats] = []  # per unit, in order
@@ -102,7 +114,6 @@ class StreamingSession:
         self._source_s = 0.0
         self._audio_done = False
         self._pending: int | None = None
-        self._pending_logits: torch.Tensor | None = None
         self._reads_since_prediction = 0
         self._tokens_since_read = 0
         self._last_partial = ""
@@ -135,18 +146,35 @@ class StreamingSession:
             return []
         start = self._clock_start()
         with torch.no_grad():
-            self._add_unit(self.chunker.flush(), final=True)
+            self.end_audio()
             events = self._advance()
-            tail = self.text.commit_all(force=True)
-            if tail:
-                events.append(self._event("final", tail))
-        self.finished = True
         self._compute_s += time.perf_counter() - start
+        return events + self.close()
+
+    def end_audio(self) -> None:
+        """Turn the unchunked tail and the end-of-source marker into the last unit (no LLM work)."""
+        if not self._audio_done:
+            self._add_unit(self.chunker.flush(), final=True)
+
+    def close(self) -> list[Event]:
+        """Commit whatever text is left and return it with the "end" event."""
+        if self.finished:
+            return []
+        events = []
+        tail = self.text.commit_all(force=True)
+        if tail:
+            events.append(self._event("final", tail))
+        self.finished = True
         audio_s = self._samples_in / SAMPLE_RATE
         events.append(
             Event("end", self.text.committed, self._source_s, self._wall(), audio_s=audio_s, compute_s=self._compute_s)
         )
         return events
+
+    @property
+    def waiting_for_llm(self) -> bool:
+        """True while the policy loop has not stopped (an outside driver keeps stepping it)."""
+        return not self._stopped
 
     def __enter__(self) -> "StreamingSession":
         return self
@@ -182,40 +210,50 @@ class StreamingSession:
         if final:
             self._audio_done = True
 
-    def _read(self) -> bool:
-        if not self.units:
-            return False
-        unit = self.units.popleft()
-        if unit.embeds.shape[0]:
-            kinds = torch.full((1, unit.embeds.shape[0]), gpe.SOURCE, dtype=torch.long)
-            self.model.decoder.step(self.llm, unit.embeds[None], kinds)
-        self._units_read += 1
-        self._source_s = unit.source_s
-        self._reads_since_prediction += 1
-        self._tokens_since_read = 0
-        return True
-
     @property
     def _source_done(self) -> bool:
         return self._audio_done and not self.units
 
-    # -- target side --------------------------------------------------------------------------
+    # -- the policy loop ------------------------------------------------------------------------
 
-    def _write(self, tokens: list[int], is_text: bool = True) -> list[Event]:
-        """Feed target tokens; the last row's logits give the next pending token."""
-        embeds = self.model.embed_ids(tokens)[None]
-        kinds = torch.full((1, len(tokens)), gpe.TARGET, dtype=torch.long)
-        logits = self.model.decoder.step(self.llm, embeds, kinds)[0]  # (n, V)
+    def next_request(self) -> LLMRequest | None:
+        """Ask the policy what to do; return the LLM step it needs, or None to wait for audio / when stopped."""
+        while not self._stopped:
+            action = self.policy.decide(self._view())
+            if isinstance(action, Read):
+                if not self.units:
+                    return None
+                unit = self.units.popleft()
+                self._units_read += 1
+                self._source_s = unit.source_s
+                self._reads_since_prediction += 1
+                self._tokens_since_read = 0
+                if unit.embeds.shape[0]:
+                    return LLMRequest(unit.embeds, gpe.SOURCE)
+            elif isinstance(action, Write):
+                if self._pending is None:
+                    tokens, is_text = list(self.model.header_ids), False
+                else:
+                    tokens, is_text = [self._pending if action.token is None else action.token], True
+                return LLMRequest(self.model.embed_ids(tokens), gpe.TARGET, tokens, is_text)
+            else:
+                self._stopped = True
+        return None
+
+    def apply(self, request: LLMRequest, logits: torch.Tensor) -> list[Event]:
+        """Take the (n, V) logits of a request's rows; for target tokens, emit their text."""
+        if request.kind == gpe.SOURCE:
+            return []
+        tokens = request.tokens
         if self.record_logits:
             self.logits += list(logits)
         self.target_ids += tokens
         self._tokens_since_read += len(tokens)
-        if self.stats:
-            self.stats[self._units_read - 1 if self._units_read else 0].target_tokens += len(tokens)
+        self.stats[max(self._units_read - 1, 0)].target_tokens += len(tokens)
         self._pending = self.choose(logits[-1])
         self._reads_since_prediction = 0
         events: list[Event] = []
-        for token in tokens if is_text else []:
+        for token in tokens if request.is_text else []:
             if token in self.model.special_ids:
                 if token == self.model.eoc_id:
                     events += self._final(self.text.commit_all())
@@ -223,35 +261,36 @@ class StreamingSession:
             events += self._final(self.text.add(token))
         return events
 
+    def _view(self) -> StreamView:
+        return StreamView(
+            units_read=self._units_read,
+            source_done=self._source_done,
+            pending=self._pending,
+            reads_since_prediction=self._reads_since_prediction,
+            tokens_since_read=self._tokens_since_read,
+            eoc_id=self.model.eoc_id,
+            eos_id=self.model.eos_id,
+        )
+
     def _advance(self) -> list[Event]:
+        """Run the policy loop on this session's own LLM state until it waits or stops."""
         events: list[Event] = []
-        while not self._stopped:
-            view = StreamView(
-                units_read=self._units_read,
-                source_done=self._source_done,
-                pending=self._pending,
-                reads_since_prediction=self._reads_since_prediction,
-                tokens_since_read=self._tokens_since_read,
-                eoc_id=self.model.eoc_id,
-                eos_id=self.model.eos_id,
-            )
-            action = self.policy.decide(view)
-            if isinstance(action, Read):
-                if not self._read():
-                    break
-            elif isinstance(action, Write):
-                if self._pending is None:
-                    events += self._write(list(self.model.header_ids), is_text=False)
-                else:
-                    events += self._write([self._pending if action.token is None else action.token])
-            else:
-                self._stopped = True
-        if self.partials and not self._stopped:
-            tail = self.text.tail()
-            if tail != self._last_partial:
-                self._last_partial = tail
-                events.append(self._event("partial", tail))
-        return events
+        if self.llm is None:  # an outside driver (``batch.BatchDecoder``) runs the LLM
+            return events
+        while (request := self.next_request()) is not None:
+            kinds = torch.full((1, request.embeds.shape[0]), request.kind, dtype=torch.long)
+            logits = self.model.decoder.step(self.llm, request.embeds[None], kinds)[0]
+            events += self.apply(request, logits)
+        return events + self._partial()
+
+    def _partial(self) -> list[Event]:
+        if not self.partials or self._stopped:
+            return []
+        tail = self.text.tail()
+        if tail == self._last_partial:
+            return []
+        self._last_partial = tail
+        return [self._event("partial", tail)]
 
     def _final(self, text: str) -> list[Event]:
         if not text:

@@ -1,0 +1,42 @@
+"""The wait-k policy's decisions."""
+
+from speechstream.policy import Read, Stop, StreamView, WaitK, Write
+
+EOC, EOS, WORD = 100, 101, 7
+
+
+def view(**changes):
+    base = dict(units_read=2, source_done=False, pending=WORD, reads_since_prediction=0, tokens_since_read=1,
+                eoc_id=EOC, eos_id=EOS)
+    base.update(changes)
+    return StreamView(**base)
+
+
+def test_reads_k_units_before_the_header():
+    policy = WaitK(3)
+    assert policy.decide(view(units_read=0, pending=None)) == Read()
+    assert policy.decide(view(units_read=2, pending=None)) == Read()
+    assert policy.decide(view(units_read=3, pending=None)) == Write()
+    assert policy.decide(view(units_read=1, pending=None, source_done=True)) == Write()
+
+
+def test_end_of_chunk_reads_then_feeds_the_marker():
+    policy = WaitK(1)
+    assert policy.decide(view(pending=EOC)) == Read()
+    assert policy.decide(view(pending=EOC, reads_since_prediction=1)) == Write(EOC)
+
+
+def test_words_are_written_until_the_cap():
+    policy = WaitK(1, max_tokens=4)
+    assert policy.decide(view(tokens_since_read=3)) == Write()
+    assert policy.decide(view(tokens_since_read=4)) == Read()
+    assert policy.decide(view(tokens_since_read=4, reads_since_prediction=1)) == Write(EOC)
+
+
+def test_early_end_is_taken_as_end_of_chunk_and_real_end_stops():
+    policy = WaitK(1, max_tail_tokens=5)
+    assert policy.decide(view(pending=EOS)) == Read()
+    assert policy.decide(view(pending=EOS, reads_since_prediction=1)) == Write(EOC)
+    assert policy.decide(view(pending=EOS, source_done=True)) == Stop()
+    assert policy.decide(view(pending=EOC, source_done=True)) == Write()
+    assert policy.decide(view(source_done=True, tokens_since_read=5)) == Stop()

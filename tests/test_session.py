@@ -1,0 +1,120 @@
+"""The streaming session: slicing-invariant output, flat per-chunk work, event invariants."""
+
+import numpy as np
+import pytest
+import torch
+
+from speechstream.audio import SAMPLE_RATE, load_audio
+from speechstream.config import DecodingConfig
+from speechstream.errors import InputError
+from speechstream.session import StreamingSession
+from tests.conftest import text_favouring_chooser
+
+DECODING = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=40)
+
+
+def run(model, audio, feed_size, decoding=DECODING):
+    session = StreamingSession(model, decoding, choose=text_favouring_chooser(model))
+    events = []
+    for start in range(0, len(audio), feed_size):
+        events += session.feed(audio[start : start + feed_size])
+    events += session.finish()
+    return session, events
+
+
+def test_transcript_does_not_depend_on_feed_size(tiny_model):
+    audio = load_audio("samples/austen-0880.wav")  # real speech, 3 s
+    results = {size: run(tiny_model, audio, size) for size in (1, 1000, len(audio))}
+    transcripts = {size: session.transcript for size, (session, _) in results.items()}
+    assert transcripts[1] and len(set(transcripts.values())) == 1, transcripts
+    finals = {
+        size: [(e.text, e.source_s) for e in events if e.type == "final"] for size, (_, events) in results.items()
+    }
+    assert finals[1] == finals[1000] == finals[len(audio)]
+    target_ids = {size: session.target_ids for size, (session, _) in results.items()}
+    assert target_ids[1] == target_ids[1000] == target_ids[len(audio)]
+
+
+def test_event_invariants(tiny_model):
+    rng = np.random.default_rng(0)
+    audio = (0.1 * rng.standard_normal(int(4.5 * SAMPLE_RATE))).astype(np.float32)
+    _, events = run(tiny_model, audio, 3000)
+    end = events[-1]
+    assert end.type == "end" and [e.type for e in events].count("end") == 1
+    finals = [e for e in events if e.type == "final"]
+    assert finals and "".join(e.text for e in finals) == end.text
+    assert [e.source_s for e in finals] == sorted(e.source_s for e in finals)
+    assert end.audio_s == pytest.approx(4.5) and end.compute_s > 0
+    assert all(e.source_s <= end.audio_s for e in events)
+    assert any(e.type == "partial" for e in events)
+
+
+def test_work_per_chunk_is_flat_over_five_minutes(tiny_model):
+    """Encoder frames, LLM tokens and every per-stream buffer stay bounded as the stream grows."""
+    seconds, chunk_s = 300, 0.64
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    rng = np.random.default_rng(1)
+    audio = (0.05 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 0.3 * t)) + 0.02 * rng.standard_normal(t.size))
+    audio = audio.astype(np.float32)
+    decoding = DecodingConfig(chunk_ms=640, k=1, max_tokens_per_chunk=3, max_tail_tokens=10)
+    session = StreamingSession(tiny_model, decoding, choose=text_favouring_chooser(tiny_model), partials=False)
+    buffer_sizes = []
+    step = int(chunk_s * SAMPLE_RATE)
+    for start in range(0, audio.size, step):
+        session.feed(audio[start : start + step])
+        cache = session.encoder._cache[0][0]
+        buffer_sizes.append((cache.shape[2], session.encoder._mel.shape[0], session.mel._padded.size))
+    session.finish()
+    stats = session.stats[:-1]  # the last unit is the end-of-audio flush
+    assert len(stats) == int(seconds / chunk_s)
+    frames = [s.encoder_frames for s in stats[1:]]
+    tokens = [s.source_tokens + s.target_tokens for s in stats[1:]]
+    assert set(frames) == {32}  # 640 ms = 32 encoder frames, from the first chunk to the last
+    assert max(tokens) <= 8 + 3 + 1  # 8 source tokens + at most max_tokens_per_chunk written (+1 marker)
+    first, last = np.mean(tokens[:50]), np.mean(tokens[-50:])
+    assert abs(first - last) <= 0.25 * first
+    left = tiny_model.config.encoder.left_frames
+    assert max(b[0] for b in buffer_sizes) <= left
+    assert max(b[1] for b in buffer_sizes) <= 4 and max(b[2] for b in buffer_sizes) <= step + 1000
+
+
+def test_bad_feeds_are_rejected(tiny_model):
+    session = StreamingSession(tiny_model, DECODING)
+    with pytest.raises(InputError):
+        session.feed(np.array([0.0, np.nan], dtype=np.float32))
+    session.feed(np.zeros(5000, dtype=np.float32))
+    events = session.finish()
+    assert events[-1].type == "end"
+    with pytest.raises(InputError):
+        session.feed(np.zeros(10, dtype=np.float32))
+    assert session.finish() == []
+
+
+def test_context_manager_and_empty_stream(tiny_model):
+    with StreamingSession(tiny_model, DECODING) as session:
+        pass
+    assert session.finished and session.transcript == ""
+    short = StreamingSession(tiny_model, DECODING)
+    short.feed(np.zeros(100, dtype=np.float32))
+    assert short.finish()[-1].audio_s == pytest.approx(100 / SAMPLE_RATE)
+
+
+def test_default_greedy_decoding_is_deterministic(tiny_model):
+    audio = load_audio("samples/austen-0930.wav")
+    texts = set()
+    for _ in range(2):
+        session = StreamingSession(tiny_model, DECODING)
+        session.feed(audio)
+        session.finish()
+        texts.add(tuple(session.target_ids))
+    assert len(texts) == 1
+
+
+def test_real_clip_end_to_end_with_the_cli_loop(tiny_model):
+    from speechstream.cli import transcribe_file
+
+    seen = []
+    events = transcribe_file(tiny_model, DECODING, "samples/jfk.wav", seen.append)
+    assert events == seen and events[-1].type == "end"
+    assert events[-1].audio_s == pytest.approx(11.0, abs=0.01)
+    assert events[-1].source_s == pytest.approx(11.0, abs=0.01)
