@@ -49,14 +49,22 @@ def load_audio(path: str | Path) -> np.ndarray:
 
 
 def prepare_samples(samples: np.ndarray, sample_rate: int) -> np.ndarray:
-    """Mix (T,) or (T, channels) samples down to mono, resample to 16 kHz and validate."""
+    """Mix (T,) or (T, channels) samples down to mono, resample to 16 kHz and validate.
+
+    Float samples are taken as they are (clipped to [-1, 1] at the end); integer PCM
+    (int16, uint8, ...) is scaled from its full range, as ``int16_to_float`` does.
+    """
     samples = np.asarray(samples)
-    if samples.ndim == 2:
-        samples = samples.mean(axis=1)
-    elif samples.ndim != 1:
+    if samples.ndim not in (1, 2):
         raise InputError(f"audio must be 1-D or (time, channels), got shape {samples.shape}")
     if samples.size == 0:
         raise InputError("the audio holds no samples")
+    if np.issubdtype(samples.dtype, np.integer):  # integer PCM: scale full range to [-1, 1)
+        info = np.iinfo(samples.dtype)
+        scale = (int(info.max) + 1 - int(info.min)) / 2
+        samples = (samples.astype(np.float64) - (int(info.min) + scale)) / scale
+    if samples.ndim == 2:
+        samples = samples.mean(axis=1)
     samples = samples.astype(np.float32, copy=False)
     check_finite(samples)
     if sample_rate != SAMPLE_RATE:

@@ -18,8 +18,12 @@ MAX_CHUNK_MS = 30_000  # Whisper's window
 
 def chunk_samples(chunk_ms: int) -> int:
     """Samples per chunk for a chunk duration in milliseconds (must be a whole number)."""
-    if not MIN_CHUNK_MS <= chunk_ms <= MAX_CHUNK_MS:
+    if isinstance(chunk_ms, bool) or not isinstance(chunk_ms, (int, float, np.integer, np.floating)):
+        raise InputError(f"chunk_ms must be a whole number of milliseconds, got {chunk_ms!r}")
+    if not MIN_CHUNK_MS <= chunk_ms <= MAX_CHUNK_MS:  # also rejects NaN
         raise InputError(f"chunk_ms must be between {MIN_CHUNK_MS} and {MAX_CHUNK_MS}, got {chunk_ms}")
+    if chunk_ms != int(chunk_ms):
+        raise InputError(f"chunk_ms must be a whole number of milliseconds, got {chunk_ms}")
     samples = chunk_ms * SAMPLE_RATE / 1000
     if samples != int(samples):
         raise InputError(f"chunk_ms={chunk_ms} is not a whole number of samples at {SAMPLE_RATE} Hz")
@@ -39,7 +43,7 @@ class Chunker:
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         if samples.size == 0:
             return []
-        self._pending.append(samples)
+        self._pending.append(samples.copy())  # the caller may reuse its buffer (audio callbacks do)
         self._pending_len += samples.size
         if self._pending_len < self.chunk_size:
             return []

@@ -52,6 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--all-architectures", action="store_true", help="tiny seeded Llama, Qwen2, Gemma2 and Phi3")
     verify.add_argument("--chunk-ms", type=int, default=640)
     verify.add_argument("--k", type=int, nargs="+", default=[1, 3])
+
+    evaluate = commands.add_parser("eval", help="decode a manifest and score quality, latency and speed")
+    evaluate.add_argument("manifest", help="JSON-lines manifest (id, audio, text, translation, ...)")
+    evaluate.add_argument("--out", required=True, help="output folder; rerunning with the same folder resumes")
+    _decoding_args(evaluate)
+    evaluate.add_argument("--baseline", default="gpe", help="system to evaluate (known: gpe, this package's decoder)")
+
+    train = commands.add_parser("train", help="train projector and LoRA adapters from a recipe (accelerate)")
+    train.add_argument("recipe", help="training recipe YAML (recipes/asr/*.yaml)")
+    train.add_argument("overrides", nargs="*", help="key=value overrides of recipe fields")
+    train.add_argument("--stop-after", type=int, help="end this run after N steps (resume later)")
+
+    fetch = commands.add_parser("fetch", help="download, verify and convert pretrained weights into the cache")
+    fetch.add_argument("names", nargs="*", help="assets (default: all): whisper-tiny.en, whisper-base, smollm2-135m-instruct")
+    fetch.add_argument("--force", action="store_true", help="convert again even if cached")
     return parser
 
 
@@ -74,41 +89,28 @@ def _model_name(args: argparse.Namespace) -> str:
     return args.model or DEFAULT_MODELS[args.task]
 
 
-def transcribe_file(model, decoding, path: str, on_event, partials: bool = True):
-    """Stream one file through a session chunk by chunk; returns its events."""
-    from speechstream.audio import load_audio
-    from speechstream.chunker import chunk_samples
-    from speechstream.session import StreamingSession
-
-    audio = load_audio(path)
-    session = StreamingSession(model, decoding, partials=partials)
-    step = chunk_samples(decoding.chunk_ms)
-    events = []
-    for start in range(0, len(audio), step):
-        for event in session.feed(audio[start : start + step]):
-            events.append(event)
-            on_event(event)
-    for event in session.finish():
-        events.append(event)
-        on_event(event)
-    return events
-
-
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    from speechstream import outputs
-    from speechstream.model import load_model
     from speechstream.policy import make_policy
 
+    # usage errors first, before the slow imports (torch, transformers) and the model load
     decoding = _decoding_config(args)
     make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens)
     missing = [p for p in args.audio if not Path(p).exists()]
     if missing:
         raise InputError(f"{missing[0]}: no such file")
+
+    from speechstream import outputs
+    from speechstream.model import load_model
+    from speechstream.session import transcribe_file
+
     name = _model_name(args)
     model = load_model(name, decoding.device)
     if name == "tiny-random":
         print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    except OSError as error:
+        raise InputError(f"{args.output}: cannot write the output ({error.strerror or error})") from None
     documents, failed = [], None
     try:
         for path in args.audio:
@@ -135,8 +137,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                 out.write(outputs.srt(events))
             elif args.format == "vtt":
                 out.write(outputs.vtt(events))
-        if args.format == "json":
-            json.dump(documents[0] if len(documents) == 1 else documents, out, ensure_ascii=False, indent=2)
+        # one file: its document; several: a list of the documents of the files that worked
+        if args.format == "json" and (documents or len(args.audio) > 1):
+            json.dump(documents[0] if len(args.audio) == 1 else documents, out, ensure_ascii=False, indent=2)
             out.write("\n")
     finally:
         if out is not sys.stdout:
@@ -160,7 +163,51 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-COMMANDS = {"transcribe": cmd_transcribe, "verify": cmd_verify}
+def cmd_eval(args: argparse.Namespace) -> int:
+    from speechstream.eval.run import BASELINES, SUMMARY_FILE, evaluate  # light: torch loads when decoding starts
+    from speechstream.policy import make_policy
+
+    # usage errors first, before the model load and the decoding
+    if args.baseline not in BASELINES:
+        raise InputError(f"unknown baseline {args.baseline!r} (known: {', '.join(BASELINES)})")
+    decoding = _decoding_config(args)
+    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens)
+    name = _model_name(args)
+    evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline)
+    sys.stdout.write((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
+    if name == "tiny-random":
+        print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from speechstream.train import load_train_config, train
+
+    config = load_train_config(args.recipe, args.overrides)
+    path = train(config, stop_after=args.stop_after)
+    print(f"trainable weights: {path}")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from speechstream.weights.fetch import ASSETS, fetch
+
+    names = args.names or list(ASSETS)
+    unknown = [n for n in names if n not in ASSETS]
+    if unknown:
+        raise InputError(f"unknown asset {unknown[0]!r} (known: {', '.join(ASSETS)})")
+    for name in names:
+        print(f"{name}: {fetch(name, force=args.force)}")
+    return 0
+
+
+COMMANDS = {
+    "transcribe": cmd_transcribe,
+    "verify": cmd_verify,
+    "eval": cmd_eval,
+    "train": cmd_train,
+    "fetch": cmd_fetch,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,8 @@ class LLMConfig:
     kv_heads: int = 2  # tiny models only
     intermediate_size: int = 128  # tiny models only
     phi: int = 0  # first position id of the target group
-    lora_rank: int = 0  # LoRA rank of the shipped adapter (0: none)
+    lora_rank: int = 0  # LoRA rank of the adapters on the attention projections (0: none)
+    lora_alpha: int = 32  # LoRA scaling numerator (scale = alpha / rank)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,7 +126,7 @@ class LogMelStream:
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         self._received += samples.size
         if not self._started:
-            self._head.append(samples)
+            self._head.append(samples.copy())  # kept across calls; the caller may reuse its buffer
             if self._received < MIN_SIGNAL:
                 return torch.zeros(0, N_MELS)
             self._padded = _left_padded(np.concatenate(self._head))

@@ -31,12 +31,22 @@ ARCHITECTURES = ("llama", "qwen2", "gemma2", "phi3")  # LLM families the GPE dec
 
 
 @dataclass(frozen=True)
+class EncodedBatch:
+    """Encoder output of a batch, with each item's read schedule."""
+
+    frames: torch.Tensor  # (B, U, d) encoder frames, zero past each item's end
+    frame_ends: list[list[int]]  # per item, cumulative encoder frames at the end of each segment
+
+
+@dataclass(frozen=True)
 class SourceBatch:
     """Source token embeddings of a batch, as the training forward sees them."""
 
     embeds: torch.Tensor  # (B, S, H) prefix + speech + suffix, padded
     lengths: torch.Tensor  # (B,) valid source tokens per item
     unit_ends: list[list[int]]  # per item, cumulative source tokens at the end of each read unit
+    speech: torch.Tensor  # (B, N, H) the projected speech tokens alone (for the CTC loss)
+    speech_lengths: torch.Tensor  # (B,) valid speech tokens per item
 
 
 def tiny_llm_config(llm: LLMConfig, vocab_size: int, pad_id: int):
@@ -116,6 +126,7 @@ class SpeechLLM(nn.Module):
         hidden = llm.get_input_embeddings().weight.shape[1]
         self.projector = Projector(config.encoder.d_model, hidden, config.projector.stack)
         self.decoder = GPEDecoder(llm, config.llm.phi)
+        self.ctc_blank = nn.Parameter(0.02 * torch.randn(hidden))  # CTC blank vector (auxiliary training loss)
         prompt = config.prompt
         self.prefix_ids = self._ids(prompt.source_prefix)  # source group, before the speech
         self.suffix_ids = self._ids(prompt.source_suffix)  # source group, read at the end of the audio
@@ -133,32 +144,45 @@ class SpeechLLM(nn.Module):
         device = self.decoder.llm.get_input_embeddings().weight.device
         return self.decoder.embed(torch.tensor(ids, dtype=torch.long, device=device))
 
-    def source_batch(self, audios: list[np.ndarray], chunk_ms: int) -> SourceBatch:
-        """Training-side source: every item's prompt, speech tokens and read units in one pass."""
+    def encode(self, audios: list[np.ndarray], chunk_ms: int) -> EncodedBatch:
+        """Training-side encoder pass: every item's frames under the block-causal schedule of ``chunk_ms``."""
         chunk = chunk_samples(chunk_ms)
         device = self.encoder.conv1.weight.device
         mels = [features.log_mel(a) for a in audios]
         frame_ends = [schedule.segment_frame_ends(len(a), chunk) for a in audios]
         mel_len = torch.tensor([m.shape[0] for m in mels])
-        max_mel = max(1, int(mel_len.max()))
-        mel = torch.zeros(len(audios), max_mel, features.N_MELS)
+        mel = torch.zeros(len(audios), max(1, int(mel_len.max())), features.N_MELS)
         for b, m in enumerate(mels):
             mel[b, : m.shape[0]] = m
         frames = self.encoder(mel.to(device), mel_len.to(device), frame_ends)  # (B, U, d)
         n_frames = torch.tensor([ends[-1] for ends in frame_ends], device=device)
         keep = torch.arange(frames.shape[1], device=device)[None, :] < n_frames[:, None]
-        speech = self.projector(frames * keep[..., None])  # (B, ceil(U / stack), H)
+        return EncodedBatch(frames * keep[..., None], frame_ends)
+
+    def source_from_frames(self, encoded: EncodedBatch) -> SourceBatch:
+        """Project encoder frames and frame them with the prompt into the source group."""
+        speech = self.projector(encoded.frames)  # (B, ceil(U / stack), H)
         prefix, suffix = self.embed_ids(self.prefix_ids), self.embed_ids(self.suffix_ids)
-        items, unit_ends = [], []
-        for b, ends in enumerate(frame_ends):
+        items, unit_ends, speech_lengths = [], [], []
+        for b, ends in enumerate(encoded.frame_ends):
             token_ends = schedule.segment_token_ends(ends, self.config.projector.stack)
             items.append(torch.cat([prefix, speech[b, : token_ends[-1]], suffix]))
             units = [len(prefix) + t for t in token_ends]
             units[-1] += len(suffix)
             unit_ends.append(units)
+            speech_lengths.append(token_ends[-1])
         lengths = torch.tensor([len(x) for x in items])
         embeds = torch.nn.utils.rnn.pad_sequence(items, batch_first=True)
-        return SourceBatch(embeds, lengths, unit_ends)
+        return SourceBatch(embeds, lengths, unit_ends, speech, torch.tensor(speech_lengths))
+
+    def source_batch(self, audios: list[np.ndarray], chunk_ms: int) -> SourceBatch:
+        """Training-side source: every item's prompt, speech tokens and read units in one pass."""
+        return self.source_from_frames(self.encode(audios, chunk_ms))
+
+    def ctc_logits(self, speech: torch.Tensor) -> torch.Tensor:
+        """(B, N, V + 1) CTC scores of speech tokens against the LLM's token embeddings plus a blank (last)."""
+        table = torch.cat([self.decoder.llm.get_input_embeddings().weight, self.ctc_blank[None]], dim=0)
+        return speech @ table.T
 
     def target_sequence(self, chunk_texts: list[str]) -> list[int]:
         """Target ids: header, the words of each segment separated by end-of-chunk tokens, end marker."""
@@ -202,12 +226,47 @@ def build_model(config: ModelConfig, base_dir: Path | None = None) -> SpeechLLM:
     model = SpeechLLM(config, tokenizer, build_llm(config, tokenizer))
     if config.encoder.weights:
         load_whisper_encoder(model.encoder, config.encoder.weights)
+    if config.llm.lora_rank:
+        add_lora(model.decoder.llm, config.llm)
     if config.checkpoint:
-        from safetensors.torch import load_file
-
-        path = (base_dir or Path.cwd()) / config.checkpoint
-        model.load_state_dict(load_file(str(path)), strict=False)
+        load_trainable(model, (base_dir or Path.cwd()) / config.checkpoint)
     return model.eval()
+
+
+LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj"]}  # attention projections per model type (default q/k/v/o)
+
+
+def add_lora(llm: nn.Module, config: LLMConfig) -> None:
+    """Insert LoRA adapters (peft) into the LLM's attention projections, in place."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    targets = LORA_TARGETS.get(llm.config.model_type, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules=targets)
+    inject_adapter_in_model(lora, llm)
+
+
+def trainable_state(model: SpeechLLM) -> dict[str, torch.Tensor]:
+    """The weights training changes: projector, CTC blank and LoRA adapters."""
+    return {
+        name: tensor.detach().cpu().contiguous()
+        for name, tensor in model.state_dict().items()
+        if name.startswith("projector.") or name == "ctc_blank" or "lora_" in name
+    }
+
+
+def load_trainable(model: SpeechLLM, path: Path) -> None:
+    """Load a ``trainable_state`` checkpoint (safetensors); every tensor must find its place."""
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise InputError(f"{path}: checkpoint not found")
+    state = load_file(str(path))
+    own = model.state_dict()
+    unknown = [name for name in state if name not in own]
+    wrong = [name for name in state if name in own and own[name].shape != state[name].shape]
+    if unknown or wrong:
+        raise InputError(f"{path}: checkpoint does not fit the model (unknown {unknown[:3]}, wrong shape {wrong[:3]})")
+    model.load_state_dict(state, strict=False)
 
 
 def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str) -> None:

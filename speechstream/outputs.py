@@ -15,6 +15,7 @@ from speechstream.session import Event
 FORMATS = ("text", "jsonl", "json", "srt", "vtt")
 MAX_CUE_CHARS = 42  # a subtitle line
 MAX_CUE_SECONDS = 7.0
+TIME_DECIMALS = 3  # jsonl times are written in whole milliseconds
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,29 @@ def _timestamp(seconds: float, separator: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{millis:03d}"
 
 
+def _one_line(text: str) -> str:
+    """Cue text on one line: a newline (let alone a blank line) inside a cue would end it early."""
+    return " ".join(text.split())
+
+
+def _vtt_escape(text: str) -> str:
+    """WebVTT cue text must not hold a raw '&', '<' or '-->' (escaping '>' covers the last)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def srt(events: list[Event]) -> str:
     blocks = [
-        f"{i}\n{_timestamp(c.start, ',')} --> {_timestamp(c.end, ',')}\n{c.text}\n" for i, c in enumerate(cues(events), 1)
+        f"{i}\n{_timestamp(c.start, ',')} --> {_timestamp(c.end, ',')}\n{_one_line(c.text)}\n"
+        for i, c in enumerate(cues(events), 1)
     ]
     return "\n".join(blocks)
 
 
 def vtt(events: list[Event]) -> str:
-    blocks = [f"{_timestamp(c.start, '.')} --> {_timestamp(c.end, '.')}\n{c.text}\n" for c in cues(events)]
+    blocks = [
+        f"{_timestamp(c.start, '.')} --> {_timestamp(c.end, '.')}\n{_vtt_escape(_one_line(c.text))}\n"
+        for c in cues(events)
+    ]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
@@ -77,4 +92,8 @@ def json_document(audio: str, events: list[Event]) -> dict:
 
 
 def jsonl_line(event: Event) -> str:
-    return json.dumps(event.to_dict(), ensure_ascii=False)
+    """One JSON line; every time is rounded to the millisecond here, for every event alike (rounding
+    is monotone, so times that never decrease still never decrease once written)."""
+    record = {key: round(value, TIME_DECIMALS) if isinstance(value, float) else value
+              for key, value in event.to_dict().items()}
+    return json.dumps(record, ensure_ascii=False)

@@ -77,6 +77,19 @@ class _Unit:
 TokenChooser = Callable[[torch.Tensor], int]  # (V,) logits of the last fed row -> next token
 
 
+def greedy_chooser(model: SpeechLLM) -> TokenChooser:
+    """Greedy choice that never writes prompt-format special tokens (only text, end-of-chunk, end)."""
+    vocab = model.decoder.llm.get_input_embeddings().weight.shape[0]
+    banned = torch.zeros(vocab, dtype=torch.bool)
+    banned[[i for i in model.special_ids if i < vocab and i not in (model.eoc_id, model.eos_id)]] = True
+    banned[len(model.tokenizer) :] = True  # embedding rows past the tokenizer (padding of the table)
+
+    def choose(logits: torch.Tensor) -> int:
+        return int(torch.argmax(logits.masked_fill(banned.to(logits.device), float("-inf"))))
+
+    return choose
+
+
 class StreamingSession:
     """One stream: feed audio, get text. Use as a context manager or call ``finish``."""
 
@@ -95,7 +108,7 @@ class StreamingSession:
         self.policy = policy or make_policy(
             decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens
         )
-        self.choose = choose or (lambda logits: int(torch.argmax(logits)))
+        self.choose = choose or greedy_chooser(model)
         self.partials = partials
         self.chunker = Chunker(decoding.chunk_ms)
         self.mel = LogMelStream()
@@ -167,7 +180,8 @@ class StreamingSession:
         self.finished = True
         audio_s = self._samples_in / SAMPLE_RATE
         events.append(
-            Event("end", self.text.committed, self._source_s, self._wall(), audio_s=audio_s, compute_s=self._compute_s)
+            Event("end", self.text.committed, round(self._source_s, 3), round(self._wall(), 3),
+                  audio_s=round(audio_s, 6), compute_s=round(self._compute_s, 6))
         )
         return events
 
@@ -311,3 +325,26 @@ class StreamingSession:
 
     def _event(self, kind: str, text: str) -> Event:
         return Event(kind, text, round(self._source_s, 3), round(self._wall(), 3))
+
+
+def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_event: Callable[[Event], None],
+                    partials: bool = True) -> list[Event]:
+    """Stream one audio file through a session chunk by chunk (as a live source would); return its events.
+
+    ``transcribe`` and ``eval`` both use this loop, so evaluation measures what ships.
+    """
+    from speechstream.audio import load_audio
+    from speechstream.chunker import chunk_samples
+
+    audio = load_audio(path)
+    session = StreamingSession(model, decoding, partials=partials)
+    step = chunk_samples(decoding.chunk_ms)
+    events = []
+    for start in range(0, len(audio), step):
+        for event in session.feed(audio[start : start + step]):
+            events.append(event)
+            on_event(event)
+    for event in session.finish():
+        events.append(event)
+        on_event(event)
+    return events

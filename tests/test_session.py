@@ -111,7 +111,7 @@ def test_default_greedy_decoding_is_deterministic(tiny_model):
 
 
 def test_real_clip_end_to_end_with_the_cli_loop(tiny_model):
-    from speechstream.cli import transcribe_file
+    from speechstream.session import transcribe_file
 
     seen = []
     events = transcribe_file(tiny_model, DECODING, "samples/jfk.wav", seen.append)

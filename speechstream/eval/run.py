@@ -1,0 +1,355 @@
+"""The evaluation driver behind ``speechstream eval``: decode a manifest, log every utterance, score the log.
+
+Each utterance is streamed through a `StreamingSession` by the very loop ``speechstream transcribe`` uses
+(`speechstream.session.transcribe_file`), so evaluation measures what ships. What lands in the output folder:
+
+- ``config.json``: model, task, baseline and decoding options. A rerun into a folder that already holds
+  results made with other options is refused, so one folder never mixes results of two systems.
+- ``instances.log``: one JSON line per finished utterance, in SimulEval's format (`index`, `id`, `prediction`,
+  `reference`, `delays`, `elapsed`, `source_length`) plus `audio_s` and `compute_s`, so that RTF can be
+  recomputed from the log alone. Each line is flushed and fsynced when its utterance finishes: a killed run
+  loses at most the utterance in progress, and a rerun skips the ids already logged.
+- ``scores.json``: WER/CER (raw and normalised) or BLEU/chrF, every latency metric with its ``_CA`` twin
+  (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``.
+- ``summary.txt``: the same scores as a small table a person can read.
+
+Word delays: every word of the transcript gets the source position (ms of audio read) of the "final" event
+that committed it. Final texts are concatenated and cut into words on whitespace; a word whose characters
+came in two final events (a chunk ended inside it) counts once, at the later event. ``elapsed`` adds that
+event's wall-clock time since the stream started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from speechstream.config import DecodingConfig
+from speechstream.errors import InputError
+from speechstream.eval.latency import COMPUTATION_AWARE_SUFFIX, LATENCY_METRICS, corpus_latency, split_units
+from speechstream.manifest import Utterance, read_manifest
+
+# Files written into the output folder.
+CONFIG_FILE = "config.json"
+INSTANCES_FILE = "instances.log"
+SCORES_FILE = "scores.json"
+SUMMARY_FILE = "summary.txt"
+
+# Systems `--baseline` can name. "gpe": this package's own streaming decoder (group position encoding).
+# Only systems that really exist are listed; add a name here together with its implementation.
+BASELINES = ("gpe",)
+# Tasks and the manifest field that holds their reference.
+REFERENCE_FIELDS = {"asr": "text", "translate": "translation"}
+# Fields every instances.log record must have for a run to be resumed from it.
+RECORD_FIELDS = ("index", "id", "prediction", "reference", "delays", "elapsed", "source_length", "audio_s", "compute_s")
+# Rows of the quality table, in order, with the normaliser named once for the normalised ones.
+QUALITY_METRICS = ("WER", "CER", "WER_normalized", "CER_normalized", "BLEU", "chrF")
+NORMALIZER = "speechstream.eval.quality.normalize_english"
+
+
+def evaluate(
+    manifest_path: str | Path,
+    out_dir: str | Path,
+    model: str,
+    decoding: DecodingConfig,
+    task: str,
+    progress: bool = True,
+    baseline: str = "gpe",
+) -> dict[str, float]:
+    """Decode every utterance of the manifest not yet in ``out_dir/instances.log``, then score the whole log.
+
+    ``model`` is a model name or directory (as for ``--model``); it is loaded only when something is left
+    to decode. Returns the scores also written to ``scores.json``. Raises InputError for a bad manifest, an
+    unknown task or baseline, an output folder holding a run with other options, or audio that cannot be
+    decoded (everything finished before it stays logged).
+    """
+    if baseline not in BASELINES:
+        raise InputError(f"unknown baseline {baseline!r} (known: {', '.join(BASELINES)})")
+    if task not in REFERENCE_FIELDS:
+        raise InputError(f"unknown task {task!r} (known: {', '.join(REFERENCE_FIELDS)})")
+    manifest_path, out_dir = Path(manifest_path), Path(out_dir)
+    utterances = read_manifest(manifest_path)
+    references = manifest_references(utterances, task, manifest_path)
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"{out_dir}: cannot create the output folder ({error.strerror or error})") from None
+    config = {
+        "model": model,
+        "task": task,
+        "baseline": baseline,
+        "decoding": dataclasses.asdict(decoding),
+        "manifest": str(manifest_path.absolute()),  # for the record only: resuming checks the utterances instead
+    }
+    records = _resume(out_dir / INSTANCES_FILE, utterances, references)
+    _check_or_write_config(out_dir, config, resuming=bool(records))
+
+    finished = {record["id"] for record in records}
+    todo = [(index, utterance) for index, utterance in enumerate(utterances) if utterance.id not in finished]
+    if todo:
+        records += _decode(todo, references, out_dir / INSTANCES_FILE, model, decoding, progress, len(utterances))
+    records.sort(key=lambda record: record["index"])
+
+    scores = score_instances(records, task)
+    _write_atomically(out_dir / SCORES_FILE, json.dumps(scores, indent=2) + "\n")
+    _write_atomically(out_dir / SUMMARY_FILE, summary_text(scores, config))
+    return scores
+
+
+def manifest_references(utterances: Sequence[Utterance], task: str, manifest_path: Path) -> list[str | None]:
+    """The reference each utterance is scored against, whitespace collapsed; None for all when none has one.
+
+    Whitespace is collapsed because SimulEval counts reference words as ``len(reference.split(" "))``, where
+    every extra space would add a word. A manifest where only some utterances have a reference is refused:
+    its scores would silently cover part of the data.
+    """
+    field = REFERENCE_FIELDS[task]
+    values = [getattr(utterance, field) for utterance in utterances]
+    lacking = [utterance.id for utterance, value in zip(utterances, values) if value is None]
+    if lacking and len(lacking) < len(utterances):
+        shown = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+        raise InputError(
+            f'{manifest_path}: {len(lacking)} of {len(utterances)} utterances lack "{field}" ({shown}); '
+            f'task {task} needs it on every line or on none'
+        )
+    return [None if value is None else " ".join(value.split()) for value in values]
+
+
+def word_delays(events: Iterable, source_length: float) -> tuple[list[float], list[float]]:
+    """(delays, elapsed) in ms, one per word of the concatenated "final" texts.
+
+    A word's delay is its committing event's ``source_s`` in ms; events emitted once the whole audio had
+    been read (``source_s`` equal to that of the "end" event) get exactly ``source_length`` -- events round
+    ``source_s`` to the ms, and a delay a fraction of a ms short of the source length would move AL by the
+    whole tail. ``elapsed`` = delay + the event's ``wall_s`` in ms. Words are cut as
+    `speechstream.eval.latency.split_units` cuts them (``str.split``), so there is one delay per word of the
+    prediction.
+    """
+    events = list(events)
+    end = next((event for event in events if event.type == "end"), None)
+    if end is None:
+        raise ValueError("the events lack their 'end' event")
+    delays: list[float] = []
+    elapsed: list[float] = []
+    in_word = False  # the previous character was part of a word
+    word_event = None  # the event that delivered the last character of the current word
+    for event in events:
+        if event.type != "final":
+            continue
+        for character in event.text:
+            if character.isspace():  # the same test str.split applies
+                if in_word:
+                    _add_word(word_event, end, source_length, delays, elapsed)
+                in_word = False
+            else:
+                in_word, word_event = True, event
+    if in_word:
+        _add_word(word_event, end, source_length, delays, elapsed)
+    return delays, elapsed
+
+
+def _add_word(event, end, source_length: float, delays: list[float], elapsed: list[float]) -> None:
+    delay = source_length if round(event.source_s, 3) >= round(end.source_s, 3) else round(event.source_s * 1000, 3)
+    delays.append(delay)
+    elapsed.append(delay + round(event.wall_s * 1000, 3))
+
+
+def instance_record(index: int, utterance_id: str, reference: str | None, events: Sequence) -> dict:
+    """The instances.log record of one decoded utterance (``events``: everything its session returned)."""
+    end = events[-1]
+    if end.type != "end":
+        raise ValueError("the last event must be the 'end' event")
+    source_length = round(end.audio_s * 1000, 3)  # ms of audio (SimulEval: samples / rate * 1000)
+    delays, elapsed = word_delays(events, source_length)
+    prediction = end.text.strip()
+    if len(delays) != len(split_units(prediction)):  # the finals must concatenate to the end text
+        raise RuntimeError(f"{utterance_id}: {len(delays)} word delays for {len(split_units(prediction))} words")
+    return {
+        "index": index,
+        "id": utterance_id,
+        "prediction": prediction,
+        "reference": reference,
+        "delays": delays,
+        "elapsed": elapsed,
+        "source_length": source_length,
+        "audio_s": end.audio_s,
+        "compute_s": end.compute_s,
+    }
+
+
+def score_instances(records: Sequence[dict], task: str) -> dict[str, float]:
+    """scores.json from instances.log records: quality, latency (plain and _CA), RTF, num_instances.
+
+    Quality is left out when the records have no references, or only empty ones (the error rate is
+    undefined). RTF = total compute seconds / total audio seconds.
+    """
+    from speechstream.eval.quality import transcription_scores, translation_scores
+
+    if not records:
+        raise ValueError("no instances to score")
+    predictions = [record["prediction"] for record in records]
+    references = [record["reference"] for record in records]
+    scores: dict[str, float] = {}
+    if all(reference is not None for reference in references) and any(references):
+        scorer = transcription_scores if task == "asr" else translation_scores
+        scores.update(scorer(predictions, references))
+    scores.update(corpus_latency(records))
+    scores["RTF"] = sum(record["compute_s"] for record in records) / sum(record["audio_s"] for record in records)
+    scores["num_instances"] = len(records)
+    return scores
+
+
+def summary_text(scores: dict[str, float], config: dict) -> str:
+    """A small fixed-width table of ``scores`` for summary.txt and the terminal."""
+    decoding = " ".join(f"{key}={value}" for key, value in config["decoding"].items())
+    lines = [
+        f"model {config['model']}  task {config['task']}  baseline {config['baseline']}  "
+        f"instances {scores['num_instances']}",
+        f"decoding {decoding}",
+        "",
+    ]
+    quality = [name for name in QUALITY_METRICS if name in scores]
+    if quality:
+        lines.append("quality (%)")
+        lines += [f"  {name:<16}{scores[name]:>10.2f}" for name in quality]
+        if any(name.endswith("_normalized") for name in quality):
+            lines.append(f"  (normalized: both sides through {NORMALIZER})")
+    else:
+        lines.append("quality: not scored (no references)")
+    lines += ["", f"latency (ms){'plain':>16}{'comp.-aware':>14}"]
+    for name in LATENCY_METRICS:
+        plain, aware = scores.get(name), scores.get(name + COMPUTATION_AWARE_SUFFIX)
+        cells = "".join(f"{value:>14.3f}" if value is not None else f"{'-':>14}" for value in (plain, aware))
+        lines.append(f"  {name + (' (ratio)' if name == 'AP' else ''):<14}{cells}")
+    if not any(name in scores for name in LATENCY_METRICS):
+        lines.append("  (no utterance produced any words)")
+    lines += ["", f"RTF {scores['RTF']:.3f} (compute seconds / audio seconds)"]
+    return "\n".join(lines) + "\n"
+
+
+# -- output folder ----------------------------------------------------------------------------------
+
+
+def _check_or_write_config(out_dir: Path, config: dict, resuming: bool) -> None:
+    """Write config.json; when resuming logged results, first check that they were made with ``config``."""
+    path = out_dir / CONFIG_FILE
+    if resuming:
+        if not path.exists():
+            raise InputError(
+                f"{out_dir / INSTANCES_FILE} has results but there is no {CONFIG_FILE}: "
+                "not resuming a run of unknown options (use another --out)"
+            )
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InputError(f"{path}: cannot read the previous run's options ({error})") from None
+        old, new = _flatten(previous), _flatten(config)
+        keys = sorted((old.keys() | new.keys()) - {"manifest"})
+        changed = [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
+        if changed:
+            raise InputError(
+                f"{out_dir} holds results made with other options ({'; '.join(changed)}); "
+                "use another --out or the same options"
+            )
+    _write_atomically(path, json.dumps(config, indent=2) + "\n")
+
+
+def _flatten(config: dict, prefix: str = "") -> dict:
+    """{"decoding": {"k": 2}} -> {"decoding.k": 2}."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def _resume(path: Path, utterances: Sequence[Utterance], references: Sequence[str | None]) -> list[dict]:
+    """The records of a previous run, checked against the manifest.
+
+    A last line without its newline, or a last line that is not valid JSON, is the utterance a killed run
+    was writing: it is dropped and the file rewritten without it. Any other bad line is an error.
+    """
+    if not path.exists():
+        return []
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise InputError(f"{path}: cannot read ({error.strerror or error})") from None
+    lines = data.split(b"\n")
+    cut = lines.pop() != b""  # the text after the last newline: b"" unless the last line was cut short
+    position = {utterance.id: index for index, utterance in enumerate(utterances)}
+    records: list[dict] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            if number == len(lines) and not cut:
+                cut = True
+                break
+            raise InputError(f"{path}:{number}: not a JSON record (fix or delete the line, or use another --out)")
+        _check_record(record, path, number, position, references)
+        if any(previous["id"] == record["id"] for previous in records):
+            raise InputError(f'{path}:{number}: id "{record["id"]}" logged twice')
+        records.append(record)
+    if cut:
+        kept = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+        _write_atomically(path, kept)
+    return records
+
+
+def _check_record(record, path: Path, number: int, position: dict, references: Sequence[str | None]) -> None:
+    """A logged record must be complete and match the manifest it is resumed with."""
+    where = f"{path}:{number}"
+    if not isinstance(record, dict) or any(field not in record for field in RECORD_FIELDS):
+        raise InputError(f"{where}: not an instances.log record of this tool (fields: {', '.join(RECORD_FIELDS)})")
+    index = position.get(record["id"])
+    if index is None:
+        raise InputError(f'{where}: id "{record["id"]}" is not in the manifest; use another --out')
+    if record["index"] != index or record["reference"] != references[index]:
+        raise InputError(f'{where}: "{record["id"]}" no longer matches the manifest (changed?); use another --out')
+
+
+def _decode(todo, references, log_path: Path, model_name: str, decoding, progress: bool, total: int) -> list[dict]:
+    """Stream each (index, utterance) through a session; append and fsync its record as soon as it is done."""
+    from tqdm import tqdm
+
+    from speechstream.session import transcribe_file
+    from speechstream.model import load_model
+
+    model = load_model(model_name, decoding.device)
+    records = []
+    show = progress and sys.stderr.isatty()
+    with open(log_path, "a", encoding="utf-8") as log, tqdm(
+        total=total, initial=total - len(todo), unit="utt", desc="eval", file=sys.stderr, disable=not show
+    ) as bar:
+        for index, utterance in todo:
+            try:
+                events = transcribe_file(model, decoding, str(utterance.audio), lambda event: None, partials=False)
+            except InputError as error:
+                raise InputError(f'utterance "{utterance.id}": {error}') from None
+            record = instance_record(index, utterance.id, references[index], events)
+            log.write(json.dumps(record, ensure_ascii=False) + "\n")
+            log.flush()
+            os.fsync(log.fileno())
+            records.append(record)
+            bar.update()
+    return records
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write a file so that a crash leaves either the old or the new content, never a mix."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)

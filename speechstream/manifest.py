@@ -1,0 +1,97 @@
+"""Manifests: JSON lines, one utterance per line (docs/INTERFACES.md).
+
+    {"id": "u1", "audio": "clips/u1.wav", "text": "reference transcript", "translation": "...",
+     "source_lang": "en", "target_lang": "en"}
+
+``id`` and ``audio`` are required; ``audio`` is absolute or relative to the manifest's folder. Other fields
+are optional and unknown fields are ignored (manifests written by other tools often carry more). Blank lines
+are skipped. Every problem is reported as one line naming the manifest and the line number.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from speechstream.errors import InputError
+
+# Missing audio files named in the error message; the rest are only counted.
+MAX_MISSING_SHOWN = 3
+# Optional string fields of a manifest line (absent or null -> None).
+_OPTIONAL_FIELDS = ("text", "translation", "source_lang", "target_lang")
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One line of a manifest."""
+
+    id: str  # unique within the manifest
+    audio: Path  # the audio file, resolved against the manifest's folder when relative
+    text: str | None = None  # reference transcript (needed for WER/CER)
+    translation: str | None = None  # reference translation (needed for BLEU/chrF)
+    source_lang: str | None = None  # language of the speech, e.g. "en"
+    target_lang: str | None = None  # language of the text to produce, e.g. "en"
+
+
+def read_manifest(path: str | Path) -> list[Utterance]:
+    """Read and check a JSON-lines manifest; raise InputError (one line) on the first problem.
+
+    Checks, in order: the file can be read; each line is a JSON object with string ``id`` and ``audio`` and
+    string-or-null optional fields; ids are unique; the manifest is not empty; every audio file exists (all
+    missing files are reported together, the first few by name).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: cannot read the manifest ({error})") from None
+
+    utterances: list[Utterance] = []
+    first_line_of: dict[str, int] = {}  # id -> line number where it first appeared
+    missing: list[str] = []  # "line N: audio" for audio files that do not exist
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        utterance = _parse_line(line, path, number)
+        if utterance.id in first_line_of:
+            first = first_line_of[utterance.id]
+            raise InputError(f'{path}:{number}: duplicate id "{utterance.id}" (first on line {first})')
+        first_line_of[utterance.id] = number
+        if not utterance.audio.is_file():
+            missing.append(f"line {number}: {utterance.audio}")
+        utterances.append(utterance)
+
+    if not utterances:
+        raise InputError(f"{path}: the manifest lists no utterances")
+    if missing:
+        shown = ", ".join(missing[:MAX_MISSING_SHOWN])
+        more = f" and {len(missing) - MAX_MISSING_SHOWN} more" if len(missing) > MAX_MISSING_SHOWN else ""
+        plural = "s" if len(missing) > 1 else ""
+        raise InputError(f"{path}: {len(missing)} audio file{plural} not found ({shown}{more})")
+    return utterances
+
+
+def _parse_line(line: str, path: Path, number: int) -> Utterance:
+    """One non-blank manifest line -> Utterance, with the audio path resolved."""
+    where = f"{path}:{number}"
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(entry, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(entry).__name__}")
+    for key in ("id", "audio"):
+        if key not in entry:
+            raise InputError(f'{where}: missing "{key}"')
+        if not isinstance(entry[key], str) or not entry[key]:
+            raise InputError(f'{where}: "{key}" must be a non-empty string, got {entry[key]!r}')
+    optional = {}
+    for key in _OPTIONAL_FIELDS:
+        value = entry.get(key)
+        if value is not None and not isinstance(value, str):
+            raise InputError(f'{where}: "{key}" must be a string, got {value!r}')
+        optional[key] = value
+    return Utterance(id=entry["id"], audio=path.parent / Path(entry["audio"]).expanduser(), **optional)

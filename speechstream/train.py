@@ -1,0 +1,335 @@
+"""Training the projector and LoRA adapters under the GPE streaming mask.
+
+One step: encoder frames (frozen encoder, cached per utterance and chunk size) ->
+projector -> source group; the transcript cut into per-chunk pieces with end-of-chunk
+markers (``targets.chunk_texts``) -> target group; one forward under the wait-k mask
+(k drawn per step from ``k_choices``); loss = LM cross-entropy on the target text and
+markers + ``ctc_weight`` x CTC of the speech tokens against the LLM's own token
+embeddings (the alignment signal that gets training off the language-model plateau).
+
+Runs through accelerate: the same command trains on one CPU, several GPUs or nodes
+(DDP). Each rank takes its slice of a global batch whose order is a pure function of
+(seed, step), so a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+from speechstream.audio import load_audio
+from speechstream.config import from_dict
+from speechstream.errors import InputError
+from speechstream.model import EncodedBatch, SpeechLLM, load_model, trainable_state
+from speechstream.schedule import segment_frame_ends
+from speechstream.targets import TimedWord, chunk_texts
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training recipe (``recipes/*/<name>.yaml``; ``key=value`` overrides on the command line)."""
+
+    model: str  # model config: a name under models/ or a path
+    train_manifest: str  # JSONL with id, audio, text and optional words [{"w", "end"}]
+    dev_manifest: str | None = None  # held-out JSONL for periodic evaluation
+    out_dir: str = "runs/asr"  # checkpoints, logs, plots, feature cache
+    chunk_ms: int = 640  # chunk size the model is trained for
+    k_choices: str = "1,2,3"  # wait-k values, one drawn per step
+    steps: int = 2000  # optimizer steps
+    batch_size: int = 6  # utterances per step (global, split across ranks)
+    lr_projector: float = 1e-3  # projector and CTC blank
+    lr_lora: float = 2e-4  # LoRA adapters
+    warmup_steps: int = 50  # linear warm-up, then cosine decay to 10 %
+    weight_decay: float = 0.01
+    ctc_weight: float = 0.5  # weight of the auxiliary CTC loss
+    word_margin_s: float = 0.1  # a word is written after the chunk covering its end + this margin
+    max_audio_s: float = 15.0  # longer utterances are skipped
+    seed: int = 0
+    log_every: int = 10  # steps between log lines
+    save_every: int = 100  # steps between checkpoints
+    eval_every: int = 0  # steps between dev evaluations (0: only at the end)
+    eval_utterances: int = 20  # dev utterances per evaluation
+    threads: int = 0  # torch threads per process (0: torch's default)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training utterance."""
+
+    id: str  # unique id
+    audio: Path  # 16 kHz audio file
+    text: str  # reference transcript
+    words: tuple[TimedWord, ...]  # word end times (empty: all words after the last chunk)
+
+
+def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise InputError(f"{path}: cannot read training config ({error})") from None
+    for item in overrides:
+        if "=" not in item:
+            raise InputError(f"override {item!r} is not key=value")
+        key, value = item.split("=", 1)
+        data[key] = yaml.safe_load(value)
+    config = from_dict(TrainConfig, data)
+    base = Path(path).resolve().parent
+    fix = {}
+    for field in ("train_manifest", "dev_manifest"):
+        value = getattr(config, field)
+        if value and not Path(value).is_absolute() and not Path(value).exists() and (base / value).exists():
+            fix[field] = str(base / value)
+    return dataclasses.replace(config, **fix)
+
+
+def read_examples(path: str, max_audio_s: float | None = None) -> list[Example]:
+    """Manifest lines -> examples (audio relative to the manifest's folder)."""
+    folder = Path(path).resolve().parent
+    examples = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as error:
+        raise InputError(f"{path}: cannot read manifest ({error})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            words = tuple(TimedWord(w["w"], float(w["end"])) for w in row.get("words", []))
+            example = Example(str(row["id"]), folder / row["audio"], str(row["text"]), words)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            raise InputError(f"{path}:{number}: bad manifest line ({error})") from None
+        if max_audio_s and row.get("duration") and float(row["duration"]) > max_audio_s:
+            continue
+        examples.append(example)
+    if not examples:
+        raise InputError(f"{path}: no utterances")
+    return examples
+
+
+def batch_indices(n_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Global batch of ``step``: consecutive slices of a per-epoch seeded permutation."""
+    per_epoch = max(1, n_examples // batch_size)
+    epoch, offset = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(n_examples)
+    return order[offset * batch_size : (offset + 1) * batch_size].tolist()
+
+
+class FeatureCache:
+    """Frozen-encoder frames per utterance and chunk size, stored as safetensors."""
+
+    def __init__(self, folder: Path, model: SpeechLLM, chunk_ms: int):
+        self.folder = folder / f"chunk{chunk_ms}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.model = model
+        self.chunk_ms = chunk_ms
+
+    def frames(self, example: Example) -> tuple[torch.Tensor, list[int], int]:
+        """(U, d) frames, the segment frame ends, and the number of samples."""
+        from safetensors.torch import load_file, save_file
+
+        path = self.folder / f"{example.id}.safetensors"
+        if path.exists():
+            stored = load_file(str(path))
+            return stored["frames"].float(), stored["frame_ends"].tolist(), int(stored["samples"])
+        audio = load_audio(example.audio)
+        with torch.no_grad():
+            encoded = self.model.encode([audio], self.chunk_ms)
+        frames = encoded.frames[0, : encoded.frame_ends[0][-1]].cpu()
+        tmp = path.with_suffix(".tmp")
+        save_file(
+            {
+                "frames": frames.half().contiguous(),
+                "frame_ends": torch.tensor(encoded.frame_ends[0]),
+                "samples": torch.tensor(len(audio)),
+            },
+            str(tmp),
+        )
+        tmp.rename(path)
+        return frames.half().float(), encoded.frame_ends[0], len(audio)
+
+
+class StreamingLoss(nn.Module):
+    """The training objective; ``forward`` so that DDP sees (and syncs) the trainable weights."""
+
+    def __init__(self, model: SpeechLLM, ctc_weight: float):
+        super().__init__()
+        self.model = model
+        self.ctc_weight = ctc_weight
+
+    def forward(self, frames: torch.Tensor, frame_ends: list[list[int]], targets: list[list[int]],
+                texts: list[list[int]], k: int) -> dict[str, torch.Tensor]:
+        model = self.model
+        source = model.source_from_frames(EncodedBatch(frames, frame_ends))
+        logits = model.forward_train(source, targets, k)  # (B, T, V)
+        header = len(model.header_ids)
+        rows, labels = [], []
+        for b, target in enumerate(targets):
+            rows.append(logits[b, header - 1 : len(target) - 1])
+            labels.append(torch.tensor(target[header:], device=logits.device))
+        rows, labels = torch.cat(rows), torch.cat(labels)
+        lm = F.cross_entropy(rows.float(), labels)
+        accuracy = (rows.argmax(-1) == labels).float().mean()
+        out = {"lm": lm, "accuracy": accuracy}
+        loss = lm
+        if self.ctc_weight > 0:
+            log_probs = model.ctc_logits(source.speech).float().log_softmax(-1).transpose(0, 1)  # (N, B, V + 1)
+            blank = log_probs.shape[-1] - 1
+            flat = torch.tensor([t for text in texts for t in text], dtype=torch.long)
+            ctc = F.ctc_loss(log_probs, flat, source.speech_lengths, torch.tensor([len(t) for t in texts]),
+                             blank=blank, reduction="mean", zero_infinity=True)
+            out["ctc"] = ctc
+            loss = loss + self.ctc_weight * ctc
+        out["loss"] = loss
+        return out
+
+
+def trainable_parameters(model: SpeechLLM) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """Freeze everything but projector, CTC blank and LoRA; return (projector-group, lora-group)."""
+    projector, lora = [], []
+    for name, param in model.named_parameters():
+        if name.startswith("projector.") or name == "ctc_blank":
+            param.requires_grad_(True)
+            projector.append(param)
+        elif "lora_" in name:
+            param.requires_grad_(True)
+            lora.append(param)
+        else:
+            param.requires_grad_(False)
+    return projector, lora
+
+
+def learning_rate_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up then cosine decay to 10 %."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def plot_losses(log_path: Path, out_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "loss" in r]
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in rows]
+    for key in ("loss", "lm", "ctc"):
+        if key in rows[0]:
+            ax.plot(steps, [r[key] for r in rows], label=key)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+
+
+def train(config: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path:
+    """Run (or resume) training; returns the path of the trainable-weights checkpoint.
+
+    ``stop_after`` ends this run after that many steps (a checkpoint is saved), as an
+    interruption would; the schedule still follows ``config.steps``.
+    """
+    from accelerate import Accelerator
+    from tqdm import tqdm
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    out_dir = Path(config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    model = load_model(config.model, str(accelerator.device))
+    model.train()
+    projector_params, lora_params = trainable_parameters(model)
+    groups = [{"params": projector_params, "lr": config.lr_projector}]
+    if lora_params:
+        groups.append({"params": lora_params, "lr": config.lr_lora})
+    optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
+    base_lrs = [g["lr"] for g in groups]
+    objective = StreamingLoss(model, config.ctc_weight)
+    objective, optimizer = accelerator.prepare(objective, optimizer)
+    examples = read_examples(config.train_manifest, config.max_audio_s)
+    cache = FeatureCache(out_dir / "features", model, config.chunk_ms)
+    ks = [int(k) for k in str(config.k_choices).split(",")]
+    state_dir = out_dir / "state"
+    progress_file = out_dir / "progress.json"
+    start_step = 0
+    if state_dir.exists() and progress_file.exists():
+        accelerator.load_state(str(state_dir))
+        start_step = json.loads(progress_file.read_text())["step"]
+    log_path = out_dir / "log.jsonl"
+    chunk_s = config.chunk_ms / 1000
+    bar = tqdm(total=config.steps, initial=start_step, disable=not (progress and accelerator.is_main_process),
+               desc="train", unit="step")
+    started, window = time.perf_counter(), []
+    last_step = config.steps if stop_after is None else min(config.steps, start_step + stop_after)
+    for step in range(start_step, last_step):
+        indices = batch_indices(len(examples), config.batch_size, step, config.seed)
+        mine = indices[accelerator.process_index :: accelerator.num_processes] or indices[:1]
+        frames, frame_ends, targets, texts = [], [], [], []
+        for index in mine:
+            example = examples[index]
+            item_frames, ends, _ = cache.frames(example)
+            words = example.words or tuple(TimedWord(w, 1e9) for w in example.text.split())
+            pieces = chunk_texts(list(words), chunk_s, len(ends), config.word_margin_s)
+            frames.append(item_frames)
+            frame_ends.append(ends)
+            targets.append(model.target_sequence(pieces))
+            texts.append(model._ids(" " + " ".join(example.text.split())))
+        padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True).to(accelerator.device)
+        k = ks[np.random.default_rng([config.seed, step, 7]).integers(len(ks))]
+        factor = learning_rate_factor(step, config.warmup_steps, config.steps)
+        for group, base in zip(optimizer.param_groups, base_lrs):
+            group["lr"] = base * factor
+        out = objective(padded, frame_ends, targets, texts, k)
+        accelerator.backward(out["loss"])
+        accelerator.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        window.append({key: float(value.detach()) for key, value in out.items()})
+        bar.update(1)
+        bar.set_postfix(loss=f"{window[-1]['loss']:.3f}")
+        done = step + 1
+        if accelerator.is_main_process and (done % config.log_every == 0 or done in (config.steps, last_step)):
+            row = {key: float(np.mean([w[key] for w in window])) for key in window[0]}
+            row.update(step=done, k=k, lr_factor=round(factor, 4), elapsed_s=round(time.perf_counter() - started, 1))
+            with log_path.open("a") as log:
+                log.write(json.dumps(row) + "\n")
+            window = []
+        if done % config.save_every == 0 or done in (config.steps, last_step):
+            accelerator.wait_for_everyone()
+            accelerator.save_state(str(state_dir))
+            if accelerator.is_main_process:
+                save_trainable(accelerator.unwrap_model(objective).model, out_dir / "trainable.safetensors")
+                progress_file.write_text(json.dumps({"step": done}))
+                plot_losses(log_path, out_dir / "loss.png")
+    bar.close()
+    accelerator.wait_for_everyone()
+    return out_dir / "trainable.safetensors"
+
+
+def save_trainable(model: SpeechLLM, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_suffix(".tmp")
+    save_file(trainable_state(model), str(tmp))
+    tmp.rename(path)

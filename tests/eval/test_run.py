@@ -1,0 +1,347 @@
+"""The evaluation driver: instances.log, scores.json, resuming after a kill, and the `eval` command.
+
+The shipped tiny-random model is untrained and with plain argmax usually writes nothing, so most tests run
+sessions whose token chooser (`WordChooser`) writes letters, spaces and chunk ends on a fixed rhythm: words
+and delays exist, some words are split across two chunks, and everything stays deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+import speechstream.session
+from speechstream.cli import main
+from speechstream.config import DecodingConfig
+from speechstream.errors import InputError
+from speechstream.eval.latency import corpus_latency
+from speechstream.eval.run import INSTANCES_FILE, evaluate, word_delays
+from speechstream.session import Event
+
+ROOT = Path(__file__).resolve().parents[2]
+# Short tail after the end of the audio: the word chooser never ends the transcript by itself.
+DECODING = DecodingConfig(max_tail_tokens=24)
+FIELDS = ("index", "id", "prediction", "reference", "delays", "elapsed", "source_length", "audio_s", "compute_s")
+# Keys that depend on wall-clock time; everything else in scores.json must survive a resume unchanged.
+TIMING_KEYS = ("RTF",)
+TIMING_FIELDS = ("elapsed", "compute_s")
+# Clip lengths of the three-utterance manifest: each longer than k = 2 chunks of 640 ms, so words come mid-stream.
+DURATIONS = (1.5, 2.0, 2.5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One intra-op thread: the tiny model runs several times faster on a small, busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class WordChooser:
+    """Chooses tokens on a fixed rhythm of 11: four letters, a space, five letters, end of chunk.
+
+    Letters are the model's own favourite among a-z, so the text still depends on the audio. The chunk end
+    often falls inside a word, which then continues in the next chunk's final event.
+    """
+
+    RHYTHM = 11  # tokens per cycle
+    SPACE_AT = 5  # position of the space in the cycle
+    LETTERS = torch.arange(ord("a"), ord("z") + 1)
+
+    def __init__(self, eoc_id: int):
+        self.eoc_id = eoc_id
+        self.count = 0
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        self.count += 1
+        if self.count % self.RHYTHM == 0:
+            return self.eoc_id
+        if self.count % self.RHYTHM == self.SPACE_AT:
+            return ord(" ")
+        return int(self.LETTERS[torch.argmax(logits[self.LETTERS])])
+
+
+@pytest.fixture
+def word_sessions(monkeypatch) -> list:
+    """Make every StreamingSession write words; returns the list of sessions built (to count decodes)."""
+    return patch_word_sessions(monkeypatch)
+
+
+def patch_word_sessions(patch: pytest.MonkeyPatch) -> list:
+    """Replace StreamingSession by one that chooses with `WordChooser`; returns the sessions it builds."""
+    built = []
+
+    class WordSession(speechstream.session.StreamingSession):
+        def __init__(self, model, *args, **kwargs):
+            kwargs["choose"] = WordChooser(model.eoc_id)
+            super().__init__(model, *args, **kwargs)
+            built.append(self)
+
+    patch.setattr(speechstream.session, "StreamingSession", WordSession)
+    return built
+
+
+def write_manifest(folder: Path, durations: list[float], field: str = "text") -> Path:
+    """Seeded tone-plus-noise clips and a manifest whose references have irregular whitespace."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    lines = []
+    for number, duration in enumerate(durations):
+        time_s = np.arange(int(duration * 16000)) / 16000
+        audio = 0.3 * np.sin(2 * np.pi * (180 + 60 * number) * time_s) + 0.05 * rng.standard_normal(time_s.size)
+        soundfile.write(folder / f"clip{number}.wav", audio.astype(np.float32), 16000, subtype="PCM_16")
+        reference = f"  the  clip number {number}\tends here "
+        lines.append(json.dumps({"id": f"clip-{number}", "audio": f"clip{number}.wav", field: reference}))
+    manifest = folder / "manifest.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / INSTANCES_FILE).read_text().splitlines()]
+
+
+def deterministic(scores: dict) -> dict:
+    return {key: value for key, value in scores.items() if key not in TIMING_KEYS and not key.endswith("_CA")}
+
+
+def without_timing(records: list[dict]) -> list[dict]:
+    return [{key: value for key, value in record.items() if key not in TIMING_FIELDS} for record in records]
+
+
+# -- word delays from events ---------------------------------------------------------------------------
+
+
+def test_word_split_across_finals_counts_once_at_the_later_one():
+    events = [
+        Event("partial", "hel", 0.64, 0.05),
+        Event("final", "hello wor", 0.64, 0.1),
+        Event("final", "ld again", 1.28, 0.3),
+        Event("final", " and end", 2.0, 0.45),
+        Event("end", "hello world again and end", 2.0, 0.5, audio_s=2.0000625, compute_s=0.4),
+    ]
+    delays, elapsed = word_delays(events, source_length=2000.0625)
+    assert delays == [640.0, 1280.0, 1280.0, 2000.0625, 2000.0625]  # hello, world, again, and, end
+    assert elapsed == [740.0, 1580.0, 1580.0, 2450.0625, 2450.0625]
+
+
+def test_no_finals_no_delays():
+    assert word_delays([Event("end", "", 1.0, 0.1, audio_s=1.0, compute_s=0.1)], 1000.0) == ([], [])
+
+
+# -- a full run ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """(manifest, out, scores) of one uninterrupted word-writing run over three clips."""
+    folder = tmp_path_factory.mktemp("run")
+    manifest = write_manifest(folder / "data", list(DURATIONS))
+    with pytest.MonkeyPatch.context() as patch:
+        patch_word_sessions(patch)
+        scores = evaluate(manifest, folder / "out", "tiny-random", DECODING, "asr", progress=False)
+    return manifest, folder / "out", scores
+
+
+def test_instances_log(finished_run):
+    _, out, _ = finished_run
+    records = read_log(out)
+    assert [record["id"] for record in records] == ["clip-0", "clip-1", "clip-2"]
+    assert [record["index"] for record in records] == [0, 1, 2]
+    for record, duration in zip(records, DURATIONS):
+        assert tuple(record) == FIELDS
+        assert record["source_length"] == duration * 1000
+        assert record["reference"] == f"the clip number {record['index']} ends here"  # whitespace collapsed
+        assert record["prediction"] and len(record["delays"]) == len(record["prediction"].split())
+        assert len(record["elapsed"]) == len(record["delays"])
+        assert record["delays"] == sorted(record["delays"])
+        assert all(0 < delay <= record["source_length"] for delay in record["delays"])
+        assert all(end > delay for end, delay in zip(record["elapsed"], record["delays"]))  # compute time counts
+        assert record["delays"][-1] == record["source_length"]  # the tail is written after the whole audio
+        assert record["delays"][0] < record["source_length"]  # ... and words came while streaming
+        assert record["compute_s"] > 0 and record["audio_s"] == duration
+
+
+def test_scores(finished_run):
+    _, out, scores = finished_run
+    records = read_log(out)
+    assert json.loads((out / "scores.json").read_text()) == scores
+    latency = corpus_latency(records)
+    assert len(latency) == 14  # AL LAAL DAL AP StartOffset EndOffset ATD, each plain and _CA
+    assert {key: scores[key] for key in latency} == latency
+    for key in ("WER", "CER", "WER_normalized", "CER_normalized"):
+        assert scores[key] > 0
+    assert scores["num_instances"] == 3
+    compute, audio = sum(r["compute_s"] for r in records), sum(r["audio_s"] for r in records)
+    assert scores["RTF"] == pytest.approx(compute / audio)
+    assert scores["AL_CA"] > scores["AL"]
+    summary = (out / "summary.txt").read_text()
+    assert "WER" in summary and "LAAL" in summary and "RTF" in summary
+    assert json.loads((out / "config.json").read_text())["decoding"]["max_tail_tokens"] == 24
+
+
+def test_latency_equals_simuleval_on_the_log(finished_run):
+    scorers = pytest.importorskip("simuleval.evaluator.scorers.latency_scorer")
+    instance = pytest.importorskip("simuleval.evaluator.instance")
+    _, out, scores = finished_run
+    lines = [line for line in (out / INSTANCES_FILE).read_text().splitlines() if line.strip()]
+    for name in ("AL", "LAAL", "AP", "DAL", "StartOffset", "EndOffset", "ATD"):
+        for aware in (False, True):
+            scorer = scorers.LATENCY_SCORERS_DICT[name](computation_aware=aware)
+            expected = scorer({n: instance.LogInstance(line) for n, line in enumerate(lines)})
+            assert scores[name + ("_CA" if aware else "")] == pytest.approx(expected, abs=1e-6)
+
+
+# -- resuming -------------------------------------------------------------------------------------------
+
+
+def test_resume_after_a_cut_line_decodes_only_the_rest(finished_run, tmp_path, word_sessions):
+    manifest, finished_out, finished_scores = finished_run
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_bytes((finished_out / "config.json").read_bytes())
+    lines = (finished_out / INSTANCES_FILE).read_text().splitlines(keepends=True)
+    (out / INSTANCES_FILE).write_text(lines[0] + lines[1][: len(lines[1]) // 2])  # killed while writing line 2
+
+    scores = evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    assert len(word_sessions) == 2  # clip-0 was not decoded again
+    assert deterministic(scores) == deterministic(finished_scores)
+    assert without_timing(read_log(out)) == without_timing(read_log(finished_out))
+    assert (out / INSTANCES_FILE).read_text().startswith(lines[0])
+
+    assert evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False) == scores
+    assert len(word_sessions) == 2  # a finished run only rescores
+
+
+def test_resume_with_other_options_is_refused(finished_run, tmp_path, word_sessions):
+    manifest, finished_out, _ = finished_run
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("config.json", INSTANCES_FILE):
+        (out / name).write_bytes((finished_out / name).read_bytes())
+    other = DecodingConfig(chunk_ms=320, max_tail_tokens=24)
+    with pytest.raises(InputError, match=r"made with other options \(decoding.chunk_ms 640 -> 320\)"):
+        evaluate(manifest, out, "tiny-random", other, "asr", progress=False)
+    with pytest.raises(InputError, match="model 'tiny-random' -> 'elsewhere'"):
+        evaluate(manifest, out, "elsewhere", DECODING, "asr", progress=False)
+    assert not word_sessions
+
+
+def test_log_of_another_manifest_is_refused(finished_run, tmp_path, word_sessions):
+    _, finished_out, _ = finished_run
+    manifest = write_manifest(tmp_path / "data", [1.0])
+    manifest.write_text(manifest.read_text().replace("clip-0", "renamed"))
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("config.json", INSTANCES_FILE):
+        (out / name).write_bytes((finished_out / name).read_bytes())
+    with pytest.raises(InputError, match='instances.log:1: id "clip-0" is not in the manifest'):
+        evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions
+
+
+def test_a_failed_start_does_not_pin_the_options(tmp_path, word_sessions):
+    manifest = write_manifest(tmp_path / "data", [1.5])
+    with pytest.raises(InputError, match="unknown model 'no-such-model'"):
+        evaluate(manifest, tmp_path / "out", "no-such-model", DECODING, "asr", progress=False)
+    evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)  # nothing was logged
+    assert len(word_sessions) == 1
+
+
+def test_results_without_their_config_are_refused(finished_run, tmp_path, word_sessions):
+    manifest, finished_out, _ = finished_run
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / INSTANCES_FILE).write_bytes((finished_out / INSTANCES_FILE).read_bytes())
+    with pytest.raises(InputError, match="has results but there is no config.json"):
+        evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions
+
+
+# -- references and tasks ---------------------------------------------------------------------------------
+
+
+def test_translation_is_scored_against_the_translation(tmp_path, word_sessions):
+    manifest = write_manifest(tmp_path / "data", [1.0], field="translation")
+    scores = evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "translate", progress=False)
+    assert {"BLEU", "chrF", "AL", "AL_CA", "RTF", "num_instances"} <= set(scores)
+    assert "WER" not in scores
+    assert read_log(tmp_path / "out")[0]["reference"] == "the clip number 0 ends here"
+
+
+def test_some_references_missing_is_refused(tmp_path, word_sessions):
+    manifest = write_manifest(tmp_path / "data", [1.0, 1.0])
+    lines = manifest.read_text().splitlines()
+    manifest.write_text(lines[0] + "\n" + lines[1].replace('"text"', '"note"') + "\n")
+    with pytest.raises(InputError, match='1 of 2 utterances lack "text" \\(clip-1\\)'):
+        evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions
+
+
+# -- the command line -----------------------------------------------------------------------------------
+
+
+def test_cli_rejects_unknown_baselines(tmp_path, capsys):
+    manifest = write_manifest(tmp_path / "data", [1.0])
+    assert main(["eval", str(manifest), "--out", str(tmp_path / "out"), "--baseline", "whisper-streaming"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("speechstream: error: unknown baseline 'whisper-streaming' (known: gpe)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_bad_manifest_is_one_error_line(tmp_path, capsys):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"id": "a", "audio": "a.wav"}\n{"id": "b"\n')
+    assert main(["eval", str(manifest), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith(f"speechstream: error: {manifest}:2: not valid JSON")
+
+
+@pytest.mark.slow
+def test_kill_9_then_rerun_finishes_every_id_once(tmp_path):
+    """A real `python -m speechstream eval` killed with SIGKILL mid-run, then rerun, equals a run never killed.
+
+    This one uses the plain model (argmax), so predictions may be empty: what it checks is the file
+    handling across processes; the word delays of a resumed run are checked above.
+    """
+    manifest = write_manifest(tmp_path / "data", [1.0] * 6)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "speechstream", "eval", str(manifest), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as one_torch_thread: same speed, same numerics
+    log = out / INSTANCES_FILE
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (log.exists() and log.read_bytes().count(b"\n") >= 1):
+            assert process.poll() is None, process.stderr.read().decode()
+            assert time.monotonic() < deadline, "no utterance finished within 60 s"
+            time.sleep(0.01)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait()
+        process.stderr.close()
+    before_rerun = log.read_text().splitlines(keepends=True)
+    before_rerun = [line for line in before_rerun if line.endswith("\n")]
+    assert 1 <= len(before_rerun) < 6, "the run finished before it could be killed"
+
+    rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    after = read_log(out)
+    assert sorted(record["id"] for record in after) == [f"clip-{n}" for n in range(6)]
+    assert log.read_text().startswith("".join(before_rerun))  # finished lines kept as they were, not redone
+
+    reference_out = tmp_path / "uninterrupted"
+    reference = evaluate(manifest, reference_out, "tiny-random", DecodingConfig(), "asr", progress=False)
+    assert deterministic(json.loads((out / "scores.json").read_text())) == deterministic(reference)
+    assert without_timing(after) == without_timing(read_log(reference_out))

@@ -1,0 +1,229 @@
+"""Audio in: file formats, mixing down, resampling, validation and one-line errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile
+
+from speechstream.audio import SAMPLE_RATE, int16_to_float, load_audio, prepare_samples
+from speechstream.errors import InputError
+
+
+def sine(freq: float, seconds: float, rate: int, amplitude: float = 0.5) -> np.ndarray:
+    t = np.arange(int(round(seconds * rate))) / rate
+    return (amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def peak_hz(samples: np.ndarray, rate: int = SAMPLE_RATE) -> float:
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
+    return float(np.argmax(spectrum) * rate / len(samples))
+
+
+def assert_one_line_input_error(path, match: str) -> None:
+    with pytest.raises(InputError, match=match) as info:
+        load_audio(path)
+    message = str(info.value)
+    assert message and "\n" not in message
+    assert str(path) in message  # the user learns which file
+
+
+# -- formats -----------------------------------------------------------------------------------------
+
+
+def _mp3_writable(tmp_path) -> bool:
+    if "MP3" not in soundfile.available_formats():
+        return False
+    try:
+        soundfile.write(tmp_path / "probe.mp3", np.zeros(1600, np.float32), SAMPLE_RATE, format="MP3")
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "ext, fmt, subtype, tolerance",
+    [
+        ("wav", "WAV", "PCM_16", 1e-4),
+        ("wav", "WAV", "FLOAT", 1e-7),
+        ("flac", "FLAC", "PCM_16", 1e-4),
+        ("ogg", "OGG", "VORBIS", None),  # lossy: check length and pitch only
+        ("mp3", "MP3", None, None),  # lossy
+    ],
+)
+def test_formats_read_as_float32_mono_16k(tmp_path, ext, fmt, subtype, tolerance):
+    if fmt == "MP3" and not _mp3_writable(tmp_path):
+        pytest.skip("this libsndfile cannot write mp3")
+    signal = sine(440.0, 1.0, SAMPLE_RATE)
+    path = tmp_path / f"clip.{ext}"
+    soundfile.write(path, signal, SAMPLE_RATE, format=fmt, subtype=subtype)
+    audio = load_audio(path)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert abs(len(audio) - len(signal)) <= (0 if tolerance else 1200)  # mp3 may pad by a frame
+    if tolerance is not None:
+        np.testing.assert_allclose(audio, signal, atol=tolerance)
+    else:
+        assert peak_hz(audio) == pytest.approx(440.0, abs=2.0)
+        assert 0.3 < np.abs(audio).max() <= 0.6
+    assert load_audio(str(path)).shape == audio.shape  # str paths work too
+
+
+def test_stereo_is_mixed_down_to_the_channel_mean(tmp_path):
+    rng = np.random.default_rng(0)
+    left = (0.4 * rng.uniform(-1, 1, 3200)).astype(np.float32)
+    right = (0.4 * rng.uniform(-1, 1, 3200)).astype(np.float32)
+    path = tmp_path / "stereo.wav"
+    soundfile.write(path, np.stack([left, right], axis=1), SAMPLE_RATE, subtype="FLOAT")
+    audio = load_audio(path)
+    np.testing.assert_allclose(audio, (left + right) / 2, atol=1e-7)
+    # opposite channels cancel: a mix-down that picked one channel would not
+    soundfile.write(path, np.stack([left, -left], axis=1), SAMPLE_RATE, subtype="FLOAT")
+    np.testing.assert_allclose(load_audio(path), 0.0, atol=1e-7)
+
+
+def test_8khz_8bit_unsigned_stereo_is_resampled_to_16khz(tmp_path):
+    rate, seconds, freq = 8000, 1.25, 440.0
+    left = sine(freq, seconds, rate, 0.6)
+    right = sine(freq, seconds, rate, 0.2)
+    path = tmp_path / "phone.wav"
+    soundfile.write(path, np.stack([left, right], axis=1), rate, subtype="PCM_U8")
+    assert soundfile.info(str(path)).subtype == "PCM_U8"
+    audio = load_audio(path)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert abs(len(audio) - 2 * len(left)) <= 1
+    assert peak_hz(audio) == pytest.approx(freq, abs=2.0)
+    # the mix of 0.6 and 0.2 amplitude channels has amplitude 0.4 (8-bit quantised, band-limited)
+    middle = audio[1000:-1000]
+    assert np.abs(middle).max() == pytest.approx(0.4, abs=0.03)
+    assert abs(float(audio.mean())) < 0.02  # unsigned PCM is centred, not offset by +0.5
+
+
+def test_44100_hz_is_resampled_keeping_length_and_pitch(tmp_path):
+    rate, freq = 44100, 1000.0
+    signal = sine(freq, 0.5, rate)
+    path = tmp_path / "cd.flac"
+    soundfile.write(path, signal, rate)
+    audio = load_audio(path)
+    assert abs(len(audio) - len(signal) * SAMPLE_RATE / rate) <= 1
+    assert peak_hz(audio) == pytest.approx(freq, abs=4.0)
+    np.testing.assert_allclose(audio[800:-800], sine(freq, len(audio) / SAMPLE_RATE, SAMPLE_RATE)[800:-800], atol=0.01)
+
+
+# -- bad input: one-line InputError -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_samples_are_rejected(tmp_path, bad):
+    signal = sine(440.0, 0.2, SAMPLE_RATE)
+    signal[100] = bad
+    path = tmp_path / "bad.wav"
+    soundfile.write(path, signal, SAMPLE_RATE, subtype="FLOAT")
+    assert_one_line_input_error(path, "NaN or infinite")
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.wav"
+    path.write_bytes(b"")
+    assert_one_line_input_error(path, "empty")
+
+
+def test_zero_sample_wav(tmp_path):
+    path = tmp_path / "zero.wav"
+    soundfile.write(path, np.zeros(0, np.float32), SAMPLE_RATE)
+    assert path.stat().st_size > 0  # a valid header, no samples
+    assert_one_line_input_error(path, "no samples")
+
+
+def test_text_file_named_wav(tmp_path):
+    path = tmp_path / "notes.wav"
+    path.write_text("this is not audio\nreally not\n" * 20)
+    assert_one_line_input_error(path, "not a readable audio file")
+
+
+def test_truncated_wav_header(tmp_path):
+    path = tmp_path / "cut.wav"
+    soundfile.write(path, sine(440.0, 0.2, SAMPLE_RATE), SAMPLE_RATE)
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(InputError) as info:
+        load_audio(path)
+    assert "\n" not in str(info.value)
+
+
+def test_directory(tmp_path):
+    folder = tmp_path / "folder.wav"
+    folder.mkdir()
+    assert_one_line_input_error(folder, "directory")
+
+
+def test_missing_path(tmp_path):
+    assert_one_line_input_error(tmp_path / "nowhere.wav", "no such file")
+
+
+# -- buffers --------------------------------------------------------------------------------------------
+
+
+def test_int16_to_float_round_trip():
+    pcm = np.array([-32768, -16384, -1, 0, 1, 16384, 32767], dtype=np.int16)
+    expected = pcm.astype(np.float64) / 32768
+    from_bytes = int16_to_float(pcm.astype("<i2").tobytes())
+    from_array = int16_to_float(pcm)
+    for samples in (from_bytes, from_array):
+        assert samples.dtype == np.float32
+        np.testing.assert_array_equal(samples, expected.astype(np.float32))
+        assert samples.min() >= -1.0 and samples.max() < 1.0
+    np.testing.assert_array_equal(np.round(from_bytes * 32768).astype(np.int16), pcm)
+    rng = np.random.default_rng(1)
+    noise = rng.integers(-32768, 32768, 5000).astype(np.int16)
+    back = np.round(int16_to_float(bytearray(noise.tobytes())) * 32768).astype(np.int16)
+    np.testing.assert_array_equal(back, noise)
+    assert int16_to_float(b"").size == 0
+    with pytest.raises(InputError, match="even"):
+        int16_to_float(b"\x00\x01\x02")
+
+
+def test_prepare_samples_shapes():
+    rng = np.random.default_rng(2)
+    mono = rng.uniform(-0.5, 0.5, 480).astype(np.float32)
+    np.testing.assert_array_equal(prepare_samples(mono, SAMPLE_RATE), mono)
+    np.testing.assert_array_equal(prepare_samples(mono[:, None], SAMPLE_RATE), mono)  # (T, 1)
+    three = np.stack([mono, 0 * mono, -0.5 * mono], axis=1)  # (T, 3)
+    np.testing.assert_allclose(prepare_samples(three, SAMPLE_RATE), mono / 6, atol=1e-7)
+    single = prepare_samples(np.array([0.25]), SAMPLE_RATE)  # one float64 sample
+    assert single.dtype == np.float32 and single.tolist() == [0.25]
+    assert prepare_samples(list(mono[:5]), SAMPLE_RATE).shape == (5,)  # any array-like
+    loud = prepare_samples(np.array([2.0, -3.0, 0.5], np.float32), SAMPLE_RATE)
+    assert loud.tolist() == [1.0, -1.0, 0.5]  # clipped into [-1, 1]
+    upsampled = prepare_samples(np.full(3, 0.1, np.float32), 8000)
+    assert upsampled.shape == (6,) and upsampled.dtype == np.float32
+
+
+def test_prepare_samples_scales_integer_pcm():
+    pcm = np.array([16384, -32768, 0, 32767], dtype=np.int16)
+    np.testing.assert_array_equal(prepare_samples(pcm, SAMPLE_RATE), int16_to_float(pcm))
+    stereo = np.array([[16384, 0], [-32768, -32768]], dtype=np.int16)
+    np.testing.assert_allclose(prepare_samples(stereo, SAMPLE_RATE), [0.25, -1.0])
+    np.testing.assert_allclose(prepare_samples(np.array([0, 128, 255], np.uint8), SAMPLE_RATE), [-1, 0, 127 / 128])
+
+
+@pytest.mark.parametrize(
+    "samples, match",
+    [
+        (np.zeros(0, np.float32), "no samples"),
+        (np.zeros((0, 2), np.float32), "no samples"),
+        (np.zeros((100, 0), np.float32), "no samples"),
+        (np.zeros((4, 2, 2), np.float32), "1-D or"),
+        (np.float32(0.5), "1-D or"),
+        (np.array([0.0, np.nan, 0.1, np.inf]), "2 NaN or infinite"),
+        (np.array([[0.0, 0.1], [np.nan, 0.2]]), "NaN or infinite"),
+    ],
+)
+def test_prepare_samples_rejects(samples, match):
+    with pytest.raises(InputError, match=match) as info:
+        prepare_samples(samples, SAMPLE_RATE)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("rate", [0, -8000])
+def test_prepare_samples_rejects_bad_rates(rate):
+    with pytest.raises(InputError, match="sample rate"):
+        prepare_samples(np.zeros(10, np.float32), rate)

@@ -1,0 +1,321 @@
+"""The command line, in process with the shipped tiny model: exit codes, one-line errors, output formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from speechstream import session as session_module
+from speechstream.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+ERROR = "speechstream: error:"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_wav(path: Path, seconds: float = 0.8, rate: int = 16000, seed: int = 0, extra: int = 0, **kwargs) -> Path:
+    """Tone plus noise; ``extra`` samples past the whole seconds."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * rate) + extra
+    t = np.arange(n) / rate
+    samples = 0.1 * rng.standard_normal(n) + 0.3 * np.sin(2 * np.pi * 220 * t)
+    soundfile.write(path, samples.astype(np.float32), rate, **kwargs)
+    return path
+
+
+@pytest.fixture
+def clip(tmp_path) -> Path:
+    return write_wav(tmp_path / "clip.wav")
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith(ERROR)]
+
+
+def assert_one_error(code: int, err: str, expected_code: int = 2, match: str = "") -> str:
+    assert code == expected_code, err
+    assert "Traceback" not in err
+    (line,) = error_lines(err)
+    assert re.search(match, line), line
+    for other in err.splitlines():  # the untrained-model note is the only other line allowed
+        assert other == line or other.startswith("speechstream: note:"), other
+    return line
+
+
+class TextSession(session_module.StreamingSession):
+    """A session whose chooser writes words: model-chosen letters, a space every 5th token and an
+    end-of-chunk every 16th, so the untrained model produces several committed words per stream."""
+
+    def __init__(self, model, *args, **kwargs):
+        vocab = model.decoder.llm.get_input_embeddings().weight.shape[0]
+        letters = torch.zeros(vocab, dtype=torch.bool)
+        letters[ord("a") : ord("z") + 1] = True
+        calls = 0
+
+        def choose(logits: torch.Tensor) -> int:
+            nonlocal calls
+            calls += 1
+            if calls % 16 == 0:
+                return model.eoc_id
+            if calls % 5 == 0:
+                return ord(" ")
+            return int(torch.argmax(logits.masked_fill(~letters, float("-inf"))))
+
+        kwargs["choose"] = choose
+        super().__init__(model, *args, **kwargs)
+
+
+@pytest.fixture
+def wordy(monkeypatch):
+    monkeypatch.setattr(session_module, "StreamingSession", TextSession)
+
+
+# -- errors: exit 2, one line, no traceback -----------------------------------------------------------------
+
+
+def test_missing_file(capsys, tmp_path):
+    code, out, err = run(capsys, "transcribe", tmp_path / "nope.wav")
+    assert_one_error(code, err, match="nope.wav: no such file")
+    assert out == ""
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("text", "not a readable audio file"),
+    ("empty", "empty"),
+    ("nan", "NaN or infinite"),
+    ("directory", "directory"),
+])
+def test_bad_audio(capsys, tmp_path, kind, match):
+    path = tmp_path / f"{kind}.wav"
+    if kind == "text":
+        path.write_text("not audio at all\n" * 30)
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "nan":
+        samples = np.full(8000, 0.1, np.float32)
+        samples[1234] = np.nan
+        soundfile.write(path, samples, 16000, subtype="FLOAT")
+    else:
+        path.mkdir()
+    code, out, err = run(capsys, "transcribe", path)
+    line = assert_one_error(code, err, match=match)
+    assert str(path) in line
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["transcribe", "{clip}", "--bogus"], "unrecognized arguments: --bogus"),
+    (["transcribe", "{clip}", "--chunk-ms", "0"], "chunk_ms must be between"),
+    (["transcribe", "{clip}", "--chunk-ms", "7"], "chunk_ms must be between"),
+    (["transcribe", "{clip}", "--chunk-ms", "40.5"], "--chunk-ms: invalid int value"),
+    (["transcribe", "{clip}", "--k", "0"], "--k must be at least 1"),
+    (["transcribe", "{clip}", "--model", "nosuchmodel"], "unknown model 'nosuchmodel'"),
+    (["transcribe", "{clip}", "--format", "xml"], "--format: invalid choice"),
+    (["transcribe", "{clip}", "--output", "{tmp}"], "cannot write the output"),
+    (["transcribe"], "required: audio"),
+    (["--no-such-flag"], ""),
+    ([], "required"),
+    (["verify", "--k", "0"], "--k must be at least 1"),
+])
+def test_bad_usage(capsys, tmp_path, clip, argv, match):
+    argv = [a.format(clip=clip, tmp=tmp_path) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert_one_error(code, err, match=match)
+
+
+def test_a_bad_file_does_not_stop_the_next(capsys, tmp_path, clip):
+    bad = tmp_path / "bad.wav"
+    bad.write_text("RIFF but not really")
+    code, out, err = run(capsys, "transcribe", bad, clip, "--format", "jsonl")
+    assert_one_error(code, err, match="bad.wav")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events and events[-1]["type"] == "end"
+    assert events[-1]["audio_s"] == pytest.approx(0.8)  # the good file was transcribed
+
+    code, out, err = run(capsys, "transcribe", bad, clip, "--format", "json")
+    assert_one_error(code, err)
+    documents = json.loads(out)
+    assert isinstance(documents, list) and [d["audio"] for d in documents] == [str(clip)]
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    from speechstream.errors import InputError
+
+    with pytest.raises(InputError):
+        main(["--debug", "transcribe", str(tmp_path / "nope.wav")])
+
+
+def test_subprocess_missing_file_has_no_traceback(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        [sys.executable, "-m", "speechstream", "transcribe", str(tmp_path / "missing.wav")],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert error_lines(result.stderr) == [f"{ERROR} {tmp_path / 'missing.wav'}: no such file"]
+    assert result.stdout == ""
+
+
+# -- accepted input and output formats -----------------------------------------------------------------------------
+
+
+def test_8khz_8bit_stereo_is_accepted(capsys, tmp_path):
+    path = tmp_path / "phone.wav"
+    rng = np.random.default_rng(1)
+    stereo = (0.3 * rng.uniform(-1, 1, (4000, 2))).astype(np.float32)
+    soundfile.write(path, stereo, 8000, subtype="PCM_U8")
+    code, out, err = run(capsys, "transcribe", path, "--format", "jsonl", "--no-partials")
+    assert code == 0, err
+    assert error_lines(err) == [] and "Traceback" not in err
+    end = json.loads(out.splitlines()[-1])
+    assert end["type"] == "end" and end["audio_s"] == pytest.approx(0.5, abs=1 / 16000)
+
+
+def check_jsonl(out: str, audio_s: float) -> list[dict]:
+    lines = out.splitlines()
+    events = [json.loads(line) for line in lines]  # every line is JSON
+    assert events and events[-1]["type"] == "end"
+    assert [e["type"] for e in events[:-1]] == [e["type"] for e in events[:-1] if e["type"] in ("final", "partial")]
+    end = events[-1]
+    assert set(end) >= {"text", "audio_s", "compute_s"}
+    assert end["audio_s"] == pytest.approx(audio_s, abs=1e-3) and end["compute_s"] > 0
+    assert "".join(e["text"] for e in events if e["type"] == "final") == end["text"]
+    source = [e["source_s"] for e in events]
+    assert source == sorted(source) and 0 <= source[-1] <= audio_s + 1e-3  # times are written in ms
+    wall = [e["wall_s"] for e in events]
+    assert wall == sorted(wall)
+    return events
+
+
+def test_jsonl_invariants(capsys, clip):
+    code, out, err = run(capsys, "transcribe", clip, "--format", "jsonl")
+    assert code == 0, err
+    check_jsonl(out, 0.8)
+
+
+def test_jsonl_invariants_with_text(capsys, tmp_path, wordy):
+    # 24009 samples: 1.5005625 s, which written in ms rounds up (text committed at the end must not
+    # carry a later source_s than the end event)
+    path = write_wav(tmp_path / "long.wav", seconds=1.5, extra=9)
+    code, out, err = run(capsys, "transcribe", path, "--format", "jsonl", "--chunk-ms", "320", "--k", "1")
+    assert code == 0, err
+    events = check_jsonl(out, 24009 / 16000)
+    finals = [e for e in events if e["type"] == "final"]
+    assert len(finals) >= 3 and len(events[-1]["text"].split()) >= 3
+    assert len({e["source_s"] for e in events}) >= 2  # text came out while the audio was still being read
+    assert any(e["type"] == "partial" for e in events)
+
+    code, out, err = run(capsys, "transcribe", path, "--format", "jsonl", "--chunk-ms", "320", "--k", "1",
+                         "--no-partials")
+    assert code == 0 and all(json.loads(line)["type"] != "partial" for line in out.splitlines())
+
+    code, text_out, err = run(capsys, "transcribe", path, "--chunk-ms", "320", "--k", "1")
+    assert code == 0 and text_out == events[-1]["text"] + "\n"
+
+
+def test_text_format_one_line_per_file(capsys, tmp_path, clip):
+    other = write_wav(tmp_path / "other.wav", seconds=0.5, seed=3)
+    code, out, err = run(capsys, "transcribe", clip, other)
+    assert code == 0, err
+    assert out.count("\n") == 2 and out.endswith("\n")
+
+
+def test_json_format(capsys, tmp_path, clip, wordy):
+    code, out, err = run(capsys, "transcribe", clip, "--format", "json", "--chunk-ms", "160", "--k", "1")
+    assert code == 0, err
+    document = json.loads(out)
+    assert set(document) == {"audio", "text", "audio_s", "compute_s", "segments"}
+    assert document["audio"] == str(clip) and document["audio_s"] == pytest.approx(0.8)
+    assert document["text"].strip()
+    assert " ".join(s["text"] for s in document["segments"]).split() == document["text"].split()
+    for segment in document["segments"]:
+        assert set(segment) == {"start", "end", "text"} and 0 <= segment["start"] <= segment["end"] <= 0.8 + 1e-6
+
+    other = write_wav(tmp_path / "other.wav", seconds=0.5, seed=3)
+    code, out, err = run(capsys, "transcribe", clip, other, "--format", "json")
+    assert code == 0, err
+    assert [d["audio"] for d in json.loads(out)] == [str(clip), str(other)]
+
+
+SRT_BLOCK = re.compile(r"(\d+)\n(\d\d:\d\d:\d\d,\d\d\d) --> (\d\d:\d\d:\d\d,\d\d\d)\n(.+)\n")
+VTT_CUE = re.compile(r"(\d\d:\d\d:\d\d\.\d\d\d) --> (\d\d:\d\d:\d\d\.\d\d\d)\n(.+)\n")
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_subtitle_formats(capsys, tmp_path, clip, wordy, fmt):
+    output = tmp_path / f"subs.{fmt}"
+    code, out, err = run(capsys, "transcribe", clip, "--format", fmt, "--chunk-ms", "160", "--k", "1",
+                         "--output", output)
+    assert code == 0, err
+    assert out == ""  # --output: nothing on stdout
+    text = output.read_text(encoding="utf-8")
+    if fmt == "srt":
+        blocks = text.split("\n\n")
+        parsed = [SRT_BLOCK.fullmatch(b if b.endswith("\n") else b + "\n") for b in blocks]
+        assert all(parsed), text
+        assert [int(m.group(1)) for m in parsed] == list(range(1, len(parsed) + 1))
+        stamps = [(m.group(2), m.group(3)) for m in parsed]
+    else:
+        assert text.startswith("WEBVTT\n\n")
+        body = text[len("WEBVTT\n\n") :]
+        parsed = [VTT_CUE.fullmatch(b if b.endswith("\n") else b + "\n") for b in body.split("\n\n")]
+        assert all(parsed), text
+        stamps = [(m.group(1), m.group(2)) for m in parsed]
+    assert len(stamps) >= 1
+    flat = [s for pair in stamps for s in pair]
+    assert flat == sorted(flat)  # cues follow each other in time
+
+
+def test_empty_transcript_subtitles(capsys, clip, monkeypatch):
+    """With the plain untrained model (often no text) every format still has its shape."""
+
+    class Silent(session_module.StreamingSession):
+        def __init__(self, model, *args, **kwargs):
+            kwargs["choose"] = lambda logits: model.eos_id
+            super().__init__(model, *args, **kwargs)
+
+    monkeypatch.setattr(session_module, "StreamingSession", Silent)
+    assert run(capsys, "transcribe", clip, "--format", "srt")[:2] == (0, "")
+    assert run(capsys, "transcribe", clip, "--format", "vtt")[:2] == (0, "WEBVTT\n\n")
+    assert run(capsys, "transcribe", clip)[:2] == (0, "\n")
+    code, out, _ = run(capsys, "transcribe", clip, "--format", "json")
+    assert code == 0 and json.loads(out)["segments"] == [] and json.loads(out)["text"] == ""
+
+
+def test_output_file(capsys, tmp_path, clip):
+    output = tmp_path / "out.jsonl"
+    code, out, err = run(capsys, "transcribe", clip, "--format", "jsonl", "--output", output)
+    assert code == 0, err
+    assert out == ""
+    check_jsonl(output.read_text(encoding="utf-8"), 0.8)
+
+
+def test_verify(capsys):
+    code, out, err = run(capsys, "verify", "--k", "1")
+    assert code == 0, err
+    (line,) = [line for line in out.splitlines() if line.strip()]
+    assert "tiny-random" in line and "k=1" in line and line.rstrip().endswith("ok")
+    delta = float(re.search(r"max\|delta logit\|=(\S+)", line).group(1))
+    assert 0 <= delta <= 1e-4

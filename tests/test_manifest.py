@@ -1,0 +1,85 @@
+"""Manifest reading: paths resolved against the manifest's folder, one-line errors with line numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from speechstream.errors import InputError
+from speechstream.manifest import Utterance, read_manifest
+
+
+def write_lines(path: Path, lines: list) -> Path:
+    """Write entries (dicts as JSON, strings verbatim) one per line."""
+    path.write_text("".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture
+def clips(tmp_path: Path) -> Path:
+    """A folder with two (empty) audio files; read_manifest only checks that they exist."""
+    (tmp_path / "clips").mkdir()
+    for name in ("a.wav", "b.wav"):
+        (tmp_path / "clips" / name).write_bytes(b"RIFF")
+    return tmp_path
+
+
+def test_reads_fields_and_resolves_paths(clips: Path):
+    absolute = clips / "clips" / "b.wav"
+    manifest = write_lines(
+        clips / "m.jsonl",
+        [
+            {"id": "a", "audio": "clips/a.wav", "text": "hello", "source_lang": "en", "target_lang": "en", "extra": 1},
+            "",
+            {"id": "b", "audio": str(absolute), "translation": "hola", "text": None},
+        ],
+    )
+    first, second = read_manifest(manifest)
+    assert first == Utterance("a", clips / "clips" / "a.wav", text="hello", source_lang="en", target_lang="en")
+    assert second == Utterance("b", absolute, translation="hola")
+
+
+def test_relative_to_the_manifest_folder_not_the_working_directory(clips: Path, monkeypatch):
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav"}])
+    monkeypatch.chdir(clips / "clips")
+    assert read_manifest(manifest)[0].audio.is_file()
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"id": "x", "audio": ', "m.jsonl:2: not valid JSON"),
+        ('["x"]', "m.jsonl:2: expected a JSON object"),
+        ('{"audio": "clips/b.wav"}', 'm.jsonl:2: missing "id"'),
+        ('{"id": "b"}', 'm.jsonl:2: missing "audio"'),
+        ('{"id": 7, "audio": "clips/b.wav"}', 'm.jsonl:2: "id" must be a non-empty string'),
+        ('{"id": "b", "audio": "clips/b.wav", "text": 3}', 'm.jsonl:2: "text" must be a string'),
+        ('{"id": "a", "audio": "clips/b.wav"}', 'm.jsonl:2: duplicate id "a" (first on line 1)'),
+    ],
+)
+def test_bad_lines_name_the_line(clips: Path, line: str, message: str):
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav"}, line])
+    with pytest.raises(InputError) as caught:
+        read_manifest(manifest)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_audio_files_reported_together(clips: Path):
+    entries = [{"id": f"u{n}", "audio": f"clips/missing{n}.wav"} for n in range(5)]
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav"}, *entries])
+    with pytest.raises(InputError) as caught:
+        read_manifest(manifest)
+    message = str(caught.value)
+    assert "5 audio files not found" in message
+    assert "line 2:" in message and "missing0.wav" in message and "missing2.wav" in message
+    assert "missing3.wav" not in message and "and 2 more" in message
+
+
+def test_missing_or_empty_manifest(tmp_path: Path):
+    with pytest.raises(InputError, match="no such file"):
+        read_manifest(tmp_path / "nope.jsonl")
+    with pytest.raises(InputError, match="no utterances"):
+        read_manifest(write_lines(tmp_path / "m.jsonl", ["", "  "]))

@@ -1,0 +1,166 @@
+"""Transcript formats (srt, vtt, json, jsonl) from handcrafted event lists."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speechstream import outputs
+from speechstream.outputs import MAX_CUE_CHARS, MAX_CUE_SECONDS, Cue, cues
+from speechstream.session import Event
+
+
+def final(text: str, source_s: float) -> Event:
+    return Event("final", text, source_s, wall_s=source_s / 10)
+
+
+def end(events: list[Event], audio_s: float = 10.0, compute_s: float = 1.5) -> Event:
+    text = "".join(e.text for e in events if e.type == "final")
+    return Event("end", text, events[-1].source_s if events else 0.0, 2.0, audio_s=audio_s, compute_s=compute_s)
+
+
+def stream(*events: Event, audio_s: float = 10.0) -> list[Event]:
+    return list(events) + [end(list(events), audio_s)]
+
+
+# Three cues: a length split (19 + 24 chars > 42) and a time split (9.0 s - 1.0 s > 7 s).
+EVENTS = stream(
+    final("The quick brown fox", 1.0),
+    Event("partial", " jum", 1.0, 0.1),
+    final(" jumps over the lazy dog", 2.0),
+    final(" again", 2.5),
+    final(" and", 9.0),
+    Event("partial", " th", 9.0, 0.9),
+    final(" then", 9.5),
+    audio_s=10.0,
+)
+
+
+def test_cues_split_by_length_and_time():
+    assert cues(EVENTS) == [
+        Cue(0.0, 1.0, "The quick brown fox"),
+        Cue(1.0, 2.5, "jumps over the lazy dog again"),
+        Cue(2.5, 9.5, "and then"),
+    ]
+
+
+def test_srt():
+    assert outputs.srt(EVENTS) == (
+        "1\n00:00:00,000 --> 00:00:01,000\nThe quick brown fox\n"
+        "\n"
+        "2\n00:00:01,000 --> 00:00:02,500\njumps over the lazy dog again\n"
+        "\n"
+        "3\n00:00:02,500 --> 00:00:09,500\nand then\n"
+    )
+
+
+def test_vtt():
+    text = outputs.vtt(EVENTS)
+    assert text.startswith("WEBVTT\n\n")
+    assert text == (
+        "WEBVTT\n\n"
+        "00:00:00.000 --> 00:00:01.000\nThe quick brown fox\n"
+        "\n"
+        "00:00:01.000 --> 00:00:02.500\njumps over the lazy dog again\n"
+        "\n"
+        "00:00:02.500 --> 00:00:09.500\nand then\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "seconds, srt_stamp",
+    [(1.23, "00:00:01,230"), (0.0, "00:00:00,000"), (0.0004, "00:00:00,000"), (0.9996, "00:00:01,000"),
+     (59.999, "00:00:59,999"), (61.005, "00:01:01,005"), (3723.456, "01:02:03,456"), (36000.0, "10:00:00,000")],
+)
+def test_timestamps(seconds, srt_stamp):
+    events = stream(final("Hi", seconds))
+    assert outputs.srt(events).splitlines()[1] == f"00:00:00,000 --> {srt_stamp}"
+    assert outputs.vtt(events).splitlines()[2] == f"00:00:00.000 --> {srt_stamp.replace(',', '.')}"
+
+
+def test_length_limit_is_inclusive():
+    exact = "x" * (MAX_CUE_CHARS - 4)
+    assert [c.text for c in cues(stream(final(exact, 1.0), final(" abc", 1.5)))] == [exact + " abc"]  # 42 chars
+    assert [c.text for c in cues(stream(final(exact, 1.0), final(" abcd", 1.5)))] == [exact, "abcd"]  # 43
+
+
+def test_time_limit_is_inclusive():
+    at_limit = stream(final("one", 1.0), final(" two", MAX_CUE_SECONDS))
+    assert [c.text for c in cues(at_limit)] == ["one two"]
+    past = stream(final("one", 1.0), final(" two", MAX_CUE_SECONDS + 0.01))
+    assert cues(past) == [Cue(0.0, 1.0, "one"), Cue(1.0, MAX_CUE_SECONDS + 0.01, "two")]
+
+
+def test_a_single_long_piece_stays_one_cue():
+    long_word = "w" * (2 * MAX_CUE_CHARS)
+    assert cues(stream(final(long_word, 3.0))) == [Cue(0.0, 3.0, long_word)]
+
+
+def test_cues_follow_each_other_and_keep_every_word():
+    pieces = [f" word{i}" for i in range(40)]
+    events = stream(*[final(p, 0.4 * (i + 1)) for i, p in enumerate(pieces)], audio_s=20.0)
+    result = cues(events)
+    assert len(result) > 3
+    assert " ".join(c.text for c in result).split() == "".join(pieces).split()
+    for previous, cue in zip(result, result[1:]):
+        assert cue.start == previous.end
+    for cue in result:
+        assert cue.start <= cue.end and len(cue.text) <= MAX_CUE_CHARS and cue.end - cue.start <= MAX_CUE_SECONDS
+
+
+@pytest.mark.parametrize("finals", [[], [final("", 1.0), final("   ", 2.0)]])
+def test_empty_transcript_gives_no_cues(finals):
+    events = stream(*finals, Event("partial", " um", 2.0, 0.2))
+    assert cues(events) == []
+    assert outputs.srt(events) == ""
+    assert outputs.vtt(events) == "WEBVTT\n\n"
+    document = outputs.json_document("a.wav", events)
+    assert document["segments"] == [] and document["text"].strip() == ""
+
+
+def test_cue_text_cannot_break_the_file_format():
+    events = stream(final("one\n\ntwo", 1.0), final(" a<b> & c --> d", 1.5))
+    srt = outputs.srt(events)
+    assert srt == "1\n00:00:00,000 --> 00:00:01,500\none two a<b> & c --> d\n"
+    vtt = outputs.vtt(events)
+    assert vtt == "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\none two a&lt;b&gt; &amp; c --&gt; d\n"
+
+
+def test_json_document():
+    document = outputs.json_document("clip.wav", EVENTS)
+    assert document == {
+        "audio": "clip.wav",
+        "text": "The quick brown fox jumps over the lazy dog again and then",
+        "audio_s": 10.0,
+        "compute_s": 1.5,
+        "segments": [
+            {"start": 0.0, "end": 1.0, "text": "The quick brown fox"},
+            {"start": 1.0, "end": 2.5, "text": "jumps over the lazy dog again"},
+            {"start": 2.5, "end": 9.5, "text": "and then"},
+        ],
+    }
+    assert json.loads(json.dumps(document)) == document
+
+
+def test_jsonl_lines():
+    lines = [outputs.jsonl_line(e) for e in EVENTS]
+    assert all("\n" not in line for line in lines)
+    parsed = [json.loads(line) for line in lines]
+    assert parsed[0] == {"type": "final", "text": "The quick brown fox", "source_s": 1.0, "wall_s": 0.1}
+    assert parsed[1] == {"type": "partial", "text": " jum", "source_s": 1.0, "wall_s": 0.1}
+    assert parsed[-1] == {"type": "end", "text": EVENTS[-1].text, "source_s": 9.5, "wall_s": 2.0, "audio_s": 10.0,
+                          "compute_s": 1.5}
+    assert "".join(p["text"] for p in parsed if p["type"] == "final") == parsed[-1]["text"]
+    non_ascii = outputs.jsonl_line(final(" café ☕", 1.0))
+    assert "café ☕" in non_ascii and json.loads(non_ascii)["text"] == " café ☕"
+
+
+def test_jsonl_times_stay_ordered_when_written():
+    """Times are written in ms for every event alike, so a final rounded up and an exact end stay ordered."""
+    events = [Event("final", "a", 1.001, 0.5), Event("end", "a", 24009 / 16000 - 0.5, 0.5004, audio_s=1.0005625,
+                                                      compute_s=0.123456)]
+    parsed = [json.loads(outputs.jsonl_line(e)) for e in events]
+    assert parsed[1] == {"type": "end", "text": "a", "source_s": 1.001, "wall_s": 0.5, "audio_s": 1.001,
+                         "compute_s": 0.123}
+    assert parsed[0]["source_s"] <= parsed[1]["source_s"] and parsed[0]["wall_s"] <= parsed[1]["wall_s"]
