@@ -220,8 +220,11 @@ def model_config_path(name_or_path: str) -> Path:
     raise InputError(f"unknown model {name_or_path!r} (shipped models: {', '.join(known)})")
 
 
-def build_model(config: ModelConfig, base_dir: Path | None = None) -> SpeechLLM:
-    """Build a model from its config; load the Whisper encoder and trained checkpoint where given."""
+def build_model(config: ModelConfig, base_dir: Path | None = None, for_training: bool = False) -> SpeechLLM:
+    """Build a model from its config; load the Whisper encoder and trained checkpoint where given.
+
+    For inference the LoRA adapters are merged into the base weights (same function, less work per token).
+    """
     tokenizer = build_tokenizer(config)
     model = SpeechLLM(config, tokenizer, build_llm(config, tokenizer))
     if config.encoder.weights:
@@ -230,7 +233,18 @@ def build_model(config: ModelConfig, base_dir: Path | None = None) -> SpeechLLM:
         add_lora(model.decoder.llm, config.llm)
     if config.checkpoint:
         load_trainable(model, (base_dir or Path.cwd()) / config.checkpoint)
+    if config.llm.lora_rank and not for_training:
+        merge_lora(model.decoder.llm)
     return model.eval()
+
+
+def merge_lora(llm: nn.Module) -> None:
+    """Fold every LoRA adapter into its base layer and put the plain layer back in its place."""
+    for name, module in list(llm.named_modules()):
+        if hasattr(module, "base_layer") and hasattr(module, "merge"):
+            module.merge()
+            parent_name, _, child = name.rpartition(".")
+            setattr(llm.get_submodule(parent_name) if parent_name else llm, child, module.base_layer)
 
 
 LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj"]}  # attention projections per model type (default q/k/v/o)
@@ -287,7 +301,7 @@ def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str) -> None
         raise InputError(f"{weights}: encoder weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})")
 
 
-def load_model(name_or_path: str, device: str = "cpu") -> SpeechLLM:
+def load_model(name_or_path: str, device: str = "cpu", for_training: bool = False) -> SpeechLLM:
     path = model_config_path(name_or_path)
     config = load_model_config(path)
-    return build_model(config, path.parent).to(device)
+    return build_model(config, path.parent, for_training).to(device)

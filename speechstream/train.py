@@ -52,6 +52,7 @@ class TrainConfig:
     warmup_steps: int = 50  # linear warm-up, then cosine decay to 10 %
     weight_decay: float = 0.01
     ctc_weight: float = 0.5  # weight of the auxiliary CTC loss
+    ctc_only_steps: int = 0  # first steps train the projector with CTC alone (no LLM forward: cheap alignment)
     word_margin_s: float = 0.1  # a word is written after the chunk covering its end + this margin
     max_audio_s: float = 15.0  # longer utterances are skipped
     seed: int = 0
@@ -168,9 +169,12 @@ class StreamingLoss(nn.Module):
         self.ctc_weight = ctc_weight
 
     def forward(self, frames: torch.Tensor, frame_ends: list[list[int]], targets: list[list[int]],
-                texts: list[list[int]], k: int) -> dict[str, torch.Tensor]:
+                texts: list[list[int]], k: int, ctc_only: bool = False) -> dict[str, torch.Tensor]:
         model = self.model
         source = model.source_from_frames(EncodedBatch(frames, frame_ends))
+        if ctc_only:
+            ctc = self.ctc_loss(source, texts)
+            return {"ctc": ctc, "loss": ctc}
         logits = model.forward_train(source, targets, k)  # (B, T, V)
         header = len(model.header_ids)
         rows, labels = [], []
@@ -183,15 +187,19 @@ class StreamingLoss(nn.Module):
         out = {"lm": lm, "accuracy": accuracy}
         loss = lm
         if self.ctc_weight > 0:
-            log_probs = model.ctc_logits(source.speech).float().log_softmax(-1).transpose(0, 1)  # (N, B, V + 1)
-            blank = log_probs.shape[-1] - 1
-            flat = torch.tensor([t for text in texts for t in text], dtype=torch.long)
-            ctc = F.ctc_loss(log_probs, flat, source.speech_lengths, torch.tensor([len(t) for t in texts]),
-                             blank=blank, reduction="mean", zero_infinity=True)
+            ctc = self.ctc_loss(source, texts)
             out["ctc"] = ctc
             loss = loss + self.ctc_weight * ctc
         out["loss"] = loss
         return out
+
+    def ctc_loss(self, source, texts: list[list[int]]) -> torch.Tensor:
+        """CTC of the speech tokens against the transcript's LLM token ids (blank = an extra learned vector)."""
+        log_probs = self.model.ctc_logits(source.speech).float().log_softmax(-1).transpose(0, 1)  # (N, B, V + 1)
+        blank = log_probs.shape[-1] - 1
+        flat = torch.tensor([t for text in texts for t in text], dtype=torch.long)
+        return F.ctc_loss(log_probs, flat, source.speech_lengths, torch.tensor([len(t) for t in texts]),
+                          blank=blank, reduction="mean", zero_infinity=True)
 
 
 def trainable_parameters(model: SpeechLLM) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -253,11 +261,15 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
 
     if config.threads:
         torch.set_num_threads(config.threads)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    from accelerate import DistributedDataParallelKwargs
+
+    # the CTC-only warm-up leaves the LoRA weights without gradients, which DDP must be told about
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=config.ctc_only_steps > 0)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
-    model = load_model(config.model, str(accelerator.device))
+    model = load_model(config.model, str(accelerator.device), for_training=True)
     model.train()
     projector_params, lora_params = trainable_parameters(model)
     groups = [{"params": projector_params, "lr": config.lr_projector}]
@@ -300,7 +312,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         factor = learning_rate_factor(step, config.warmup_steps, config.steps)
         for group, base in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base * factor
-        out = objective(padded, frame_ends, targets, texts, k)
+        out = objective(padded, frame_ends, targets, texts, k, ctc_only=step < config.ctc_only_steps)
         accelerator.backward(out["loss"])
         accelerator.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
         optimizer.step()
@@ -310,7 +322,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         bar.set_postfix(loss=f"{window[-1]['loss']:.3f}")
         done = step + 1
         if accelerator.is_main_process and (done % config.log_every == 0 or done in (config.steps, last_step)):
-            row = {key: float(np.mean([w[key] for w in window])) for key in window[0]}
+            row = {key: float(np.mean([w[key] for w in window if key in w])) for key in window[-1]}
             row.update(step=done, k=k, lr_factor=round(factor, 4), elapsed_s=round(time.perf_counter() - started, 1))
             with log_path.open("a") as log:
                 log.write(json.dumps(row) + "\n")

@@ -1,0 +1,70 @@
+"""Model assembly: LoRA merge, trainable checkpoints, config errors."""
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from speechstream.config import ModelConfig, from_dict
+from speechstream.errors import InputError
+from speechstream.model import build_model, load_trainable, merge_lora, model_config_path, trainable_state
+
+TINY_LORA = {
+    "tokenizer": "bytes",
+    "encoder": {"d_model": 64, "layers": 2, "heads": 4, "ffn_dim": 128, "left_frames": 100},
+    "projector": {"stack": 4},
+    "llm": {"architecture": "qwen2", "hidden_size": 64, "layers": 2, "heads": 4, "kv_heads": 2,
+            "intermediate_size": 128, "lora_rank": 4},
+}
+
+
+@pytest.fixture()
+def lora_model():
+    model = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
+    torch.manual_seed(3)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0, 0.3)  # make the adapters matter
+    return model
+
+
+def test_merged_lora_computes_the_same_function(lora_model):
+    audio = (0.1 * np.random.default_rng(0).standard_normal(20000)).astype(np.float32)
+    with torch.no_grad():
+        source = lora_model.source_batch([audio], 640)
+        target = [lora_model.target_sequence([" ab", " cd"])]
+        before = lora_model.forward_train(source, target, 1)
+        merge_lora(lora_model.decoder.llm)
+        after = lora_model.forward_train(source, target, 1)
+    assert not any("lora" in name for name, _ in lora_model.named_modules())
+    assert (before - after).abs().max() < 1e-4
+
+
+def test_trainable_checkpoint_round_trip(lora_model, tmp_path):
+    state = trainable_state(lora_model)
+    assert any(k.startswith("projector.") for k in state) and "ctc_blank" in state
+    assert any("lora_A" in k for k in state) and not any("embed_tokens" in k for k in state)
+    path = tmp_path / "trainable.safetensors"
+    save_file(state, str(path))
+    fresh = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
+    load_trainable(fresh, path)
+    for key, value in trainable_state(fresh).items():
+        assert torch.equal(value, state[key]), key
+
+
+def test_checkpoint_that_does_not_fit_is_refused(lora_model, tmp_path):
+    path = tmp_path / "bad.safetensors"
+    save_file({"projector.fc1.weight": torch.zeros(3, 3)}, str(path))
+    with pytest.raises(InputError, match="does not fit"):
+        load_trainable(lora_model, path)
+    with pytest.raises(InputError, match="not found"):
+        load_trainable(lora_model, tmp_path / "missing.safetensors")
+
+
+def test_unknown_model_and_config_keys():
+    with pytest.raises(InputError, match="unknown model"):
+        model_config_path("no-such-model")
+    with pytest.raises(InputError, match="unknown config key"):
+        from_dict(ModelConfig, {"llm": {"layerz": 3}})
+    with pytest.raises(InputError, match="wrong type"):
+        from_dict(ModelConfig, {"projector": {"stack": "four"}})
