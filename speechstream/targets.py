@@ -22,6 +22,8 @@ class TimedWord:
 
 def segment_of(end_s: float, chunk_s: float, n_segments: int, margin_s: float = 0.1) -> int:
     """Index of the segment after which a word ending at ``end_s`` has been heard."""
+    if not math.isfinite(end_s):
+        return n_segments - 1
     index = math.ceil((end_s + margin_s) / chunk_s) - 1
     return min(max(index, 0), n_segments - 1)
 

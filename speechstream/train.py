@@ -58,7 +58,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10  # steps between log lines
     save_every: int = 100  # steps between checkpoints
-    eval_every: int = 0  # steps between dev evaluations (0: only at the end)
+    eval_every: int = 0  # steps between dev evaluations (greedy CTC WER; 0: only at the end)
     eval_utterances: int = 20  # dev utterances per evaluation
     threads: int = 0  # torch threads per process (0: torch's default)
 
@@ -116,6 +116,21 @@ def read_examples(path: str, max_audio_s: float | None = None) -> list[Example]:
     if not examples:
         raise InputError(f"{path}: no utterances")
     return examples
+
+
+def written_words(example: Example) -> list[TimedWord]:
+    """The transcript's words as written (case, punctuation) with the aligned end times.
+
+    Alignments may spell words differently (lowercase, no punctuation); when they have as
+    many words as the transcript, the transcript's spelling is kept. Without alignments
+    every word is placed after the last chunk.
+    """
+    written = example.text.split()
+    if not example.words:
+        return [TimedWord(w, float("inf")) for w in written]
+    if len(written) == len(example.words):
+        return [TimedWord(w, t.end_s) for w, t in zip(written, example.words)]
+    return list(example.words)
 
 
 def batch_indices(n_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -232,17 +247,22 @@ def plot_losses(log_path: Path, out_path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "loss" in r]
-    if not rows:
+    if not any("loss" in r for r in rows):
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in rows]
     for key in ("loss", "lm", "ctc"):
-        if key in rows[0]:
-            ax.plot(steps, [r[key] for r in rows], label=key)
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            ax.plot(*zip(*points), label=key)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_yscale("log")
+    dev = [(r["step"], r["dev_ctc_wer"]) for r in rows if "dev_ctc_wer" in r]
+    if dev:
+        wer_axis = ax.twinx()
+        wer_axis.plot(*zip(*dev), "k.--", label="dev CTC WER %")
+        wer_axis.set_ylabel("dev CTC WER (%)")
+        wer_axis.legend(loc="upper center")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -289,6 +309,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         accelerator.load_state(str(state_dir))
         start_step = json.loads(progress_file.read_text())["step"]
     log_path = out_dir / "log.jsonl"
+    dev = read_examples(config.dev_manifest)[: config.eval_utterances] if config.dev_manifest else []
     chunk_s = config.chunk_ms / 1000
     bar = tqdm(total=config.steps, initial=start_step, disable=not (progress and accelerator.is_main_process),
                desc="train", unit="step")
@@ -301,12 +322,12 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         for index in mine:
             example = examples[index]
             item_frames, ends, _ = cache.frames(example)
-            words = example.words or tuple(TimedWord(w, 1e9) for w in example.text.split())
-            pieces = chunk_texts(list(words), chunk_s, len(ends), config.word_margin_s)
+            words = written_words(example)
+            pieces = chunk_texts(words, chunk_s, len(ends), config.word_margin_s)
             frames.append(item_frames)
             frame_ends.append(ends)
             targets.append(model.target_sequence(pieces))
-            texts.append(model._ids(" " + " ".join(example.text.split())))
+            texts.append(model._ids("".join(pieces)))
         padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True).to(accelerator.device)
         k = ks[np.random.default_rng([config.seed, step, 7]).integers(len(ks))]
         factor = learning_rate_factor(step, config.warmup_steps, config.steps)
@@ -327,6 +348,14 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
             with log_path.open("a") as log:
                 log.write(json.dumps(row) + "\n")
             window = []
+        evaluate_now = dev and ((config.eval_every and done % config.eval_every == 0) or done == config.steps)
+        if evaluate_now and accelerator.is_main_process:
+            inner = accelerator.unwrap_model(objective).model
+            inner.eval()
+            score = dev_ctc_wer(inner, cache, dev)
+            inner.train()
+            with log_path.open("a") as log:
+                log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
         if done % config.save_every == 0 or done in (config.steps, last_step):
             accelerator.wait_for_everyone()
             accelerator.save_state(str(state_dir))
@@ -337,6 +366,22 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     bar.close()
     accelerator.wait_for_everyone()
     return out_dir / "trainable.safetensors"
+
+
+@torch.no_grad()
+def dev_ctc_wer(model: SpeechLLM, cache: FeatureCache, examples: list[Example]) -> float:
+    """Normalized WER of greedy CTC decoding of the projector outputs (a cheap view of acoustic progress)."""
+    from speechstream.eval.quality import wer
+
+    hypotheses = []
+    for example in examples:
+        frames, ends, _ = cache.frames(example)
+        source = model.source_from_frames(EncodedBatch(frames[None].to(model.ctc_blank.device), [ends]))
+        best = model.ctc_logits(source.speech[0, : int(source.speech_lengths[0])]).argmax(-1).tolist()
+        blank = model.decoder.llm.get_input_embeddings().weight.shape[0]  # the last CTC class
+        ids = [t for i, t in enumerate(best) if t != blank and (i == 0 or t != best[i - 1])]
+        hypotheses.append(model.tokenizer.decode(ids, skip_special_tokens=True))
+    return wer(hypotheses, [e.text for e in examples], normalize=True)
 
 
 def save_trainable(model: SpeechLLM, path: Path) -> None:
