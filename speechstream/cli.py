@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("manifest", help="JSON-lines manifest (id, audio, text, translation, ...)")
     evaluate.add_argument("--out", required=True, help="output folder; rerunning with the same folder resumes")
     _decoding_args(evaluate)
-    evaluate.add_argument("--baseline", default="gpe", help="system to evaluate (known: gpe, this package's decoder)")
+    evaluate.add_argument("--baseline", default="gpe", help="system to evaluate: gpe (this package's streaming "
+                          "decoder, its model given by --model) or whisper-offline (Whisper over the whole audio)")
+    evaluate.add_argument("--baseline-model", help="model of a baseline other than gpe; whisper-offline: whisper-base "
+                          "(default), whisper-tiny.en or a transformers Whisper directory")
 
     train = commands.add_parser("train", help="train projector and LoRA adapters from a recipe (accelerate)")
     train.add_argument("recipe", help="training recipe YAML (recipes/asr/*.yaml)")
@@ -164,6 +167,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from speechstream.baselines import DEFAULT_BASELINE_MODELS
     from speechstream.eval.run import BASELINES, SUMMARY_FILE, evaluate  # light: torch loads when decoding starts
     from speechstream.policy import make_policy
 
@@ -171,8 +175,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.baseline not in BASELINES:
         raise InputError(f"unknown baseline {args.baseline!r} (known: {', '.join(BASELINES)})")
     decoding = _decoding_config(args)
-    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens)
-    name = _model_name(args)
+    if args.baseline == "gpe":
+        if args.baseline_model:
+            raise InputError("--baseline-model is for baselines other than gpe (gpe's model is given by --model)")
+        make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens)
+        name = _model_name(args)
+    else:
+        if args.model:
+            raise InputError(f"--model names a GPE model; give the {args.baseline} model with --baseline-model")
+        name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline)
     sys.stdout.write((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
     if name == "tiny-random":

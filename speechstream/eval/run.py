@@ -1,10 +1,12 @@
 """The evaluation driver behind ``speechstream eval``: decode a manifest, log every utterance, score the log.
 
 Each utterance is streamed through a `StreamingSession` by the very loop ``speechstream transcribe`` uses
-(`speechstream.session.transcribe_file`), so evaluation measures what ships. What lands in the output folder:
+(`speechstream.session.transcribe_file`), so evaluation measures what ships; ``--baseline`` swaps in another
+system with the same interface (`speechstream.baselines`: audio file in, events out), logged and scored the
+same way. What lands in the output folder:
 
-- ``config.json``: model, task, baseline and decoding options. A rerun into a folder that already holds
-  results made with other options is refused, so one folder never mixes results of two systems.
+- ``config.json``: model, task, baseline and the decoding options that apply to it. A rerun into a folder that
+  already holds results made with other options is refused, so one folder never mixes results of two systems.
 - ``instances.log``: one JSON line per finished utterance, in SimulEval's format (`index`, `id`, `prediction`,
   `reference`, `delays`, `elapsed`, `source_length`) plus `audio_s` and `compute_s`, so that RTF can be
   recomputed from the log alone. Each line is flushed and fsynced when its utterance finishes: a killed run
@@ -21,13 +23,13 @@ event's wall-clock time since the stream started.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from speechstream.baselines import BASELINES, check_baseline, load_system, system_options  # noqa: F401 (CLI)
 from speechstream.config import DecodingConfig
 from speechstream.errors import InputError
 from speechstream.eval.latency import COMPUTATION_AWARE_SUFFIX, LATENCY_METRICS, corpus_latency, split_units
@@ -39,9 +41,6 @@ INSTANCES_FILE = "instances.log"
 SCORES_FILE = "scores.json"
 SUMMARY_FILE = "summary.txt"
 
-# Systems `--baseline` can name. "gpe": this package's own streaming decoder (group position encoding).
-# Only systems that really exist are listed; add a name here together with its implementation.
-BASELINES = ("gpe",)
 # Tasks and the manifest field that holds their reference.
 REFERENCE_FIELDS = {"asr": "text", "translate": "translation"}
 # Fields every instances.log record must have for a run to be resumed from it.
@@ -62,15 +61,15 @@ def evaluate(
 ) -> dict[str, float]:
     """Decode every utterance of the manifest not yet in ``out_dir/instances.log``, then score the whole log.
 
-    ``model`` is a model name or directory (as for ``--model``); it is loaded only when something is left
-    to decode. Returns the scores also written to ``scores.json``. Raises InputError for a bad manifest, an
+    ``model`` is the model of the ``baseline`` system: a GPE model name or directory (as for ``--model``)
+    for "gpe", a Whisper asset name or directory for "whisper-offline"; it is loaded only when something is
+    left to decode. Returns the scores also written to ``scores.json``. Raises InputError for a bad manifest, an
     unknown task or baseline, an output folder holding a run with other options, or audio that cannot be
     decoded (everything finished before it stays logged).
     """
-    if baseline not in BASELINES:
-        raise InputError(f"unknown baseline {baseline!r} (known: {', '.join(BASELINES)})")
     if task not in REFERENCE_FIELDS:
         raise InputError(f"unknown task {task!r} (known: {', '.join(REFERENCE_FIELDS)})")
+    check_baseline(baseline, task)
     manifest_path, out_dir = Path(manifest_path), Path(out_dir)
     utterances = read_manifest(manifest_path)
     references = manifest_references(utterances, task, manifest_path)
@@ -83,7 +82,7 @@ def evaluate(
         "model": model,
         "task": task,
         "baseline": baseline,
-        "decoding": dataclasses.asdict(decoding),
+        "decoding": system_options(baseline, decoding),
         "manifest": str(manifest_path.absolute()),  # for the record only: resuming checks the utterances instead
     }
     records = _resume(out_dir / INSTANCES_FILE, utterances, references)
@@ -92,7 +91,8 @@ def evaluate(
     finished = {record["id"] for record in records}
     todo = [(index, utterance) for index, utterance in enumerate(utterances) if utterance.id not in finished]
     if todo:
-        records += _decode(todo, references, out_dir / INSTANCES_FILE, model, decoding, progress, len(utterances))
+        records += _decode(todo, references, out_dir / INSTANCES_FILE, baseline, model, decoding, progress,
+                           len(utterances))
     records.sort(key=lambda record: record["index"])
 
     scores = score_instances(records, task)
@@ -318,14 +318,12 @@ def _check_record(record, path: Path, number: int, position: dict, references: S
         raise InputError(f'{where}: "{record["id"]}" no longer matches the manifest (changed?); use another --out')
 
 
-def _decode(todo, references, log_path: Path, model_name: str, decoding, progress: bool, total: int) -> list[dict]:
-    """Stream each (index, utterance) through a session; append and fsync its record as soon as it is done."""
+def _decode(todo, references, log_path: Path, baseline: str, model_name: str, decoding, progress: bool,
+            total: int) -> list[dict]:
+    """Decode each (index, utterance) with the baseline's system; append and fsync its record as soon as it is done."""
     from tqdm import tqdm
 
-    from speechstream.session import transcribe_file
-    from speechstream.model import load_model
-
-    model = load_model(model_name, decoding.device)
+    system = load_system(baseline, model_name, decoding)
     records = []
     show = progress and sys.stderr.isatty()
     with open(log_path, "a", encoding="utf-8") as log, tqdm(
@@ -333,7 +331,7 @@ def _decode(todo, references, log_path: Path, model_name: str, decoding, progres
     ) as bar:
         for index, utterance in todo:
             try:
-                events = transcribe_file(model, decoding, str(utterance.audio), lambda event: None, partials=False)
+                events = system.decode(str(utterance.audio))
             except InputError as error:
                 raise InputError(f'utterance "{utterance.id}": {error}') from None
             record = instance_record(index, utterance.id, references[index], events)

@@ -296,7 +296,7 @@ def test_cli_rejects_unknown_baselines(tmp_path, capsys):
     manifest = write_manifest(tmp_path / "data", [1.0])
     assert main(["eval", str(manifest), "--out", str(tmp_path / "out"), "--baseline", "whisper-streaming"]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("speechstream: error: unknown baseline 'whisper-streaming' (known: gpe)")
+    assert error.startswith("speechstream: error: unknown baseline 'whisper-streaming' (known: gpe, whisper-offline)")
     assert not (tmp_path / "out").exists()
 
 

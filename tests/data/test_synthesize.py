@@ -1,0 +1,192 @@
+"""Synthesis: word-time helpers, voice sets, and a tiny end-to-end run of the recipe with espeak-ng."""
+
+import hashlib
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from speechstream.data.synthesize import (
+    ESPEAK_VARIANTS,
+    HELDOUT_ESPEAK_VARIANTS,
+    Voice,
+    align_word_ends,
+    espeak_available,
+    fill_missing,
+    flite_available,
+    is_heldout_voice,
+    monotonic_ends,
+    sample_voice,
+    synthesize,
+    word_ends_from_starts,
+)
+from speechstream.eval.quality import normalize_english
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "asr" / "prepare_synthetic.py"
+needs_espeak = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is not installed")
+
+
+def test_align_word_ends_handles_joined_and_changed_units():
+    # "out of" spoken together as one group with a flapped t: a u t | o v  ->  a u D @ v
+    word_units = [["r", "a", "n"], ["a", "u", "t"], ["o", "v"], ["D", "@"]]
+    units = ["r", "a", "n", "a", "u", "D", "@", "v", "D", "@"]
+    unit_ends = [0.1 * (index + 1) for index in range(len(units))]
+    ends = align_word_ends(word_units, units, unit_ends)
+    assert ends[0] == pytest.approx(0.3)  # "ran" ends with its n
+    assert 0.5 <= ends[1] <= 0.7  # "out": between its last matched unit and the next
+    assert ends[2] == pytest.approx(0.8)  # "of" ends with v
+    assert ends[3] == pytest.approx(1.0)
+    assert align_word_ends([[], ["a"]], ["a"], [0.5]) == [None, 0.5]
+
+
+def test_fill_missing_and_monotonic_ends():
+    assert fill_missing([None, 1.0, None, 3.0], 4.0) == pytest.approx([0.5, 1.0, 2.0, 3.0])
+    assert fill_missing([1.0, None], 3.0) == pytest.approx([1.0, 3.0])
+    assert fill_missing([1.0, None, None], 3.0) == pytest.approx([1.0, 2.0, 3.0])
+    assert fill_missing([None, None], 2.0) == pytest.approx([1.0, 2.0])
+    fixed = monotonic_ends([0.5, 0.5, 0.4, 2.0], 1.0)
+    assert all(a < b for a, b in zip(fixed, fixed[1:])) and fixed[-1] <= 1.0
+    assert fixed[0] == 0.5
+
+
+def test_word_ends_from_starts_cut_trailing_silence():
+    rate = 16000
+    samples = np.zeros(rate * 2, dtype=np.float32)
+    time = np.arange(rate) / rate
+    samples[1600:8000] = 0.5 * np.sin(2 * np.pi * 200 * time[:6400])  # word 1: 0.10-0.50 s, then a pause
+    samples[12000:20000] = 0.5 * np.sin(2 * np.pi * 300 * time[:8000])  # word 2: 0.75-1.25 s
+    ends = word_ends_from_starts(samples, rate, [1600, 12000])
+    assert ends[0] == pytest.approx(0.5, abs=0.006)  # not the next start (0.75 s)
+    assert ends[1] == pytest.approx(1.25, abs=0.006)
+    assert word_ends_from_starts(samples, rate, [1600, None])[1] is None
+
+
+def test_heldout_voices_never_reach_training():
+    rng = random.Random(0)
+    train = [sample_voice(rng) for _ in range(400)]
+    heldout = [sample_voice(rng, heldout=True) for _ in range(200)]
+    assert not any(is_heldout_voice(voice) for voice in train)
+    assert all(is_heldout_voice(voice) for voice in heldout)
+    assert {voice.engine for voice in train} == {"piper", "espeak", "flite"}
+    assert {voice.name.rpartition("+")[2] for voice in train if voice.engine == "espeak"} == (
+        set(ESPEAK_VARIANTS) - set(HELDOUT_ESPEAK_VARIANTS))
+    for voice in train + heldout:
+        assert Voice.from_dict(voice.to_dict()) == voice
+        if voice.engine == "espeak":
+            assert 130 <= voice.rate_wpm <= 200 and 30 <= voice.pitch <= 70
+        if voice.engine == "piper":
+            assert 0.8 <= voice.length_scale <= 1.25
+
+
+def _check_utterance(utterance, text):
+    assert utterance.samples.dtype == np.float32 and utterance.samples.ndim == 1
+    assert [word.w for word in utterance.words] == normalize_english(text).split()
+    ends = [word.end for word in utterance.words]
+    assert all(a < b for a, b in zip(ends, ends[1:])) and 0 < ends[0] and ends[-1] <= utterance.duration
+
+
+@needs_espeak
+def test_espeak_is_deterministic_and_timed():
+    text = "The quick brown fox, jumped over the lazy dog."
+    voice = Voice("espeak", "en-gb-scotland+f3", rate_wpm=160, pitch=60)
+    first = synthesize(text, voice, seed=3)
+    synthesize("Something else entirely, said first.", Voice("espeak", "en-us+m1"), seed=1)
+    second = synthesize(text, voice, seed=3)
+    assert np.array_equal(first.samples, second.samples)  # no state carried between calls
+    _check_utterance(first, text)
+    assert 1.5 < first.duration < 5.0
+
+
+@pytest.mark.skipif(not flite_available(), reason="flite is not installed")
+def test_flite_word_times():
+    text = "It ran out of the house at five, then stopped."
+    utterance = synthesize(text, Voice("flite", "slt", length_scale=1.1, pitch=170), seed=0)
+    _check_utterance(utterance, text)
+
+
+def _piper_ready() -> bool:
+    from speechstream.data.synthesize import _piper_complete  # noqa: PLC0415
+    from speechstream.weights.fetch import cache_root  # noqa: PLC0415
+
+    return importlib.util.find_spec("piper") is not None and _piper_complete(cache_root() / "piper-joe")
+
+
+@pytest.mark.skipif(not _piper_ready(), reason="Piper voice not cached (recipes/asr/prepare_synthetic.py fetches it)")
+def test_piper_is_seeded_and_timed():
+    text = "Everybody likes a kidder, but nobody lends him money."
+    voice = Voice("piper", "joe", length_scale=1.1, noise_scale=0.7, noise_w=0.9)
+    first, second = synthesize(text, voice, seed=5), synthesize(text, voice, seed=5)
+    assert np.array_equal(first.samples, second.samples)
+    assert not np.array_equal(first.samples[:16000], synthesize(text, voice, seed=6).samples[:16000])
+    _check_utterance(first, text)
+
+
+def _load_recipe():
+    spec = importlib.util.spec_from_file_location("prepare_synthetic", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _seed_text(out: Path) -> None:
+    """A ready-made OUT/text/ so the recipe skips the (minute-long) corpus build."""
+    text = out / "text"
+    text.mkdir(parents=True)
+    train = ["The meeting starts at seven thirty.", "A new star appeared on the horizon.",
+             "Liberty is always dangerous, but it is the safest thing we have."]
+    heldout = ["Perhaps she will call tomorrow.", "The road is three hundred five miles long."]
+    for name, sentences in (("train", train), ("heldout", heldout)):
+        (text / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"text": sentence, "source": "fortunes"}) + "\n" for sentence in sentences))
+    (text / "counts.json").write_text(json.dumps({"fortunes": {"train": 3, "heldout": 2, "rejected": 0,
+                                                               "duplicates": 0}}))
+
+
+def _digests(out: Path) -> dict[str, str]:
+    return {path.relative_to(out).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(out.rglob("*.wav"))}
+
+
+@needs_espeak
+def test_recipe_end_to_end_with_espeak(tmp_path, monkeypatch):
+    recipe = _load_recipe()
+    monkeypatch.setattr(recipe, "BABBLE_CLIPS", 3)
+    arguments = ["--hours", "0.0005", "--heldout-hours", "0.0005", "--engines", "espeak", "--workers", "1"]
+    out = tmp_path / "synth"
+    _seed_text(out)
+    assert recipe.main(["--out", str(out), *arguments]) == 0
+
+    manifest = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    heldout = [json.loads(line) for line in (out / "heldout.jsonl").read_text().splitlines()]
+    assert len(manifest) >= 1 and len(heldout) >= 1
+    for record in manifest + heldout:
+        assert {"id", "audio", "text", "words", "duration", "voice", "aug"} <= set(record)
+        info = soundfile.info(str(out / record["audio"]))
+        assert (info.samplerate, info.channels, info.subtype, info.format) == (16000, 1, "PCM_16", "WAV")
+        assert info.frames / 16000 == pytest.approx(record["duration"], abs=1e-3)
+        assert 1.0 <= record["duration"] <= 12.0
+        ends = [word["end"] for word in record["words"]]
+        assert all(a < b for a, b in zip(ends, ends[1:])) and ends[-1] <= record["duration"]
+        assert [word["w"] for word in record["words"]] == normalize_english(record["text"]).split()
+    assert all(Voice.from_dict(record["voice_settings"]).name.rpartition("+")[2] in HELDOUT_ESPEAK_VARIANTS
+               for record in heldout)
+    assert {record["text"] for record in heldout} <= {"Perhaps she will call tomorrow.",
+                                                      "The road is three hundred five miles long."}
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["utterances"]["train"] == len(manifest)
+    assert stats["synthesis"]["speech"]["real_time_factor"] > 0
+
+    before = _digests(out)
+    mtimes = {path: path.stat().st_mtime_ns for path in out.rglob("*.wav")}
+    assert recipe.main(["--out", str(out), *arguments]) == 0  # resumes: nothing is made again
+    assert {path: path.stat().st_mtime_ns for path in out.rglob("*.wav")} == mtimes
+    again = tmp_path / "again"
+    _seed_text(again)
+    assert recipe.main(["--out", str(again), *arguments]) == 0
+    assert _digests(again) == before  # seeded: a fresh run writes identical audio
+    with pytest.raises(SystemExit):
+        recipe.main(["--out", str(out), *arguments[:-2], "--workers", "1", "--seed", "1"])  # another plan

