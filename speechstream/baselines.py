@@ -63,7 +63,7 @@ class StreamingSystem(System):
     def __init__(self, model_name: str, decoding: DecodingConfig):
         from speechstream.model import load_model
 
-        self.model = load_model(model_name, decoding.device)
+        self.model = load_model(model_name, decoding.device, int8=decoding.int8)
         self.decoding = decoding
 
     def decode(self, audio_path: str) -> list[Event]:

@@ -32,6 +32,7 @@ def _decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=defaults.k, help="chunks read before the first write")
     parser.add_argument("--max-tokens-per-chunk", type=int, default=defaults.max_tokens_per_chunk)
     parser.add_argument("--device", default=defaults.device, help="torch device (cpu, cuda)")
+    parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +83,7 @@ def _decoding_config(args: argparse.Namespace):
         raise InputError("--k must be at least 1")
     return DecodingConfig(
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
-        device=args.device,
+        device=args.device, int8=args.int8,
     )
 
 
@@ -107,7 +108,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from speechstream.session import transcribe_file
 
     name = _model_name(args)
-    model = load_model(name, decoding.device)
+    model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
         print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
     try:

@@ -89,6 +89,7 @@ class DecodingConfig:
     max_tokens_per_chunk: int = 24  # cap on tokens written between two reads
     max_tail_tokens: int = 200  # cap on tokens written after the end of the audio
     device: str = "cpu"  # torch device
+    int8: bool = False  # CPU speed mode: int8 dynamic quantization of the LLM (approximate; see model.quantize_int8)
 
 
 def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:

@@ -301,7 +301,24 @@ def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str) -> None
         raise InputError(f"{weights}: encoder weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})")
 
 
-def load_model(name_or_path: str, device: str = "cpu", for_training: bool = False) -> SpeechLLM:
+def load_model(name_or_path: str, device: str = "cpu", for_training: bool = False, int8: bool = False) -> SpeechLLM:
     path = model_config_path(name_or_path)
     config = load_model_config(path)
-    return build_model(config, path.parent, for_training).to(device)
+    model = build_model(config, path.parent, for_training).to(device)
+    if int8:
+        quantize_int8(model)
+    return model
+
+
+def quantize_int8(model: SpeechLLM) -> None:
+    """Dynamic int8 quantization of the LLM's linear layers (CPU inference speed-up).
+
+    Activations are quantized per call with a scale taken from that call's rows, so a
+    streaming step and the one-pass forward no longer agree to float precision: the
+    exactness contract holds for the float model, not for this speed mode.
+    """
+    from torch.ao.quantization import quantize_dynamic
+
+    if model.decoder.llm.get_input_embeddings().weight.device.type != "cpu":
+        raise InputError("int8 quantization is for CPU inference")
+    quantize_dynamic(model.decoder.llm, {nn.Linear}, dtype=torch.qint8, inplace=True)

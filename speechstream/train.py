@@ -61,6 +61,7 @@ class TrainConfig:
     eval_every: int = 0  # steps between dev evaluations (greedy CTC WER; 0: only at the end)
     eval_utterances: int = 20  # dev utterances per evaluation
     threads: int = 0  # torch threads per process (0: torch's default)
+    init_checkpoint: str | None = None  # trainable weights to start from (e.g. a shipped model's), fresh optimizer
 
 
 @dataclass(frozen=True)
@@ -290,6 +291,10 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     model = load_model(config.model, str(accelerator.device), for_training=True)
+    if config.init_checkpoint:
+        from speechstream.model import load_trainable
+
+        load_trainable(model, Path(config.init_checkpoint))
     model.train()
     projector_params, lora_params = trainable_parameters(model)
     groups = [{"params": projector_params, "lr": config.lr_projector}]

@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("data/synth-main"))
     args = parser.parse_args()
     log = [json.loads(line) for line in (args.run / "log.jsonl").read_text().splitlines() if line.strip()]
-    last = log[-1]
+    last = [row for row in log if "loss" in row][-1]
     stats = json.loads((args.data / "stats.json").read_text()) if (args.data / "stats.json").exists() else {}
     lines = [
         f"# {args.model}",

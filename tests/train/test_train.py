@@ -101,3 +101,16 @@ def test_two_process_ddp_on_cpu(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 2
     assert "lora_" in " ".join(load_file(str(tmp_path / "run" / "trainable.safetensors")))
+
+
+def test_init_checkpoint_starts_from_given_weights(tmp_path):
+    (tmp_path / "a").mkdir()
+    first = write_recipe(tmp_path / "a", steps=2)
+    train(load_train_config(str(first), []), progress=False)
+    trained = tmp_path / "a" / "run" / "trainable.safetensors"
+    (tmp_path / "b").mkdir()
+    second = write_recipe(tmp_path / "b", steps=1, lr_projector=0.0, lr_lora=0.0, ctc_only_steps=0)
+    train(load_train_config(str(second), [f"init_checkpoint={trained}"]), progress=False)
+    start, after = load_file(str(trained)), load_file(str(tmp_path / "b" / "run" / "trainable.safetensors"))
+    for key in start:
+        assert torch.equal(start[key], after[key]), key
