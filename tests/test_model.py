@@ -68,3 +68,20 @@ def test_unknown_model_and_config_keys():
         from_dict(ModelConfig, {"llm": {"layerz": 3}})
     with pytest.raises(InputError, match="wrong type"):
         from_dict(ModelConfig, {"projector": {"stack": "four"}})
+
+
+def test_int8_speed_mode_stays_close_to_float():
+    from speechstream.model import quantize_int8
+    from speechstream.verify import verify_model
+
+    model = build_model(from_dict(ModelConfig, TINY_LORA))
+    audio = (0.1 * np.random.default_rng(1).standard_normal(20000)).astype(np.float32)
+    with torch.no_grad():
+        source = model.source_batch([audio], 640)
+        target = [model.target_sequence([" ab", " cd"])]
+        dense = model.forward_train(source, target, 1)
+        quantize_int8(model)
+        quantized = model.forward_train(source, target, 1)
+    assert any(type(m).__name__ == "Linear" and "quantized" in type(m).__module__ for m in model.modules())
+    assert (dense - quantized).abs().max() < 0.1 * dense.abs().max()
+    assert verify_model(model, "int8", 1).max_delta < 0.1  # approximate: per-call activation scales differ
