@@ -31,6 +31,8 @@ def _decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=defaults.policy, help="read/write policy (wait-k)")
     parser.add_argument("--k", type=int, default=defaults.k, help="chunks read before the first write")
     parser.add_argument("--max-tokens-per-chunk", type=int, default=defaults.max_tokens_per_chunk)
+    parser.add_argument("--max-repeats", type=int, default=defaults.max_repeats,
+                        help="stop a chunk's writing when a token block repeats this often (0: off)")
     parser.add_argument("--device", default=defaults.device, help="torch device (cpu, cuda)")
     parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate)")
 
@@ -83,7 +85,7 @@ def _decoding_config(args: argparse.Namespace):
         raise InputError("--k must be at least 1")
     return DecodingConfig(
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
-        device=args.device, int8=args.int8,
+        device=args.device, int8=args.int8, max_repeats=args.max_repeats,
     )
 
 
@@ -98,7 +100,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
     # usage errors first, before the slow imports (torch, transformers) and the model load
     decoding = _decoding_config(args)
-    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens)
+    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats)
     missing = [p for p in args.audio if not Path(p).exists()]
     if missing:
         raise InputError(f"{missing[0]}: no such file")
@@ -179,7 +181,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.baseline == "gpe":
         if args.baseline_model:
             raise InputError("--baseline-model is for baselines other than gpe (gpe's model is given by --model)")
-        make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens)
+        make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats)
         name = _model_name(args)
     else:
         if args.model:

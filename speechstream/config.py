@@ -88,6 +88,7 @@ class DecodingConfig:
     k: int = 2  # chunks read before the first write
     max_tokens_per_chunk: int = 24  # cap on tokens written between two reads
     max_tail_tokens: int = 200  # cap on tokens written after the end of the audio
+    max_repeats: int = 4  # repetition guard: a block repeated this often ends the chunk's writing (0: off)
     device: str = "cpu"  # torch device
     int8: bool = False  # CPU speed mode: int8 dynamic quantization of the LLM (approximate; see model.quantize_int8)
 

@@ -42,6 +42,19 @@ class StreamView:
     tokens_since_read: int  # target tokens fed since the last read
     eoc_id: int  # end-of-chunk token
     eos_id: int  # end-of-transcript token
+    recent: tuple[int, ...] = ()  # the last target tokens fed, oldest first, pending excluded
+
+
+def repeats_at_end(tokens: tuple[int, ...], min_repeats: int, max_period: int = 8) -> bool:
+    """True when the sequence ends with some block of 1..max_period tokens repeated min_repeats times in a row."""
+    for period in range(1, max_period + 1):
+        span = period * min_repeats
+        if len(tokens) < span:
+            break
+        tail = tokens[-span:]
+        if all(tail[i] == tail[i % period] for i in range(span)):
+            return True
+    return False
 
 
 class Policy:
@@ -58,25 +71,37 @@ class WaitK(Policy):
     followed by zero, one or several words. ``max_tokens`` forces a read when a chunk's
     writing runs long; ``max_tail_tokens`` stops writing after the end of the audio.
     An end-of-transcript prediction before the audio has ended is taken as end of chunk.
+    Repetition guard: when the pending token would make the text end in a block repeated
+    ``max_repeats`` times, the writer stops writing this chunk (reads on, or ends after the
+    audio) instead of committing a hallucinated loop; 0 disables it.
     """
 
-    def __init__(self, k: int, max_tokens: int = 24, max_tail_tokens: int = 200):
+    def __init__(self, k: int, max_tokens: int = 24, max_tail_tokens: int = 200, max_repeats: int = 4):
         if k < 1:
             raise ValueError("wait-k needs k >= 1")
         self.k = k
         self.max_tokens = max_tokens
         self.max_tail_tokens = max_tail_tokens
+        self.max_repeats = max_repeats
+
+    def _looping(self, view: StreamView) -> bool:
+        if not self.max_repeats or view.pending in (None, view.eoc_id, view.eos_id):
+            return False
+        return repeats_at_end(view.recent + (view.pending,), self.max_repeats)
 
     def decide(self, view: StreamView) -> Action:
         if view.units_read < self.k and not view.source_done:
             return Read()
         if view.pending is None:
             return Write()
+        looping = self._looping(view)
         if view.source_done:
-            if view.pending == view.eos_id or view.tokens_since_read >= self.max_tail_tokens:
+            if view.pending == view.eos_id or view.tokens_since_read >= self.max_tail_tokens or looping:
                 return Stop()
             return Write()
-        wants_chunk = view.pending in (view.eoc_id, view.eos_id) or view.tokens_since_read >= self.max_tokens
+        wants_chunk = (
+            view.pending in (view.eoc_id, view.eos_id) or view.tokens_since_read >= self.max_tokens or looping
+        )
         if not wants_chunk:
             return Write()
         if view.reads_since_prediction == 0:
@@ -87,11 +112,13 @@ class WaitK(Policy):
 POLICIES = {"wait-k": WaitK}  # name -> class, for --policy
 
 
-def make_policy(name: str, k: int, max_tokens: int, max_tail_tokens: int) -> Policy:
+def make_policy(name: str, k: int, max_tokens: int, max_tail_tokens: int, max_repeats: int = 4) -> Policy:
     from speechstream.errors import InputError
 
     if name not in POLICIES:
         raise InputError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
     if k < 1:
         raise InputError("k must be at least 1")
-    return POLICIES[name](k, max_tokens, max_tail_tokens)
+    if max_repeats < 0:
+        raise InputError("max_repeats must be 0 (off) or more")
+    return POLICIES[name](k, max_tokens, max_tail_tokens, max_repeats)

@@ -75,6 +75,7 @@ class _Unit:
 
 
 TokenChooser = Callable[[torch.Tensor], int]  # (V,) logits of the last fed row -> next token
+RECENT_TOKENS = 32  # target tokens a policy sees (for its repetition guard)
 
 
 def greedy_chooser(model: SpeechLLM) -> TokenChooser:
@@ -106,7 +107,7 @@ class StreamingSession:
         self.model = model
         self.decoding = decoding
         self.policy = policy or make_policy(
-            decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens
+            decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats
         )
         self.choose = choose or greedy_chooser(model)
         self.partials = partials
@@ -284,6 +285,7 @@ class StreamingSession:
             tokens_since_read=self._tokens_since_read,
             eoc_id=self.model.eoc_id,
             eos_id=self.model.eos_id,
+            recent=tuple(self.target_ids[-RECENT_TOKENS:]),
         )
 
     def _advance(self) -> list[Event]:

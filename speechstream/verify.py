@@ -60,7 +60,7 @@ def teacher_forced_logits(model: SpeechLLM, audio: np.ndarray, target: list[int]
                           feed_size: int = 4000) -> torch.Tensor:
     """(T - 1, V) logits of target rows 0..T-2 from a streaming session forced to write ``target``."""
     decoding = DecodingConfig(chunk_ms=chunk_ms, k=k)
-    policy = WaitK(k, max_tokens=10**9, max_tail_tokens=10**9)
+    policy = WaitK(k, max_tokens=10**9, max_tail_tokens=10**9, max_repeats=0)
     session: StreamingSession
 
     def forced(_logits: torch.Tensor) -> int:

@@ -68,7 +68,7 @@ def test_source_states_ignore_the_target(tiny_model):
         caches = []
         for target in targets:
             forced = iter(target[len(tiny_model.header_ids) :])
-            session = StreamingSession(tiny_model, DecodingConfig(k=1), policy=WaitK(1, 10**9, 10**9),
+            session = StreamingSession(tiny_model, DecodingConfig(k=1), policy=WaitK(1, 10**9, 10**9, 0),
                                        choose=lambda _logits, forced=forced: next(forced, tiny_model.eos_id))
             session.feed(audio)
             session.finish()

@@ -40,3 +40,23 @@ def test_early_end_is_taken_as_end_of_chunk_and_real_end_stops():
     assert policy.decide(view(pending=EOS, source_done=True)) == Stop()
     assert policy.decide(view(pending=EOC, source_done=True)) == Write()
     assert policy.decide(view(source_done=True, tokens_since_read=5)) == Stop()
+
+
+def test_repeats_at_end():
+    from speechstream.policy import repeats_at_end
+
+    assert repeats_at_end((1, 2, 3, 3, 3, 3), 4)
+    assert repeats_at_end((9, 5, 6, 5, 6, 5, 6, 5, 6), 4)
+    assert not repeats_at_end((5, 6, 5, 6, 5, 6), 4)
+    assert not repeats_at_end((1, 2, 3, 4, 5, 6, 7, 8), 2)
+    assert not repeats_at_end((), 3)
+
+
+def test_repetition_guard_reads_on_or_stops():
+    policy = WaitK(1, max_repeats=3)
+    looping = (WORD, WORD)
+    assert policy.decide(view(recent=looping)) == Read()
+    assert policy.decide(view(recent=looping, reads_since_prediction=1)) == Write(EOC)
+    assert policy.decide(view(recent=looping, source_done=True)) == Stop()
+    assert policy.decide(view(recent=(WORD, 3))) == Write()
+    assert WaitK(1, max_repeats=0).decide(view(recent=looping)) == Write()

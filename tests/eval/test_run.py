@@ -7,6 +7,7 @@ and delays exist, some words are split across two chunks, and everything stays d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -83,9 +84,11 @@ def patch_word_sessions(patch: pytest.MonkeyPatch) -> list:
     built = []
 
     class WordSession(speechstream.session.StreamingSession):
-        def __init__(self, model, *args, **kwargs):
+        def __init__(self, model, decoding, *args, **kwargs):
             kwargs["choose"] = WordChooser(model.eoc_id)
-            super().__init__(model, *args, **kwargs)
+            # the chooser repeats letters on purpose; the repetition guard would cut its words short
+            decoding = dataclasses.replace(decoding, max_repeats=0)
+            super().__init__(model, decoding, *args, **kwargs)
             built.append(self)
 
     patch.setattr(speechstream.session, "StreamingSession", WordSession)
