@@ -21,13 +21,6 @@ REPO = Path(__file__).resolve().parent.parent
 ERROR = "speechstream: error:"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def write_wav(path: Path, seconds: float = 0.8, rate: int = 16000, seed: int = 0, extra: int = 0, **kwargs) -> Path:
     """Tone plus noise; ``extra`` samples past the whole seconds."""

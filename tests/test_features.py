@@ -14,13 +14,6 @@ from speechstream.audio import HOP_LENGTH, N_FFT, N_MELS, SAMPLE_RATE
 LENGTHS = [0, 100, 160, 200, 201, 399, 400, 401, 1000, 16000 + 37]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def whisper_extractor():
