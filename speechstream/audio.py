@@ -7,6 +7,7 @@ package derives its frame arithmetic from these constants.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +23,12 @@ ENCODER_STRIDE = 2  # the encoder's second convolution halves the frame rate
 ENCODER_FRAME_MS = 1000 * HOP_LENGTH * ENCODER_STRIDE // SAMPLE_RATE  # 20 ms per encoder frame
 
 
-def load_audio(path: str | Path) -> np.ndarray:
+def load_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None = None) -> np.ndarray:
     """Read an audio file (wav, flac, ogg, mp3, ...) as float32 mono at 16 kHz.
 
-    Raises InputError with a one-line reason for a missing, unreadable, empty or
-    non-finite file.
+    ``offset_s`` and ``duration_s`` read only that time range of the file (a segment of a long recording;
+    ``duration_s`` None: to the end). Raises InputError with a one-line reason for a missing, unreadable,
+    empty or non-finite file, or a range that is not inside the file.
     """
     import soundfile
 
@@ -38,7 +40,13 @@ def load_audio(path: str | Path) -> np.ndarray:
     if path.stat().st_size == 0:
         raise InputError(f"{path}: the file is empty")
     try:
-        samples, sample_rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        start = stop = None
+        if offset_s or duration_s is not None:
+            start, stop = _frame_range(soundfile.info(str(path)), offset_s, duration_s)
+        samples, sample_rate = soundfile.read(str(path), start=start or 0, stop=stop, dtype="float32",
+                                              always_2d=True)
+    except InputError as error:
+        raise InputError(f"{path}: {error}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise InputError(f"{path}: not a readable audio file ({reason})") from None
@@ -46,6 +54,19 @@ def load_audio(path: str | Path) -> np.ndarray:
         return prepare_samples(samples, sample_rate)
     except InputError as error:
         raise InputError(f"{path}: {error}") from None
+
+
+def _frame_range(info, offset_s: float, duration_s: float | None) -> tuple[int, int]:
+    """(start, stop) frames of a time range of a file (soundfile ``info``); InputError when it is not inside."""
+    rate, frames = info.samplerate, info.frames
+    if offset_s < 0 or (duration_s is not None and duration_s <= 0):
+        raise InputError(f"bad time range: offset {offset_s} s, duration {duration_s} s")
+    start = round(offset_s * rate)
+    stop = frames if duration_s is None else round((offset_s + duration_s) * rate)
+    if start >= frames or stop > frames + round(0.01 * rate):  # 10 ms of slack for rounded segment times
+        end = "" if duration_s is None else f" to {offset_s + duration_s:.3f} s"
+        raise InputError(f"the range {offset_s:.3f} s{end} is not inside the audio ({frames / rate:.3f} s)")
+    return start, min(stop, frames)
 
 
 def prepare_samples(samples: np.ndarray, sample_rate: int) -> np.ndarray:
@@ -100,3 +121,70 @@ def int16_to_float(pcm: bytes | np.ndarray) -> np.ndarray:
             raise InputError("int16 PCM must have an even number of bytes")
         pcm = np.frombuffer(pcm, dtype="<i2")
     return np.asarray(pcm, dtype=np.float32) / 32768.0
+
+
+class StreamResampler:
+    """Resample a stream buffer by buffer to 16 kHz with the same output as ``resample`` on the whole signal.
+
+    torchaudio's resampler computes its output in blocks of ``new`` samples (rates divided by
+    their gcd), block i from the input around samples ``i*orig`` with ``width`` samples of
+    context each side. Each buffer here re-runs it on a window that starts ``context``
+    whole blocks before the first block not yet emitted and emits only blocks whose
+    context has arrived, so every emitted sample is the one the whole-signal call gives.
+    """
+
+    def __init__(self, orig_rate: int, new_rate: int = SAMPLE_RATE, lowpass_filter_width: int = 6,
+                 rolloff: float = 0.99):
+        if orig_rate <= 0 or new_rate <= 0:
+            raise InputError(f"invalid sample rate {orig_rate}")
+        g = math.gcd(orig_rate, new_rate)
+        self.orig_rate, self.new_rate = orig_rate, new_rate
+        self.orig, self.new = orig_rate // g, new_rate // g  # samples per block in and out
+        width = math.ceil(lowpass_filter_width * self.orig / (min(self.orig, self.new) * rolloff))  # torchaudio's
+        self.context = math.ceil((width + 1) / self.orig) + 1  # blocks of input context each side (a safe margin)
+        self._buffer = np.zeros(0, dtype=np.float32)  # input from block ``_offset - context`` on
+        self._offset = 0  # first block not yet emitted
+        self._start = 0  # input sample index of _buffer[0]
+        self._total = 0  # input samples seen
+
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        """Add input samples; return the 16 kHz samples that are now final."""
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if self.orig_rate == self.new_rate:
+            return samples
+        self._buffer = np.concatenate([self._buffer, samples])
+        self._total += samples.size
+        ready = (self._total - (self.context + 1) * self.orig) // self.orig + 1  # blocks whose context has arrived
+        return self._emit(max(ready, self._offset), final=False)
+
+    def flush(self) -> np.ndarray:
+        """The end of the stream: the remaining samples (the input is zero past its end, as in ``resample``)."""
+        if self.orig_rate == self.new_rate:
+            return np.zeros(0, dtype=np.float32)
+        return self._emit(None, final=True)
+
+    def _emit(self, end_block: int | None, final: bool) -> np.ndarray:
+        import torch
+        import torchaudio.functional
+
+        if not final and end_block <= self._offset:
+            return np.zeros(0, dtype=np.float32)
+        first = max(self._offset - self.context, 0)  # window start, in blocks (whole blocks keep the phase)
+        window = self._buffer[first * self.orig - self._start :]
+        if window.size == 0:
+            return np.zeros(0, dtype=np.float32)
+        out = torchaudio.functional.resample(torch.from_numpy(np.ascontiguousarray(window)), self.orig_rate,
+                                             self.new_rate).numpy()
+        skip = (self._offset - first) * self.new
+        if final:
+            total_out = math.ceil(self.new * self._total / self.orig)
+            out = out[skip : skip + total_out - self._offset * self.new]
+            self._offset = math.ceil(total_out / self.new)
+        else:
+            out = out[skip : (end_block - first) * self.new]
+            self._offset = end_block
+        drop = max(self._offset - self.context, 0) * self.orig - self._start
+        if drop > 0:
+            self._buffer = self._buffer[drop:]
+            self._start += drop
+        return np.ascontiguousarray(out, dtype=np.float32)

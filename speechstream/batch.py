@@ -4,13 +4,18 @@ Each stream keeps its own ``StreamingSession`` (front end, policy state, text), 
 with ``own_llm=False``; ``BatchDecoder`` holds one batched ``DecoderState`` and steps
 every session's next LLM request together. Requests of different lengths are padded
 with slots no row attends to, so each stream gets exactly the logits it would get
-alone.
+alone. ``DynamicBatch`` does the same for streams that join and leave at any time
+(the server's driver).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import numpy as np
 import torch
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from speechstream import gpe
 from speechstream.chunker import chunk_samples
@@ -25,7 +30,7 @@ class BatchDecoder:
             raise ValueError("batched sessions must be created with own_llm=False")
         self.model = model
         self.sessions = sessions
-        self.state = model.decoder.new_state(len(sessions))
+        self.state = model.decoder.new_state(len(sessions), mode=sessions[0].decoding.ablation if sessions else "none")
         self.steps = 0  # batched LLM calls made
 
     @torch.no_grad()
@@ -82,3 +87,213 @@ def transcribe_batch(
     for session in sessions:
         session.close()
     return sessions
+
+
+class DynamicBatch:
+    """A batch whose streams join and leave while it runs (the server's decode driver).
+
+    Every session is made with ``own_llm=False``; row ``b`` of the one batched
+    ``DecoderState`` belongs to ``sessions[b]``. Joining appends a row whose slots are
+    all padding (``gpe.PAD``: no row ever attends to them) and whose positions are the
+    start values of a new state; leaving drops the row. Cache columns that are padding
+    in every row are trimmed, and when padding fills most of the cache each row's real
+    slots are packed to the left (the cache's slot order does not matter to attention:
+    positions are explicit and every cached slot is earlier than every new token), so
+    memory follows the live streams, not the streams that have come and gone.
+
+    Voice-activity resets: when a session's ``segment`` (0 for sessions without one)
+    changes, its row is reset to padding and start positions before its next request.
+    Each stream gets the logits it would get alone, up to float rounding.
+    """
+
+    def __init__(self, model: SpeechLLM, compact_below: float = 0.5):
+        """``compact_below``: pack rows when real slots are under this share of the cache."""
+        self.model = model
+        self.compact_below = compact_below
+        self.sessions: list[StreamingSession] = []
+        self.state = model.decoder.new_state(0)
+        self._segments: list[int] = []
+        self.steps = 0  # batched LLM calls made
+        self.requests = 0  # stream requests served by them (steps < requests: streams shared calls)
+        self.step_s = 0.0  # seconds spent in batched LLM calls
+
+    # -- rows ------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def __contains__(self, session: StreamingSession) -> bool:
+        return any(s is session for s in self.sessions)
+
+    def _row(self, session: StreamingSession) -> int:
+        for b, s in enumerate(self.sessions):
+            if s is session:
+                return b
+        raise KeyError("the session is not in this batch")
+
+    def _row_fields(self) -> list[str]:
+        """Names of the state's per-row fields other than ``kinds``: tensors whose first dimension is the
+        batch (positions, counters) and per-row lists (whatever a decoder mode keeps per row)."""
+        names = []
+        for f in dataclasses.fields(self.state):
+            value = getattr(self.state, f.name)
+            if f.name == "kinds":
+                continue
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 or isinstance(value, list):
+                names.append(f.name)
+        return names
+
+    def _fresh_row(self, name: str):
+        value = getattr(self.model.decoder.new_state(1), name)
+        return value if isinstance(value, torch.Tensor) else value[:1]
+
+    def _layers(self) -> list:
+        """The cache layers that hold keys/values (B, heads, L, d)."""
+        layers = []
+        for layer in self.state.cache.layers:
+            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+                raise TypeError(f"DynamicBatch cannot edit cache layers of type {type(layer).__name__}")
+            if layer.is_initialized and layer.keys is not None and layer.keys.dim() == 4:
+                layers.append(layer)
+        return layers
+
+    def _set_columns(self, layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+        layer.keys, layer.values = keys, values
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            if keys.shape[-2] >= layer.sliding_window:
+                raise ValueError("a sliding-window layer past its window cannot be edited")
+            layer.cumulative_length = keys.shape[-2]
+
+    def join(self, session: StreamingSession) -> None:
+        """Add a stream: a new row of padding slots with start positions."""
+        if session.llm is not None:
+            raise ValueError("batched sessions must be created with own_llm=False")
+        if session in self:
+            raise ValueError("the session is already in this batch")
+        if getattr(getattr(session, "decoding", None), "ablation", "none") != "none":
+            raise ValueError("DynamicBatch decodes with GPE itself (ablation none)")
+        state = self.state
+        width = state.kinds.shape[1]
+        state.kinds = torch.cat([state.kinds, state.kinds.new_full((1, width), gpe.PAD)])
+        for name in self._row_fields():
+            value, fresh = getattr(state, name), self._fresh_row(name)
+            setattr(state, name, torch.cat([value, fresh]) if isinstance(value, torch.Tensor) else value + fresh)
+        for layer in self._layers():
+            pad_k = layer.keys.new_zeros((1, *layer.keys.shape[1:]))
+            pad_v = layer.values.new_zeros((1, *layer.values.shape[1:]))
+            self._set_columns(layer, torch.cat([layer.keys, pad_k]), torch.cat([layer.values, pad_v]))
+        self.sessions.append(session)
+        self._segments.append(getattr(session, "segment", 0))
+
+    def leave(self, session: StreamingSession) -> None:
+        """Drop a stream's row (finished, cancelled or disconnected); trim what no row needs."""
+        b = self._row(session)
+        del self.sessions[b]
+        del self._segments[b]
+        if not self.sessions:  # start over: nothing to keep
+            self.state = self.model.decoder.new_state(0)
+            return
+        keep = torch.tensor([i for i in range(self.state.batch_size) if i != b], dtype=torch.long)
+        self.state.kinds = self.state.kinds[keep]
+        for name in self._row_fields():
+            value = getattr(self.state, name)
+            setattr(self.state, name, value[keep] if isinstance(value, torch.Tensor) else value[:b] + value[b + 1 :])
+        for layer in self._layers():
+            self._set_columns(layer, layer.keys[keep.to(layer.keys.device)], layer.values[keep.to(layer.keys.device)])
+        self.trim()
+
+    def reset_row(self, session: StreamingSession) -> None:
+        """Give a stream a fresh LLM row: its slots become padding, its positions the start values."""
+        b = self._row(session)
+        self.state.kinds[b] = gpe.PAD
+        for name in self._row_fields():
+            getattr(self.state, name)[b] = self._fresh_row(name)[0]
+        self.trim()
+
+    def trim(self) -> None:
+        """Drop cache columns that are padding in every row; pack rows when padding dominates."""
+        kinds = self.state.kinds
+        if kinds.numel() == 0:
+            return
+        real = kinds != gpe.PAD
+        used = real.any(dim=0)
+        if not bool(used.all()):
+            self._take_columns(used.nonzero().flatten()[None].expand(kinds.shape[0], -1))
+        real = self.state.kinds != gpe.PAD
+        if real.numel() and real.sum().item() < self.compact_below * real.numel():
+            self.compact()
+
+    def compact(self) -> None:
+        """Move each row's real slots to the left, in their order, and cut the columns left over."""
+        real = self.state.kinds != gpe.PAD
+        width = int(real.sum(dim=1).max())
+        order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)[:, :width]  # real slots first
+        self._take_columns(order)
+
+    def _take_columns(self, index: torch.Tensor) -> None:
+        """Keep, per row, the cache columns ``index`` (B, L') in that order."""
+        self.state.kinds = torch.gather(self.state.kinds, 1, index)
+        for layer in self._layers():
+            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+            at = index.to(layer.keys.device)[:, None, :, None].expand(-1, heads, -1, dim)
+            at_v = index.to(layer.values.device)[:, None, :, None].expand(-1, layer.values.shape[1], -1,
+                                                                           layer.values.shape[3])
+            self._set_columns(layer, torch.gather(layer.keys, 2, at), torch.gather(layer.values, 2, at_v))
+
+    @property
+    def width(self) -> int:
+        """Cache columns held per row."""
+        return self.state.kinds.shape[1]
+
+    # -- stepping ---------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self) -> dict[int, list[Event]] | None:
+        """One batched LLM call over every stream with a request; None when every stream waits.
+
+        Returns the new events per row index of the streams served (indices are valid until
+        the next ``join``/``leave``). A stream whose ``segment`` changed gets a fresh row first.
+        """
+        requests = [self._next_request(b, session) for b, session in enumerate(self.sessions)]
+        live = [r for r in requests if r is not None]
+        if not live:
+            return None
+        start = time.perf_counter()
+        width = max(r.embeds.shape[0] for r in live)
+        embeds = live[0].embeds.new_zeros(len(requests), width, live[0].embeds.shape[1])
+        kinds = torch.full((len(requests), width), gpe.PAD, dtype=torch.long)
+        for b, request in enumerate(requests):
+            if request is not None:
+                embeds[b, : request.embeds.shape[0]] = request.embeds
+                kinds[b, : request.embeds.shape[0]] = request.kind
+        logits = self.model.decoder.step(self.state, embeds, kinds.to(self.state.kinds.device))
+        self.steps += 1
+        self.requests += len(live)
+        self.trim()  # rows that waited this step got padding
+        self.step_s += time.perf_counter() - start
+        return {
+            b: self.sessions[b].apply(request, logits[b, : request.embeds.shape[0]])
+            for b, request in enumerate(requests)
+            if request is not None
+        }
+
+    def _next_request(self, b: int, session: StreamingSession):
+        """The session's next request, on a fresh row whenever its segment has changed (also when a
+        segment ends inside a ``next_request`` that returns None: then the next segment is asked at once)."""
+        while not session.finished:
+            segment = getattr(session, "segment", 0)
+            if segment != self._segments[b]:
+                self.reset_row(session)
+                self._segments[b] = segment
+            request = session.next_request()
+            if request is not None or getattr(session, "segment", 0) == segment:
+                return request
+        return None
+
+    def run(self) -> list[list[Event]]:
+        """Step until every stream waits for audio or has stopped; new events per row."""
+        events: list[list[Event]] = [[] for _ in self.sessions]
+        while (served := self.step()) is not None:
+            for b, new in served.items():
+                events[b] += new
+        return events

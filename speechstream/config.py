@@ -79,6 +79,10 @@ class ModelConfig:
     checkpoint: str | None = None  # safetensors with trained projector/adapter weights, relative to the config
 
 
+# Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.
+ABLATIONS = ("none", "interleaved", "source-sees-target", "reencode")
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodingConfig:
     """Streaming decoding options (one field per command-line flag)."""
@@ -91,6 +95,10 @@ class DecodingConfig:
     max_repeats: int = 4  # repetition guard: a block repeated this often ends the chunk's writing (0: off)
     device: str = "cpu"  # torch device
     int8: bool = False  # CPU speed mode: int8 dynamic quantization of the LLM (approximate; see model.quantize_int8)
+    ablation: str = "none"  # decoding-time GPE ablation (speechstream.gpe.ABLATIONS); "none" is GPE itself
+    vad: bool = False  # long sessions: Silero VAD pauses end a segment; the front end and LLM cache then restart
+    vad_min_silence_ms: int = 600  # with vad: the pause (ms) that ends a segment
+    context_tokens: int = 0  # with vad: last committed text tokens fed after the next segment's header (0: none)
 
 
 def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:

@@ -8,6 +8,12 @@ slots. Nothing is ever re-encoded: the cache only grows.
 Several streams of different lengths share one batched state: each step appends the
 same number of slots to every row and fills the unused ones with padding that no
 row ever attends to.
+
+``new_state(batch, mode=...)`` selects a decoding-time ablation (``gpe.ABLATIONS``):
+``interleaved`` (arrival-order positions), ``source-sees-target`` (source rows attend
+to earlier target slots) or ``reencode`` (at each read every target token written so
+far is fed again after the new source; the state counts those extra tokens).
+``none`` is GPE itself and runs exactly the code above.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import dataclasses
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from speechstream import gpe
+from speechstream.errors import InputError
 
 
 @dataclasses.dataclass
@@ -29,6 +37,10 @@ class DecoderState:
     kinds: torch.Tensor  # (B, L) slot kinds: gpe.PAD / SOURCE / TARGET
     next_source_pos: torch.Tensor  # (B,) position id of the next source token
     next_target_pos: torch.Tensor  # (B,) position id of the next target token (starts at phi)
+    mode: str = "none"  # decoding-time ablation (gpe.ABLATIONS); "none" is GPE
+    tokens_fed: torch.Tensor | None = None  # (B,) tokens fed by the steps asked for (padding excluded)
+    tokens_reencoded: torch.Tensor | None = None  # (B,) extra target tokens fed again by "reencode"
+    written: list[list[torch.Tensor]] | None = None  # "reencode": per row, embeddings of the target tokens fed
 
     @property
     def batch_size(self) -> int:
@@ -44,6 +56,8 @@ class GPEDecoder(nn.Module):
         super().__init__()
         self.llm = llm
         self.phi = phi
+        self.fed_total = 0  # tokens fed by all streaming steps of every state (padding excluded)
+        self.reencoded_total = 0  # extra target tokens fed again by ablation "reencode", all states
 
     @property
     def dtype(self) -> torch.dtype:
@@ -74,13 +88,20 @@ class GPEDecoder(nn.Module):
         out = self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=False)
         return out.logits[:, n_source:]
 
-    def new_state(self, batch: int = 1) -> DecoderState:
+    def new_state(self, batch: int = 1, mode: str = "none") -> DecoderState:
+        """A fresh streaming state of ``batch`` rows, decoded under ablation ``mode`` (``gpe.ABLATIONS``)."""
+        if mode not in gpe.ABLATIONS:
+            raise InputError(f"unknown ablation {mode!r} (known: {', '.join(gpe.ABLATIONS)})")
         device = self.llm.get_input_embeddings().weight.device
         return DecoderState(
             cache=DynamicCache(config=self.llm.config),
             kinds=torch.zeros(batch, 0, dtype=torch.long, device=device),
             next_source_pos=torch.zeros(batch, dtype=torch.long, device=device),
             next_target_pos=torch.full((batch,), self.phi, dtype=torch.long, device=device),
+            mode=mode,
+            tokens_fed=torch.zeros(batch, dtype=torch.long),
+            tokens_reencoded=torch.zeros(batch, dtype=torch.long),
+            written=[[] for _ in range(batch)] if mode == "reencode" else None,
         )
 
     def step(
@@ -90,14 +111,72 @@ class GPEDecoder(nn.Module):
         kinds: torch.Tensor,  # (B, Q) gpe.SOURCE / TARGET / PAD per new token
     ) -> torch.Tensor:  # (B, Q, V) logits of the new rows
         is_source, is_target = kinds == gpe.SOURCE, kinds == gpe.TARGET
-        source_pos = state.next_source_pos[:, None] + torch.cumsum(is_source.long(), dim=1) - 1
-        target_pos = state.next_target_pos[:, None] + torch.cumsum(is_target.long(), dim=1) - 1
-        positions = torch.where(is_source, source_pos, torch.where(is_target, target_pos, 0))
-        mask = gpe.additive(gpe.cache_attention_mask(state.kinds, kinds), self.dtype).to(embeds.device)
+        if state.mode == "interleaved":
+            positions = gpe.arrival_positions(state.kinds, kinds)
+        else:
+            positions = gpe.group_positions(state.next_source_pos, state.next_target_pos, kinds)
+        if state.mode == "reencode" and bool((is_source.any(dim=1) & is_target.any(dim=1)).any()):
+            raise ValueError("ablation reencode needs source and target tokens of a row in separate steps")
+        reencode = gpe.reencode_rows(state.kinds, kinds) if state.mode == "reencode" else None
+        mask = gpe.additive(gpe.step_mask(state.mode, state.kinds, kinds), self.dtype).to(embeds.device)
         out = self.llm(
             inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True
         )
         state.kinds = torch.cat([state.kinds, kinds], dim=1)
         state.next_source_pos = state.next_source_pos + is_source.sum(dim=1)
         state.next_target_pos = state.next_target_pos + is_target.sum(dim=1)
+        fed = (kinds != gpe.PAD).sum(dim=1).cpu()
+        self.fed_total += int(fed.sum())
+        if state.tokens_fed is not None:
+            state.tokens_fed += fed
+        if state.mode == "reencode":
+            for b in range(state.batch_size):
+                if bool(is_target[b].any()):
+                    state.written[b].append(embeds[b][is_target[b].to(embeds.device)])
+            if bool(reencode.any()):
+                self._reencode(state, reencode)
         return out.logits
+
+    def _reencode(self, state: DecoderState, rows: torch.Tensor) -> None:
+        """Ablation "reencode": feed every target token of ``rows`` again after the source just read.
+
+        The old target slots of those rows become padding (then are dropped from the cache); the copies keep
+        their target positions phi, phi + 1, ... and, being fed after all source read so far, see all of it.
+        """
+        old_targets = (state.kinds == gpe.TARGET) & rows[:, None].to(state.kinds.device)
+        state.kinds = state.kinds.masked_fill(old_targets, gpe.PAD)
+        written = [torch.cat(state.written[b]) if bool(rows[b]) else None for b in range(state.batch_size)]
+        width = max(w.shape[0] for w in written if w is not None)
+        hidden = next(w for w in written if w is not None).shape[1]
+        embeds = torch.zeros(state.batch_size, width, hidden, dtype=self.dtype, device=state.kinds.device)
+        kinds = torch.full((state.batch_size, width), gpe.PAD, dtype=torch.long, device=state.kinds.device)
+        for b, w in enumerate(written):
+            if w is not None:
+                embeds[b, : w.shape[0]] = w
+                kinds[b, : w.shape[0]] = gpe.TARGET
+        start = torch.full_like(state.next_target_pos, self.phi)
+        positions = gpe.group_positions(state.next_source_pos, start, kinds)
+        mask = gpe.additive(gpe.cache_attention_mask(state.kinds, kinds), self.dtype).to(embeds.device)
+        self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True)
+        state.kinds = torch.cat([state.kinds, kinds], dim=1)
+        reencoded = (kinds == gpe.TARGET).sum(dim=1).cpu()
+        state.tokens_reencoded += reencoded
+        self.reencoded_total += int(reencoded.sum())
+        _keep_slots(state, (state.kinds != gpe.PAD).any(dim=0))
+
+
+def _keep_slots(state: DecoderState, keep: torch.Tensor) -> None:
+    """Drop the cache slots where ``keep`` (L,) is False (slots that are padding in every row)."""
+    if bool(keep.all()):
+        return
+    index = keep.nonzero().flatten()
+    for layer in state.cache.layers:
+        if not isinstance(layer, DynamicLayer):
+            raise NotImplementedError(f"cannot drop slots from a {type(layer).__name__}")
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            if layer.cumulative_length != layer.keys.shape[-2]:  # the window has started to drop slots
+                raise NotImplementedError("ablation reencode: stream longer than the sliding window")
+            layer.cumulative_length = len(index)
+        layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
+        layer.values = layer.values.index_select(-2, index.to(layer.values.device))
+    state.kinds = state.kinds[:, keep]

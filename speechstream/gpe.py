@@ -13,13 +13,25 @@ Two views of the same rule:
   that source rows skip target slots (``cache_attention_mask``).
 
 Feeding a target token after the source it may see has been read makes the two agree.
+
+The decoding-time ablations (``ABLATIONS``; the decoder applies them) undo one GPE rule
+each: ``arrival_positions`` (no groups), ``causal_cache_mask`` (source rows see earlier
+target slots), ``reencode_rows`` (which rows feed their text again after a read).
 """
 
 from __future__ import annotations
 
 import torch
 
+from speechstream.config import ABLATIONS  # noqa: F401 (the mode names, kept where the CLI reads them cheaply)
+
 PAD, SOURCE, TARGET = 0, 1, 2  # cache slot kinds
+
+# Decoding-time ablations (the paper's mismatch analysis, for speech). "none" is GPE itself.
+#   interleaved:        no groups: every token takes the next position in arrival order; masks unchanged
+#   source-sees-target: groups kept, but source rows also attend to earlier target slots (plain causal mask)
+#   reencode:           at each read, every target token written so far is fed again after the new source,
+#                       so each target row sees all source read so far (an offline model's view); costs extra
 
 
 def target_positions(n_target: int, phi: int, start: int = 0) -> torch.Tensor:
@@ -96,6 +108,59 @@ def cache_attention_mask(cache_kinds: torch.Tensor, new_kinds: torch.Tensor) -> 
     self_slot = slot[None, :] == row_slot[:, None]  # (Q, L + Q)
     mask = mask | (self_slot[None] & pad_row)
     return mask[:, None]
+
+
+def group_positions(next_source: torch.Tensor, next_target: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
+    """(B, Q) GPE position ids of new tokens: each kind continues its own group's count; padding gets 0.
+
+    ``next_source``/``next_target`` (B,) are the positions the next source/target token of each row takes.
+    """
+    is_source, is_target = kinds == SOURCE, kinds == TARGET
+    source_pos = next_source[:, None] + torch.cumsum(is_source.long(), dim=1) - 1
+    target_pos = next_target[:, None] + torch.cumsum(is_target.long(), dim=1) - 1
+    return torch.where(is_source, source_pos, torch.where(is_target, target_pos, 0))
+
+
+def arrival_positions(cache_kinds: torch.Tensor, new_kinds: torch.Tensor) -> torch.Tensor:
+    """(B, Q) ablation "interleaved": one sequence in arrival order, source and target alike; padding gets 0.
+
+    A new token's position is the number of non-padding slots before it (cached or new).
+    """
+    real = new_kinds != PAD
+    before = (cache_kinds != PAD).sum(dim=1)
+    return torch.where(real, before[:, None] + torch.cumsum(real.long(), dim=1) - 1, 0)
+
+
+def causal_cache_mask(cache_kinds: torch.Tensor, new_kinds: torch.Tensor) -> torch.Tensor:
+    """(B, 1, Q, L + Q) ablation "source-sees-target": every row attends to earlier-or-same non-padding slots.
+
+    Like `cache_attention_mask` without the one GPE rule (source rows skip target slots): a source chunk
+    that arrives after some text attends to that text. Padding rows attend only to themselves.
+    """
+    kinds = torch.cat([cache_kinds, new_kinds], dim=1)
+    cached, queries = cache_kinds.shape[1], new_kinds.shape[1]
+    slot = torch.arange(cached + queries)
+    row_slot = cached + torch.arange(queries)
+    earlier = slot[None, :] <= row_slot[:, None]
+    pad_row = (new_kinds == PAD)[:, :, None]
+    mask = earlier[None] & (kinds != PAD)[:, None, :] & ~pad_row
+    mask = mask | ((slot[None, :] == row_slot[:, None])[None] & pad_row)
+    return mask[:, None]
+
+
+def step_mask(mode: str, cache_kinds: torch.Tensor, new_kinds: torch.Tensor) -> torch.Tensor:
+    """(B, 1, Q, L + Q) bool mask of a streaming step under ablation ``mode``."""
+    if mode == "source-sees-target":
+        return causal_cache_mask(cache_kinds, new_kinds)
+    return cache_attention_mask(cache_kinds, new_kinds)
+
+
+def reencode_rows(cache_kinds: torch.Tensor, new_kinds: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: rows whose written target tokens ablation "reencode" feeds again after this step.
+
+    A row is re-encoded when the step reads source for it and it has written target tokens before.
+    """
+    return (new_kinds == SOURCE).any(dim=1) & (cache_kinds == TARGET).any(dim=1)
 
 
 def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

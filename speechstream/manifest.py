@@ -1,9 +1,11 @@
 """Manifests: JSON lines, one utterance per line (docs/INTERFACES.md).
 
     {"id": "u1", "audio": "clips/u1.wav", "text": "reference transcript", "translation": "...",
-     "source_lang": "en", "target_lang": "en"}
+     "source_lang": "en", "target_lang": "en", "offset": 12.5, "duration": 3.2}
 
-``id`` and ``audio`` are required; ``audio`` is absolute or relative to the manifest's folder. Other fields
+``id`` and ``audio`` are required; ``audio`` is absolute or relative to the manifest's folder. ``offset`` and
+``duration`` (seconds, optional) make the utterance a time range of the audio file (a segment of a long talk,
+as MuST-C gives them): only that range is read. Other fields
 are optional and unknown fields are ignored (manifests written by other tools often carry more). Blank lines
 are skipped. Every problem is reported as one line naming the manifest and the line number.
 """
@@ -11,6 +13,7 @@ are skipped. Every problem is reported as one line naming the manifest and the l
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +23,8 @@ from speechstream.errors import InputError
 MAX_MISSING_SHOWN = 3
 # Optional string fields of a manifest line (absent or null -> None).
 _OPTIONAL_FIELDS = ("text", "translation", "source_lang", "target_lang")
+# Optional number fields (seconds): the utterance's time range inside its audio file.
+_RANGE_FIELDS = ("offset", "duration")
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class Utterance:
     translation: str | None = None  # reference translation (needed for BLEU/chrF)
     source_lang: str | None = None  # language of the speech, e.g. "en"
     target_lang: str | None = None  # language of the text to produce, e.g. "en"
+    offset: float | None = None  # seconds into the audio file where the utterance starts (None: 0)
+    duration: float | None = None  # seconds of audio from the offset (None: to the end of the file)
 
 
 def read_manifest(path: str | Path) -> list[Utterance]:
@@ -94,4 +101,11 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
         if value is not None and not isinstance(value, str):
             raise InputError(f'{where}: "{key}" must be a string, got {value!r}')
         optional[key] = value
+    for key in _RANGE_FIELDS:
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0 or (key == "duration" and value == 0)):
+            kind = "a positive number of seconds" if key == "duration" else "a number of seconds >= 0"
+            raise InputError(f'{where}: "{key}" must be {kind}, got {value!r}')
+        optional[key] = None if value is None else float(value)
     return Utterance(id=entry["id"], audio=path.parent / Path(entry["audio"]).expanduser(), **optional)

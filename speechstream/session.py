@@ -5,6 +5,24 @@ events; ``finish()`` reads the rest of the audio and the end-of-source marker, w
 the remaining text and returns the last events, ending with ``type == "end"``.
 The microphone, the server, file transcription and evaluation all drive this class.
 
+Long sessions (``DecodingConfig.vad``): a Silero VAD endpointer (``speechstream.vad``)
+watches the audio; at a pause the current *segment* ends as a stream would end (the rest
+of its audio and the end-of-source marker are read, the rest of its text is written and
+committed), then the front end (chunker, mel, encoder, projector) and the LLM cache start
+afresh, so memory and per-chunk work stay flat over hours. The transcript and all times
+(``source_s``) continue from the start of the stream. ``segment`` counts the resets.
+With ``context_tokens`` > 0 the next segment's target group starts with the last committed
+text tokens after the assistant header (fed, never emitted again); the default is 0
+because the shipped models were trained without such context (their targets always
+start at the audio's first word), so they tend to treat context words as already
+transcribed speech.
+
+Contract with outside LLM drivers (``own_llm=False``): when ``segment`` has changed
+since a stream's previous request, give that stream a fresh LLM row (a state as from
+``model.decoder.new_state``) before stepping its next request. The change happens inside
+``apply`` (or in a ``next_request`` that returns None), never in a call that returns a
+request, so checking ``segment`` before each ``next_request`` is enough.
+
 Pipeline per chunk: chunker -> log-mel stream -> encoder stream -> projector stream
 -> a source unit queued for the LLM; then the policy loop reads units and writes
 tokens until it needs audio that has not arrived.
@@ -28,9 +46,10 @@ from speechstream.encoder import EncoderStream
 from speechstream.errors import InputError
 from speechstream.features import LogMelStream
 from speechstream.model import SpeechLLM
-from speechstream.policy import Policy, Read, StreamView, Write, make_policy
+from speechstream.policy import Policy, Read, Stop, StreamView, Write, make_policy
 from speechstream.projector import ProjectorStream
 from speechstream.text import TextAssembler
+from speechstream.vad import Endpoint, Endpointer, VADConfig
 
 
 @dataclass(frozen=True)
@@ -72,6 +91,8 @@ class _Unit:
     embeds: torch.Tensor  # (n, H) source embeddings (prompt prefix included in unit 0, suffix in the last)
     source_s: float  # audio seconds covered once this unit is read
     stats: UnitStats
+    last: bool = False  # the last unit of its segment (its audio tail and the end-of-source marker)
+    segment: int = 0  # the segment it belongs to
 
 
 TokenChooser = Callable[[torch.Tensor], int]  # (V,) logits of the last fed row -> next token
@@ -115,7 +136,7 @@ class StreamingSession:
         self.mel = LogMelStream()
         self.encoder = EncoderStream(model.encoder)
         self.projector = ProjectorStream(model.projector)
-        self.llm = model.decoder.new_state(1) if own_llm else None
+        self.llm = self._new_llm_state() if own_llm else None
         self.text = TextAssembler(model.tokenizer)
         self.units: deque[_Unit] = deque()  # units computed but not yet read by the LLM
         self.stats: list[UnitStats] = []  # per unit, in order
@@ -135,6 +156,21 @@ class StreamingSession:
         self._started_at: float | None = None
         self._compute_s = 0.0
         self.finished = False
+        # long sessions (decoding.vad): segments cut at pauses, each with a fresh front end and LLM cache
+        self.segment = 0  # the segment the LLM reads and writes; +1 at each reset (outside drivers: a fresh row)
+        self.vad = Endpointer(VADConfig(min_silence_ms=decoding.vad_min_silence_ms)) if decoding.vad else None
+        self.endpoints: list[Endpoint] = []  # segment ends found so far (absolute samples)
+        self._front_segment = 0  # the segment the front end is building (ahead of ``segment`` until read)
+        self._front_start = 0  # absolute sample where the front end's segment starts
+        self._segment_read_done = False  # the last unit of ``segment`` has been read
+        self._segment_target_start = 0  # index in target_ids of this segment's first target token
+        self._stats_base = 0  # index in stats of this segment's first unit
+        self._context_ids: list[int] = []  # text tokens fed after this segment's header (not emitted)
+        self._held: list[Event] = []  # events made inside next_request, returned by the next call
+
+    def _new_llm_state(self):
+        """A fresh one-row LLM state (at the start and at each segment)."""
+        return self.model.decoder.new_state(1, mode=self.decoding.ablation)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -145,14 +181,43 @@ class StreamingSession:
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         check_finite(samples)
         start = self._clock_start()
-        self._samples_in += samples.size
         events: list[Event] = []
         with torch.no_grad():
-            for chunk in self.chunker.push(samples):
-                self._add_unit(chunk, final=False)
-                events += self._advance()
+            for piece, ends_segment in self._pieces(samples):
+                self._samples_in += piece.size
+                for chunk in self.chunker.push(piece):
+                    self._add_unit(chunk, final=False)
+                    events += self._advance()
+                if ends_segment:
+                    self._end_front_segment()
+                    events += self._advance()
         self._compute_s += time.perf_counter() - start
         return events
+
+    def _pieces(self, samples: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+        """Split a feed at the VAD's segment ends: (samples, ends a segment) pairs, in order."""
+        if self.vad is None:
+            return [(samples, False)]
+        endpoints = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant
+        self.endpoints += endpoints
+        pieces, offset = [], 0
+        for endpoint in endpoints:
+            cut = endpoint.cut - self._samples_in
+            pieces.append((samples[offset:cut], True))
+            offset = cut
+        pieces.append((samples[offset:], False))
+        return pieces
+
+    def _end_front_segment(self) -> None:
+        """A VAD cut: the segment's last unit (audio tail + end marker) is queued; the front end starts afresh."""
+        self._add_unit(self.chunker.flush(), final=True)
+        self._front_segment += 1
+        self._front_start = self._samples_in
+        self._chunks_made = 0
+        self.chunker = Chunker(self.decoding.chunk_ms)
+        self.mel = LogMelStream()
+        self.encoder = EncoderStream(self.model.encoder)
+        self.projector = ProjectorStream(self.model.projector)
 
     def finish(self) -> list[Event]:
         """Read the rest of the audio and the end marker; write the rest; end with an "end" event."""
@@ -168,13 +233,15 @@ class StreamingSession:
     def end_audio(self) -> None:
         """Turn the unchunked tail and the end-of-source marker into the last unit (no LLM work)."""
         if not self._audio_done:
-            self._add_unit(self.chunker.flush(), final=True)
+            if not (self._front_segment and self._samples_in == self._front_start):  # not an empty segment after a cut
+                self._add_unit(self.chunker.flush(), final=True)
+            self._audio_done = True
 
     def close(self) -> list[Event]:
         """Commit whatever text is left and return it with the "end" event."""
         if self.finished:
             return []
-        events = []
+        events = self._take_held()
         tail = self.text.commit_all(force=True)
         if tail:
             events.append(self._event("final", tail))
@@ -202,6 +269,11 @@ class StreamingSession:
     def transcript(self) -> str:
         return self.text.committed
 
+    @property
+    def llm_cache_length(self) -> int | None:
+        """Slots in this session's own LLM cache (None with an outside driver)."""
+        return None if self.llm is None else int(self.llm.kinds.shape[1])
+
     # -- source side --------------------------------------------------------------------------
 
     def _add_unit(self, samples: np.ndarray, final: bool) -> None:
@@ -218,16 +290,45 @@ class StreamingSession:
             parts.append(self.model.embed_ids(self.model.suffix_ids))
         embeds = torch.cat(parts)
         self._chunks_made += 1
-        source_s = self._samples_in / SAMPLE_RATE if final else self._chunks_made * self.chunker.chunk_size / SAMPLE_RATE
+        chunk_end = self._front_start + self._chunks_made * self.chunker.chunk_size  # absolute samples
+        source_s = self._samples_in / SAMPLE_RATE if final else chunk_end / SAMPLE_RATE
         stats = UnitStats(encoder_frames=frames.shape[0], source_tokens=embeds.shape[0])
         self.stats.append(stats)
-        self.units.append(_Unit(embeds, source_s, stats))
-        if final:
-            self._audio_done = True
+        self.units.append(_Unit(embeds, source_s, stats, last=final, segment=self._front_segment))
 
     @property
     def _source_done(self) -> bool:
-        return self._audio_done and not self.units
+        """Every unit of the current segment (the whole stream without VAD) has been read."""
+        return self._segment_read_done
+
+    @property
+    def _segment_cut(self) -> bool:
+        """The current segment was ended by the VAD (a later segment follows), not by the end of the stream."""
+        return self._front_segment > self.segment
+
+    def _end_segment(self) -> list[Event]:
+        """The current VAD segment has stopped: commit its text, then start the next with a fresh LLM state."""
+        events = self._final(self.text.commit_all(force=True))
+        self.segment += 1
+        n = self.decoding.context_tokens
+        self._context_ids = self.text.ids[-n:] if n > 0 else []
+        self.text.start_segment()
+        if self.llm is not None:
+            self.llm = self._new_llm_state()
+        self._units_read = 0
+        self._segment_read_done = False
+        self._pending = None
+        self._reads_since_prediction = 0
+        self._tokens_since_read = 0
+        self._stopped = False
+        self._last_partial = ""
+        self._segment_target_start = len(self.target_ids)
+        self._stats_base = len(self.stats) - len(self.units)
+        return events
+
+    def _take_held(self) -> list[Event]:
+        held, self._held = self._held, []
+        return held
 
     # -- the policy loop ------------------------------------------------------------------------
 
@@ -237,9 +338,13 @@ class StreamingSession:
             action = self.policy.decide(self._view())
             if isinstance(action, Read):
                 if not self.units:
+                    if self._audio_done:  # an empty segment after the last cut: nothing to read or write
+                        self._stopped = True
+                        continue
                     return None
                 unit = self.units.popleft()
                 self._units_read += 1
+                self._segment_read_done = unit.last
                 self._source_s = unit.source_s
                 self._reads_since_prediction += 1
                 self._tokens_since_read = 0
@@ -247,34 +352,46 @@ class StreamingSession:
                     return LLMRequest(unit.embeds, gpe.SOURCE)
             elif isinstance(action, Write):
                 if self._pending is None:
-                    tokens, is_text = list(self.model.header_ids), False
+                    tokens, is_text = list(self.model.header_ids) + self._context_ids, False
                 else:
                     tokens, is_text = [self._pending if action.token is None else action.token], True
                 return LLMRequest(self.model.embed_ids(tokens), gpe.TARGET, tokens, is_text)
             else:
                 self._stopped = True
+                if self._segment_cut:  # (apply normally catches this stop first)
+                    self._held += self._end_segment()
+                    return None
         return None
 
     def apply(self, request: LLMRequest, logits: torch.Tensor) -> list[Event]:
         """Take the (n, V) logits of a request's rows; for target tokens, emit their text."""
+        events: list[Event] = self._take_held()
         if request.kind == gpe.SOURCE:
-            return []
+            return events + self._segment_stop()
         tokens = request.tokens
         if self.record_logits:
             self.logits += list(logits)
         self.target_ids += tokens
         self._tokens_since_read += len(tokens)
-        self.stats[max(self._units_read - 1, 0)].target_tokens += len(tokens)
+        self.stats[self._stats_base + max(self._units_read - 1, 0)].target_tokens += len(tokens)
         self._pending = self.choose(logits[-1])
         self._reads_since_prediction = 0
-        events: list[Event] = []
         for token in tokens if request.is_text else []:
             if token in self.model.special_ids:
                 if token == self.model.eoc_id:
                     events += self._final(self.text.commit_all())
                 continue
             events += self._final(self.text.add(token))
-        return events
+        return events + self._segment_stop()
+
+    def _segment_stop(self) -> list[Event]:
+        """After a step: if a VAD segment is fully read and its writing is done, end it now (so the
+        segment number changes before the driver's next request, never inside one)."""
+        if not (self._segment_read_done and self._segment_cut):
+            return []
+        if not isinstance(self.policy.decide(self._view()), Stop):
+            return []
+        return self._end_segment()
 
     def _view(self) -> StreamView:
         return StreamView(
@@ -285,15 +402,22 @@ class StreamingSession:
             tokens_since_read=self._tokens_since_read,
             eoc_id=self.model.eoc_id,
             eos_id=self.model.eos_id,
-            recent=tuple(self.target_ids[-RECENT_TOKENS:]),
+            recent=tuple(self.target_ids[max(self._segment_target_start, len(self.target_ids) - RECENT_TOKENS) :]),
         )
 
     def _advance(self) -> list[Event]:
         """Run the policy loop on this session's own LLM state until it waits or stops."""
-        events: list[Event] = []
         if self.llm is None:  # an outside driver (``batch.BatchDecoder``) runs the LLM
-            return events
-        while (request := self.next_request()) is not None:
+            return self._take_held()
+        events: list[Event] = []
+        while True:
+            segment = self.segment
+            request = self.next_request()
+            events += self._take_held()
+            if request is None:
+                if self.segment != segment:  # a segment ended inside next_request: go on with the next
+                    continue
+                break
             kinds = torch.full((1, request.embeds.shape[0]), request.kind, dtype=torch.long)
             logits = self.model.decoder.step(self.llm, request.embeds[None], kinds)[0]
             events += self.apply(request, logits)
@@ -330,15 +454,16 @@ class StreamingSession:
 
 
 def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_event: Callable[[Event], None],
-                    partials: bool = True) -> list[Event]:
+                    partials: bool = True, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:
     """Stream one audio file through a session chunk by chunk (as a live source would); return its events.
 
-    ``transcribe`` and ``eval`` both use this loop, so evaluation measures what ships.
+    ``transcribe`` and ``eval`` both use this loop, so evaluation measures what ships. ``offset_s`` and
+    ``duration_s`` stream only that time range of the file (a manifest's segment of a long recording).
     """
     from speechstream.audio import load_audio
     from speechstream.chunker import chunk_samples
 
-    audio = load_audio(path)
+    audio = load_audio(path, offset_s, duration_s)
     session = StreamingSession(model, decoding, partials=partials)
     step = chunk_samples(decoding.chunk_ms)
     events = []

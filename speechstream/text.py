@@ -54,6 +54,15 @@ class TextAssembler:
         self.ids: list[int] = []  # every text token so far
         self.committed_upto = 0  # ids[:committed_upto] are committed
         self.committed = ""  # their text (leading whitespace removed)
+        self._new_word = False  # the next committed text starts a new word (after a segment boundary)
+
+    def start_segment(self) -> None:
+        """Commit everything; the next committed text is then separated from it by one space.
+
+        Used between VAD segments: a fresh segment's first word has no leading space of its own.
+        """
+        self.commit_all(force=True)
+        self._new_word = bool(self.committed)
 
     def _decode(self, start: int, stop: int) -> str:
         context = max(0, start - self.CONTEXT)
@@ -76,7 +85,7 @@ class TextAssembler:
     def tail(self) -> str:
         """The uncommitted text."""
         text = self._decode(self.committed_upto, len(self.ids))
-        return text.lstrip() if not self.committed else text
+        return text.lstrip() if not self.committed or self._new_word else text
 
     def _commit(self, upto: int, force: bool = False) -> str:
         if upto <= self.committed_upto:
@@ -86,6 +95,10 @@ class TextAssembler:
             return ""
         if not self.committed:
             text = text.lstrip()
+        elif self._new_word:
+            text = text.lstrip()
+            if text:
+                text, self._new_word = " " + text, False
         self.committed += text
         self.committed_upto = upto
         return text

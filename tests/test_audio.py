@@ -227,3 +227,20 @@ def test_prepare_samples_rejects(samples, match):
 def test_prepare_samples_rejects_bad_rates(rate):
     with pytest.raises(InputError, match="sample rate"):
         prepare_samples(np.zeros(10, np.float32), rate)
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 22050, 44100, 48000])
+def test_stream_resampler_equals_resampling_the_whole_signal(rate):
+    from speechstream.audio import StreamResampler, resample
+
+    rng = np.random.default_rng(rate)
+    signal = (0.3 * rng.standard_normal(2 * rate + 137)).astype(np.float32)
+    resampler, parts, start = StreamResampler(rate), [], 0
+    while start < len(signal):  # buffers of random sizes, down to one sample
+        size = int(rng.integers(1, 3000))
+        parts.append(resampler.push(signal[start : start + size]))
+        start += size
+    parts.append(resampler.flush())
+    streamed, whole = np.concatenate(parts), resample(signal, rate, 16000)
+    assert streamed.shape == whole.shape
+    assert np.abs(streamed - whole).max() < 1e-6

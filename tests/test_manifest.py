@@ -41,6 +41,14 @@ def test_reads_fields_and_resolves_paths(clips: Path):
     assert second == Utterance("b", absolute, translation="hola")
 
 
+def test_segments_carry_offset_and_duration(clips: Path):
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav", "offset": 12, "duration": 3.25},
+                                                {"id": "b", "audio": "clips/b.wav", "offset": None}])
+    first, second = read_manifest(manifest)
+    assert (first.offset, first.duration) == (12.0, 3.25) and isinstance(first.offset, float)
+    assert (second.offset, second.duration) == (None, None)
+
+
 def test_relative_to_the_manifest_folder_not_the_working_directory(clips: Path, monkeypatch):
     manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav"}])
     monkeypatch.chdir(clips / "clips")
@@ -57,6 +65,10 @@ def test_relative_to_the_manifest_folder_not_the_working_directory(clips: Path, 
         ('{"id": 7, "audio": "clips/b.wav"}', 'm.jsonl:2: "id" must be a non-empty string'),
         ('{"id": "b", "audio": "clips/b.wav", "text": 3}', 'm.jsonl:2: "text" must be a string'),
         ('{"id": "a", "audio": "clips/b.wav"}', 'm.jsonl:2: duplicate id "a" (first on line 1)'),
+        ('{"id": "b", "audio": "clips/b.wav", "offset": -0.5}', 'm.jsonl:2: "offset" must be a number of seconds >= 0'),
+        ('{"id": "b", "audio": "clips/b.wav", "offset": "3"}', 'm.jsonl:2: "offset" must be a number of seconds'),
+        ('{"id": "b", "audio": "clips/b.wav", "duration": 0}', 'm.jsonl:2: "duration" must be a positive number'),
+        ('{"id": "b", "audio": "clips/b.wav", "duration": true}', 'm.jsonl:2: "duration" must be a positive number'),
     ],
 )
 def test_bad_lines_name_the_line(clips: Path, line: str, message: str):

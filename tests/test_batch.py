@@ -1,0 +1,202 @@
+"""Dynamic batches: streams join, leave and reset rows at any time and still get their solo logits."""
+
+import numpy as np
+import pytest
+import torch
+
+from speechstream import gpe
+from speechstream.batch import DynamicBatch
+from speechstream.config import DecodingConfig
+from speechstream.session import LLMRequest, StreamingSession
+from speechstream.verify import TOLERANCE
+from tests.conftest import text_favouring_chooser
+
+
+class ScriptedStream:
+    """A stand-in session: feeds a fixed list of requests, records logits; ``segment`` bumps on cue."""
+
+    llm = None
+
+    def __init__(self, requests, resets_before=()):
+        self.requests = list(requests)
+        self.resets_before = set(resets_before)  # request indices that start a new segment
+        self.served = 0
+        self.segment = 0
+        self.logits = []
+        self.finished = False
+
+    def next_request(self):
+        if self.served >= len(self.requests):
+            return None
+        return self.requests[self.served]
+
+    def apply(self, request, logits):
+        self.logits.append(logits.clone())
+        self.served += 1
+        if self.served in self.resets_before:  # a speech pause: the next request starts a new segment
+            self.segment += 1
+        return []
+
+
+def _script(model, rng, n, segments=0):
+    hidden = model.decoder.llm.get_input_embeddings().weight.shape[1]
+    out = []
+    for i in range(n):
+        kind = gpe.SOURCE if i % 3 == 0 else gpe.TARGET
+        width = int(rng.integers(1, 6)) if kind == gpe.SOURCE else 1
+        out.append(LLMRequest(torch.tensor(rng.standard_normal((width, hidden)), dtype=torch.float32), kind))
+    return out
+
+
+def _solo_logits(model, stream):
+    """The same requests on a lone state, a new state at each segment start."""
+    state, out = model.decoder.new_state(1), []
+    for i, request in enumerate(stream.requests):
+        if i in stream.resets_before:
+            state = model.decoder.new_state(1)
+        kinds = torch.full((1, request.embeds.shape[0]), request.kind, dtype=torch.long)
+        out.append(model.decoder.step(state, request.embeds[None], kinds)[0])
+    return out
+
+
+@pytest.mark.parametrize("compact_below", [0.5, 1.01])  # 1.01: pack rows whenever any padding is left
+def test_joining_leaving_and_row_resets_keep_each_streams_logits(tiny_model, compact_below):
+    rng = np.random.default_rng(0)
+    streams = [ScriptedStream(_script(tiny_model, rng, n), resets) for n, resets in
+               ((30, ()), (12, (5,)), (25, (8, 16)), (7, ()))]
+    batch = DynamicBatch(tiny_model, compact_below=compact_below)
+    joins = {0: [0, 1], 4: [2], 9: [3]}  # step -> streams joining before it
+    widths = []
+    with torch.no_grad():
+        for t in range(200):
+            for i in joins.get(t, []):
+                batch.join(streams[i])
+            served = batch.step()
+            for s in [s for s in batch.sessions if s.served >= len(s.requests)]:
+                batch.leave(s)
+            per_row = (batch.state.kinds != gpe.PAD).sum(dim=1).tolist()
+            widths.append((batch.width, max(per_row, default=0)))
+            if served is None and t > max(joins):
+                break
+        assert len(batch) == 0 and batch.width == 0
+        if compact_below > 1:  # packed: never more columns than the fullest row holds
+            assert all(width == fullest for width, fullest in widths)
+        for stream in streams:
+            alone = _solo_logits(tiny_model, stream)
+            assert len(stream.logits) == len(alone)
+            assert max((a - b).abs().max().item() for a, b in zip(stream.logits, alone)) < TOLERANCE
+
+
+def test_columns_no_row_needs_are_trimmed(tiny_model):
+    rng = np.random.default_rng(1)
+    long = ScriptedStream(_script(tiny_model, rng, 60))
+    batch = DynamicBatch(tiny_model)
+    batch.join(long)
+    with torch.no_grad():
+        for _ in range(40):  # short streams come and go beside a long one
+            short = ScriptedStream(_script(tiny_model, rng, 4))
+            batch.join(short)
+            while short.served < len(short.requests):
+                batch.step()
+            batch.leave(short)
+            if long.served >= 50:
+                break
+    real = int((batch.state.kinds != gpe.PAD).sum())
+    assert batch.width <= 2 * real  # padding of departed streams does not pile up
+    assert batch.state.cache.layers[0].keys.shape[2] == batch.width
+    alone = _solo_logits(tiny_model, long)[: len(long.logits)]
+    assert max((a - b).abs().max().item() for a, b in zip(long.logits, alone)) < TOLERANCE
+
+
+def test_sessions_joining_at_different_times_get_their_solo_transcripts(tiny_model):
+    rng = np.random.default_rng(2)
+    audios = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (9000, 31000, 17777, 12000)]
+    starts = [0, 2, 3, 7]  # feeding round at which each stream connects
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20)
+    choose = text_favouring_chooser(tiny_model)
+    step = 5120
+    sessions = [StreamingSession(tiny_model, decoding, choose=choose, partials=False, own_llm=False) for _ in audios]
+    for s in sessions:
+        s.record_logits = True
+    batch = DynamicBatch(tiny_model)
+    with torch.no_grad():
+        for t in range(40):
+            for i, (session, audio) in enumerate(zip(sessions, audios)):
+                j = t - starts[i]
+                if j == 0:
+                    batch.join(session)
+                if session in batch and not session.finished:
+                    if j * step < len(audio):
+                        session.feed(audio[j * step : (j + 1) * step])
+                    else:
+                        session.end_audio()
+            batch.run()
+            for session in list(batch.sessions):
+                if not session.units and not session.waiting_for_llm:
+                    session.close()
+                    batch.leave(session)
+    assert len(batch) == 0
+    for audio, together in zip(audios, sessions):
+        alone = StreamingSession(tiny_model, decoding, choose=choose, partials=False)
+        alone.record_logits = True
+        alone.feed(audio)
+        alone.finish()
+        assert together.finished
+        assert together.target_ids == alone.target_ids
+        assert together.transcript == alone.transcript
+        assert (torch.stack(together.logits) - torch.stack(alone.logits)).abs().max() < TOLERANCE
+    assert any(s.transcript for s in sessions)
+
+
+def test_a_session_with_its_own_llm_cannot_join(tiny_model):
+    with pytest.raises(ValueError):
+        DynamicBatch(tiny_model).join(StreamingSession(tiny_model))
+
+
+def test_vad_segments_get_fresh_rows_in_a_dynamic_batch(tiny_model):
+    """With the session's VAD resets (``segment``), a batched stream still equals its solo run."""
+    pytest.importorskip("silero_vad")
+    from pathlib import Path
+
+    from speechstream.audio import load_audio
+
+    samples = Path(__file__).resolve().parent.parent / "samples"
+    silence = np.zeros(16000, dtype=np.float32)
+    speech = [load_audio(samples / "jfk.wav")[:40000], load_audio(samples / "austen-0880.wav")[:30000]]
+    audios = [np.concatenate([speech[0], silence, speech[1], silence, speech[0][:20000]]),
+              np.concatenate([speech[1], silence, speech[0]]), speech[0][:30000]]
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, vad=True)
+    choose = text_favouring_chooser(tiny_model)
+    sessions = [StreamingSession(tiny_model, decoding, choose=choose, partials=False, own_llm=False) for _ in audios]
+    for s in sessions:
+        s.record_logits = True
+    batch = DynamicBatch(tiny_model)
+    step = 4000
+    with torch.no_grad():
+        for t in range(100):
+            for i, (session, audio) in enumerate(zip(sessions, audios)):
+                j = t - i  # staggered starts
+                if j == 0:
+                    batch.join(session)
+                if session in batch and not session.finished:
+                    if j * step < len(audio):
+                        session.feed(audio[j * step : (j + 1) * step])
+                    else:
+                        session.end_audio()
+            batch.run()
+            for session in list(batch.sessions):
+                if session.finished or (not session.units and not session.waiting_for_llm and session._audio_done):
+                    session.close()
+                    batch.leave(session)
+            if not batch.sessions and t > len(audios):
+                break
+    for audio, together in zip(audios, sessions):
+        alone = StreamingSession(tiny_model, decoding, choose=choose, partials=False)
+        alone.record_logits = True
+        for start in range(0, len(audio), step):
+            alone.feed(audio[start : start + step])
+        alone.finish()
+        assert together.finished and together.segment == alone.segment
+        assert together.target_ids == alone.target_ids
+        assert (torch.stack(together.logits) - torch.stack(alone.logits)).abs().max() < TOLERANCE
+    assert sessions[0].segment >= 2 and sessions[1].segment >= 1  # the pauses did cut segments

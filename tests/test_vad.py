@@ -1,0 +1,172 @@
+"""Voice activity endpointing and VAD segment resets in the streaming session."""
+
+import numpy as np
+import pytest
+import torch
+
+from speechstream.audio import SAMPLE_RATE, load_audio
+from speechstream.config import DecodingConfig
+from speechstream.session import StreamingSession
+from speechstream.vad import VADConfig, find_endpoints
+from tests.conftest import text_favouring_chooser
+
+CLIPS = ["samples/austen-0870.wav", "samples/austen-0880.wav", "samples/austen-0890.wav", "samples/austen-0920.wav"]
+DECODING = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=40, vad=True)
+
+
+@pytest.fixture(scope="module")
+def speech_with_pauses():
+    """Real clips (no inner pause of 600 ms) each followed by 1 s of silence; returns audio and clip ends."""
+    parts, ends, n = [], [], 0
+    for path in CLIPS:
+        clip = load_audio(path)
+        parts += [clip, np.zeros(SAMPLE_RATE, np.float32)]
+        n += clip.size
+        ends.append(n)
+        n += SAMPLE_RATE
+    return np.concatenate(parts), ends
+
+
+def test_endpoints_at_the_inserted_pauses(speech_with_pauses):
+    audio, ends = speech_with_pauses
+    endpoints = find_endpoints(audio, VADConfig(), feed_size=4000)
+    assert len(endpoints) == len(ends)
+    for endpoint, end in zip(endpoints, ends):
+        assert end - 0.4 * SAMPLE_RATE <= endpoint.speech_end <= end + 0.1 * SAMPLE_RATE
+        assert end < endpoint.cut <= end + SAMPLE_RATE  # inside the pause, after min_silence_ms
+        assert endpoint.cut - endpoint.speech_end >= 0.6 * SAMPLE_RATE
+
+
+def test_endpoints_do_not_depend_on_buffer_sizes(speech_with_pauses):
+    audio, _ = speech_with_pauses
+    results = {size: find_endpoints(audio, VADConfig(), feed_size=size) for size in (100, 4097, audio.size)}
+    assert results[100] and results[100] == results[4097] == results[audio.size]
+
+
+def test_no_endpoint_without_speech_or_in_a_short_pause():
+    assert find_endpoints(np.zeros(3 * SAMPLE_RATE, np.float32)) == []
+    clip = load_audio("samples/austen-0880.wav")
+    gap = np.zeros(int(0.3 * SAMPLE_RATE), np.float32)  # shorter than min_silence_ms
+    middle = clip.size // 2  # inside a word: the 300 ms gap is the only pause
+    assert find_endpoints(np.concatenate([clip[:middle], gap, clip[middle:]])) == []
+
+
+def feed_all(model, audio, size, decoding=DECODING):
+    session = StreamingSession(model, decoding, choose=text_favouring_chooser(model))
+    events, trace = [], []
+    for start in range(0, audio.size, size):
+        before = (session.segment, session.llm_cache_length, session.encoder.frames_done)
+        events += session.feed(audio[start : start + size])
+        trace.append((before, (session.segment, session.llm_cache_length, session.encoder.frames_done)))
+    events += session.finish()
+    return session, events, trace
+
+
+def test_session_resets_at_pauses(tiny_model, speech_with_pauses):
+    audio, ends = speech_with_pauses
+    session, events, trace = feed_all(tiny_model, audio, 1600)
+    cuts = [e.cut for e in session.endpoints]
+    assert len(cuts) == len(ends)
+    # the last cut leaves a short tail of silence, a segment of its own
+    assert session.segment == len(cuts)
+    resets = [(b, a) for b, a in trace if a[0] != b[0]]
+    assert len(resets) == len(cuts)
+    for before, after in resets:
+        assert after[0] == before[0] + 1
+        assert after[1] < before[1]  # the LLM cache restarted
+        assert after[2] < before[2]  # the encoder restarted (positions from 0)
+    # largest LLM cache: one segment's worth, not the whole stream's
+    longest_segment = max(np.diff([0] + cuts)) / SAMPLE_RATE
+    chunks = int(np.ceil(longest_segment / 0.64)) + 1
+    assert max(a[1] for _, a in trace) <= chunks * (8 + 8 + 1) + 40 + 40
+    # times are absolute: each segment's text is committed when its last unit (at the cut) was read
+    finals = [e for e in events if e.type == "final"]
+    assert [e.source_s for e in finals] == sorted(e.source_s for e in finals)
+    # each segment's chunk grid starts at its cut: a final's time is its segment's start + whole chunks
+    # (or a cut / the end, for text committed when a segment ends)
+    starts, chunk = [0] + cuts, 10240
+    anchors = []
+    for event in finals:
+        at = round(event.source_s * SAMPLE_RATE)
+        on_grid = [a for a in starts if a <= at and abs((at - a) - chunk * round((at - a) / chunk)) <= 16]
+        assert on_grid or any(abs(at - c) <= 16 for c in cuts + [audio.size]), event
+        anchors += on_grid[-1:]
+    assert any(a > 0 for a in anchors)  # text of later segments, at absolute times past their cut
+    end = events[-1]
+    assert end.type == "end" and end.audio_s == pytest.approx(audio.size / SAMPLE_RATE)
+    assert "".join(e.text for e in finals) == end.text == session.transcript
+    assert end.source_s == pytest.approx(audio.size / SAMPLE_RATE, abs=1e-3)
+
+
+def test_session_with_vad_does_not_depend_on_feed_size(tiny_model, speech_with_pauses):
+    audio, _ = speech_with_pauses
+    audio = audio[: 3 * SAMPLE_RATE + audio.size // 2]
+    results = [feed_all(tiny_model, audio, size)[:2] for size in (999, 16000, audio.size)]
+    finals = [[(e.text, e.source_s) for e in events if e.type == "final"] for _, events in results]
+    assert finals[0] == finals[1] == finals[2]
+    assert results[0][0].target_ids == results[1][0].target_ids == results[2][0].target_ids
+    assert results[0][0].segment >= 2
+
+
+def test_vad_without_a_pause_is_the_plain_session(tiny_model):
+    """No endpoint: the VAD session reads and writes exactly what the session without VAD does."""
+    audio = load_audio("samples/austen-0880.wav")
+    plain = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=40)
+    with_vad, events_vad, _ = feed_all(tiny_model, audio, 3000)
+    without, events_plain, _ = feed_all(tiny_model, audio, 3000, plain)
+    assert with_vad.endpoints == [] and with_vad.segment == 0
+    assert with_vad.target_ids == without.target_ids
+    strip = lambda events: [(e.type, e.text, e.source_s) for e in events]  # noqa: E731
+    assert strip(events_vad) == strip(events_plain)
+
+
+def test_outside_driver_contract(tiny_model, speech_with_pauses):
+    """own_llm=False: a driver that gives the stream a fresh row whenever ``segment`` changes gets the same text."""
+    audio, _ = speech_with_pauses
+    audio = audio[: 2 * SAMPLE_RATE + audio.size // 2]
+    own, _, _ = feed_all(tiny_model, audio, 4000)
+    session = StreamingSession(tiny_model, DECODING, choose=text_favouring_chooser(tiny_model), own_llm=False)
+    state, row_segment, resets = tiny_model.decoder.new_state(1), 0, 0
+
+    def drive():
+        nonlocal state, row_segment, resets
+        while True:
+            if session.segment != row_segment:  # the contract: a fresh row before the next request
+                state, row_segment, resets = tiny_model.decoder.new_state(1), session.segment, resets + 1
+            request = session.next_request()
+            if request is None:
+                if session.segment != row_segment:
+                    continue
+                return
+            kinds = torch.full((1, request.embeds.shape[0]), request.kind, dtype=torch.long)
+            session.apply(request, tiny_model.decoder.step(state, request.embeds[None], kinds)[0])
+
+    with torch.no_grad():
+        for start in range(0, audio.size, 4000):
+            session.feed(audio[start : start + 4000])
+            drive()
+        session.end_audio()
+        drive()
+    session.close()
+    assert resets == own.segment >= 2
+    assert session.target_ids == own.target_ids and session.transcript == own.transcript
+
+
+def test_context_tokens_are_fed_not_emitted(tiny_model, speech_with_pauses):
+    audio, _ = speech_with_pauses
+    audio = audio[: 2 * SAMPLE_RATE + audio.size // 2]
+    decoding = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=40, vad=True,
+                              context_tokens=3)
+    session, events, _ = feed_all(tiny_model, audio, 4000, decoding)
+    header = list(tiny_model.header_ids)
+    starts = [i for i in range(len(session.target_ids)) if session.target_ids[i : i + len(header)] == header]
+    assert len(starts) == session.segment + 1 >= 2
+    text_so_far: list[int] = []
+    for n, (start, stop) in enumerate(zip(starts, starts[1:] + [len(session.target_ids)])):
+        fed = session.target_ids[start + len(header) : stop]
+        context = text_so_far[-3:] if n else []
+        assert fed[: len(context)] == context  # the previous text, right after the header
+        text_so_far += [t for t in fed[len(context) :] if t not in tiny_model.special_ids]
+    assert text_so_far == session.text.ids  # context tokens were not emitted again
+    finals = "".join(e.text for e in events if e.type == "final")
+    assert finals == session.transcript
