@@ -1,0 +1,177 @@
+"""Long-session benchmark (``speechstream bench``): is memory and per-chunk latency flat over time?
+
+A long synthetic stream is built deterministically from the real clips in ``samples/``:
+the clips in name order, each followed by a pause of low seeded noise (lengths cycling
+through ``PAUSES_S``), repeated to the requested length. It is fed to one session in
+``chunk_ms`` chunks as fast as possible. Per window of audio the benchmark reports the
+resident memory (VmRSS), the median and 95th percentile compute time of one chunk's
+``feed``, the LLM cache length and the segment count; the last line compares the last
+window with the first.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from speechstream.audio import SAMPLE_RATE
+from speechstream.errors import InputError
+
+SAMPLES_DIR = Path(__file__).resolve().parent.parent / "samples"
+PAUSES_S = (0.8, 1.5, 3.0)  # pauses between clips, cycled (each is long enough to end a VAD segment)
+NOISE = 1e-3  # amplitude of the pauses' noise (a quiet room, not digital silence)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Options of ``speechstream bench``."""
+
+    minutes: float = 30.0  # length of the synthetic stream
+    window_minutes: float = 5.0  # one report line per window of audio
+    chunk_ms: int = 640  # audio per feed
+    vad: bool = False  # VAD segments with cache resets
+    model: str = "tiny-random"  # model name or directory
+    device: str = "cpu"  # torch device
+    threads: int = 1  # torch CPU threads (1: steady figures on a shared machine)
+    seed: int = 0  # seed of the pauses' noise
+
+    def validate(self) -> "BenchConfig":
+        if not (np.isfinite(self.minutes) and self.minutes > 0):
+            raise InputError(f"--minutes must be positive, got {self.minutes}")
+        if not (np.isfinite(self.window_minutes) and 0 < self.window_minutes):
+            raise InputError(f"--window-minutes must be positive, got {self.window_minutes}")
+        from speechstream.chunker import chunk_samples
+
+        chunk_samples(self.chunk_ms)
+        return self
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """Figures of one window of audio."""
+
+    start_min: float  # window start (minutes of audio)
+    end_min: float  # window end
+    rss_mb: float  # resident memory at the window's end
+    median_ms: float  # median compute time of one chunk
+    p95_ms: float  # 95th percentile
+    llm_cache: int  # LLM cache slots at the window's end
+    max_llm_cache: int  # largest LLM cache seen in the window
+    segment: int  # VAD segment index at the window's end
+
+
+def load_clips(directory: Path = SAMPLES_DIR) -> list[np.ndarray]:
+    """The real clips (``*.wav``) in name order, as 16 kHz float32."""
+    from speechstream.audio import load_audio
+
+    paths = sorted(directory.glob("*.wav"))
+    if not paths:
+        raise InputError(f"{directory}: no .wav clips to build the stream from")
+    return [load_audio(str(path)) for path in paths]
+
+
+def synthetic_pieces(clips: list[np.ndarray], seed: int = 0) -> Iterator[np.ndarray]:
+    """Clip, pause, clip, pause, ... for ever (pauses: seeded low noise, lengths cycling through PAUSES_S)."""
+    rng = np.random.default_rng(seed)
+    i = 0
+    while True:
+        yield clips[i % len(clips)]
+        pause = int(PAUSES_S[i % len(PAUSES_S)] * SAMPLE_RATE)
+        yield (NOISE * rng.standard_normal(pause)).astype(np.float32)
+        i += 1
+
+
+def synthetic_chunks(clips: list[np.ndarray], total: int, size: int, seed: int = 0) -> Iterator[np.ndarray]:
+    """The first ``total`` samples of the synthetic stream in chunks of ``size`` (the last may be shorter)."""
+    buffer, made = np.zeros(0, np.float32), 0
+    for piece in synthetic_pieces(clips, seed):
+        buffer = np.concatenate([buffer, piece])
+        while buffer.size >= size and made < total:
+            take = min(size, total - made)
+            yield buffer[:take]
+            buffer, made = buffer[take:], made + take
+        if made >= total:
+            return
+
+
+def rss_mb() -> float:
+    """Resident memory of this process (VmRSS from /proc/self/status; ru_maxrss elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def window_stats(start_min: float, end_min: float, latencies_s: list[float], caches: list[int], segment: int) -> WindowStats:
+    """Summarise one window (pure, apart from reading the memory)."""
+    ms = np.asarray(latencies_s) * 1000
+    return WindowStats(start_min, end_min, rss_mb(), float(np.median(ms)), float(np.percentile(ms, 95)),
+                       caches[-1], max(caches), segment)
+
+
+def format_header() -> str:
+    return f"{'minutes':>11} {'RSS MB':>8} {'median ms':>10} {'p95 ms':>8} {'LLM cache':>10} {'max cache':>10} {'segment':>8}"
+
+
+def format_window(w: WindowStats) -> str:
+    return (f"{w.start_min:5.1f}-{w.end_min:5.1f} {w.rss_mb:8.1f} {w.median_ms:10.1f} {w.p95_ms:8.1f} "
+            f"{w.llm_cache:10d} {w.max_llm_cache:10d} {w.segment:8d}")
+
+
+def format_ratios(windows: list[WindowStats]) -> str:
+    first, last = windows[0], windows[-1]
+    return (f"last/first window: RSS {last.rss_mb / first.rss_mb:.2f}x, "
+            f"median latency {last.median_ms / first.median_ms:.2f}x")
+
+
+def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
+    """Run the benchmark, emitting the report line by line; return the window figures."""
+    import torch
+
+    from speechstream.chunker import chunk_samples
+    from speechstream.config import DecodingConfig
+    from speechstream.model import load_model
+    from speechstream.session import StreamingSession
+
+    torch.set_num_threads(config.threads)
+    model = load_model(config.model, config.device)
+    decoding = DecodingConfig(chunk_ms=config.chunk_ms, vad=config.vad, device=config.device)
+    session = StreamingSession(model, decoding, partials=False)
+    size = chunk_samples(config.chunk_ms)
+    total = int(round(config.minutes * 60 * SAMPLE_RATE))
+    window = max(size, int(round(config.window_minutes * 60 * SAMPLE_RATE)))  # samples per window
+    emit(f"speechstream bench: model {config.model}, {config.minutes:g} min of audio in {config.chunk_ms} ms chunks, "
+         f"VAD {'on' if config.vad else 'off'}, {config.threads} thread(s)")
+    emit(format_header())
+    windows: list[WindowStats] = []
+    latencies: list[float] = []
+    caches: list[int] = []
+    fed = 0
+    started = time.perf_counter()
+    for chunk in synthetic_chunks(load_clips(), total, size, config.seed):
+        start = time.perf_counter()
+        session.feed(chunk)
+        latencies.append(time.perf_counter() - start)
+        caches.append(session.llm_cache_length or 0)
+        fed += chunk.size
+        if fed >= (len(windows) + 1) * window or fed >= total:
+            end_min = fed / SAMPLE_RATE / 60
+            start_min = windows[-1].end_min if windows else 0.0
+            windows.append(window_stats(start_min, end_min, latencies, caches, session.segment))
+            emit(format_window(windows[-1]))
+            latencies, caches = [], []
+    session.finish()
+    wall = time.perf_counter() - started
+    emit(format_ratios(windows))
+    emit(f"compute {wall:.0f} s for {total / SAMPLE_RATE:.0f} s of audio (RTF {wall / (total / SAMPLE_RATE):.3f}); "
+         f"{session.segment + 1} segment(s); transcript {len(session.transcript)} characters")
+    return windows
