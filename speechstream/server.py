@@ -1,0 +1,577 @@
+"""``speechstream serve``: live transcription over WebSockets, every stream decoded in one dynamic batch.
+
+Protocol (``GET /ws``): the client sends a text frame ``{"type": "start", "sample_rate": 16000,
+"task": "asr"}`` (optional ``model``, ``source_lang``, ``target_lang``, ``chunk_ms``), then binary
+frames of little-endian int16 mono PCM at that rate, then ``{"type": "end"}``. The server sends the
+events of ``transcribe --format jsonl`` (``final``, ``partial``, and last ``end``); a protocol error
+gets ``{"type": "error", "message": ...}`` and a close. ``GET /`` is the live page, ``GET /health``
+a JSON status.
+
+Threads: the asyncio loop only moves bytes. One decode worker thread owns every torch object:
+it resamples and feeds each stream's audio into its ``StreamingSession`` (front end), and steps
+the LLM for all streams together in a ``batch.DynamicBatch``, which streams join when they start
+and leave when they end or disconnect. Each stream has a bounded input queue: the reader takes a
+credit before reading the next frame from the socket and the worker gives it back when it has
+consumed the frame, so a stream that outpaces the decoder stops being read (TCP backpressure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from speechstream.errors import InputError
+
+WEB_DIR = Path(__file__).resolve().parent / "web"  # the live page (package data)
+STATIC_FILES = {"capture-worklet.js": "text/javascript", "app.js": "text/javascript"}  # served next to the page
+START_FIELDS = ("type", "sample_rate", "task", "model", "source_lang", "target_lang", "chunk_ms")
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192000
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where the server listens and the limits every stream is held to (one field per ``serve`` flag)."""
+
+    host: str = "127.0.0.1"  # localhost only unless asked otherwise
+    port: int = 8765  # 0: any free port
+    max_sessions: int = 8  # concurrent WebSocket streams; one more gets an error event and a close
+    max_frame_bytes: int = 256 * 1024  # largest binary frame (about 8 s of 16 kHz int16)
+    max_session_s: float = 3600.0  # seconds of audio one stream may send
+    queue_frames: int = 64  # frames queued per stream before the server stops reading its socket
+    start_timeout_s: float = 10.0  # time a client has to send its start message
+    record_dir: str | None = None  # debug: write each stream's received audio (16 kHz WAV) and sent events here
+
+    def validate(self) -> "ServerConfig":
+        """Raise ``InputError`` on values no server could run with."""
+        if not 0 <= self.port <= 65535:
+            raise InputError(f"--port must be between 0 and 65535, got {self.port}")
+        for name in ("max_sessions", "max_frame_bytes", "queue_frames"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.max_frame_bytes % 2:
+            raise InputError("--max-frame-bytes must be even (int16 samples)")
+        for name in ("max_session_s", "start_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        return self
+
+
+class ProtocolError(Exception):
+    """A client broke the protocol: it gets an error event and a close."""
+
+
+@dataclass
+class StreamStart:
+    """A validated start message."""
+
+    sample_rate: int
+    task: str
+    chunk_ms: int | None
+    source_lang: str | None
+    target_lang: str | None
+
+
+def parse_start(text: str, served_model: str, served_task: str) -> StreamStart:
+    """Check the first text frame of a stream; raise ``ProtocolError`` with the reason."""
+    from speechstream.chunker import chunk_samples
+
+    try:
+        message = json.loads(text)
+    except ValueError:
+        raise ProtocolError("the first message must be a JSON start message") from None
+    if not isinstance(message, dict) or message.get("type") != "start":
+        raise ProtocolError('the first message must be {"type": "start", "sample_rate": ..., "task": ...}')
+    unknown = sorted(set(message) - set(START_FIELDS))
+    if unknown:
+        raise ProtocolError(f"unknown start field {unknown[0]!r}")
+    rate = message.get("sample_rate")
+    if not isinstance(rate, int) or isinstance(rate, bool) or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise ProtocolError(f"sample_rate must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}")
+    task = message.get("task", "asr")
+    if task != served_task:
+        raise ProtocolError(f"this server serves task {served_task!r}, not {task!r}")
+    model = message.get("model")
+    if model is not None and model != served_model:
+        raise ProtocolError(f"this server serves model {served_model!r}, not {model!r}")
+    for name in ("source_lang", "target_lang"):
+        value = message.get(name)
+        if value is not None and (not isinstance(value, str) or not 1 <= len(value) <= 16):
+            raise ProtocolError(f"{name} must be a short language code")
+    chunk_ms = message.get("chunk_ms")
+    if chunk_ms is not None:
+        if not isinstance(chunk_ms, int) or isinstance(chunk_ms, bool):
+            raise ProtocolError("chunk_ms must be an integer")
+        try:
+            chunk_samples(chunk_ms)
+        except InputError as error:
+            raise ProtocolError(str(error)) from None
+    return StreamStart(rate, task, chunk_ms, message.get("source_lang"), message.get("target_lang"))
+
+
+_END = object()  # inbox item: the client sent {"type": "end"}
+_NO_SAMPLES = np.zeros(0, dtype=np.float32)
+
+
+@dataclass(eq=False)
+class Stream:
+    """One WebSocket stream, shared by its connection (asyncio side) and the decode worker."""
+
+    id: int
+    start: StreamStart
+    loop: asyncio.AbstractEventLoop
+    credits: asyncio.Semaphore  # free places in the input queue (asyncio side)
+    outbox: asyncio.Queue  # Events and ("error", message) items for the client
+    inbox: deque = field(default_factory=deque)  # int16 frames (bytes) and _END, for the worker
+    cancelled: bool = False  # the client is gone or broke the protocol: drop the stream
+    samples_in: int = 0  # samples received (at the client's rate)
+
+    def deliver(self, item: Any) -> None:
+        """From the worker thread: hand an event or error to the connection."""
+        self.loop.call_soon_threadsafe(self.outbox.put_nowait, item)
+
+
+@dataclass(eq=False)
+class _Live:
+    """Worker-side state of a stream in the batch."""
+
+    stream: Stream
+    session: Any  # StreamingSession
+    resampler: Any  # audio.StreamResampler
+    ending: bool = False
+    dirty: bool = False  # served since its last partial
+    llm_s: float = 0.0  # its share of the batched LLM time
+    recorded: list = field(default_factory=list)  # 16 kHz samples fed (record_dir only)
+
+
+class DecodeWorker:
+    """The one thread that runs torch: front ends of all streams and their batched LLM steps."""
+
+    def __init__(self, model, decoding, choose: Callable | None = None, record_dir: str | None = None):
+        from speechstream.batch import DynamicBatch
+
+        self.model = model
+        self.decoding = decoding
+        self.choose = choose  # model -> TokenChooser (tests); None: the session's greedy default
+        self.record_dir = Path(record_dir) if record_dir else None
+        self.batch = DynamicBatch(model)
+        self._joining: deque[Stream] = deque()
+        self._live: list[_Live] = []
+        self._wake = threading.Event()
+        self._stop = False
+        self.error: BaseException | None = None  # set if the thread died
+        self.frames = 0  # frames consumed
+        self.thread = threading.Thread(target=self._run, name="speechstream-decode", daemon=True)
+
+    # -- from the asyncio side -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self.thread.join(timeout=30)
+
+    def submit(self, stream: Stream) -> None:
+        self._joining.append(stream)
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and self.error is None
+
+    # -- the thread ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        import torch
+
+        try:
+            with torch.no_grad():
+                while not self._stop:
+                    self._wake.clear()
+                    busy = self._take_inputs()
+                    busy |= self._step()
+                    if not busy:
+                        self._wake.wait(timeout=1.0)
+        except BaseException as error:  # noqa: BLE001 - reported through /health and to every stream
+            self.error = error
+            for live in self._live:
+                live.stream.deliver(("error", f"decoder failure: {type(error).__name__}: {error}"))
+            raise
+
+    def _take_inputs(self) -> bool:
+        """Join new streams, drop cancelled ones, feed queued audio; True if anything happened."""
+        from speechstream.audio import StreamResampler, int16_to_float
+        from speechstream.session import StreamingSession
+
+        busy = False
+        while self._joining:
+            stream = self._joining.popleft()
+            if stream.cancelled:
+                continue
+            decoding = self.decoding
+            if stream.start.chunk_ms is not None:
+                decoding = dataclasses.replace(decoding, chunk_ms=stream.start.chunk_ms)
+            choose = self.choose(self.model) if self.choose else None
+            session = StreamingSession(self.model, decoding, choose=choose, own_llm=False)
+            self._live.append(_Live(stream, session, StreamResampler(stream.start.sample_rate)))
+            self.batch.join(session)
+            busy = True
+        for live in list(self._live):
+            stream = live.stream
+            if stream.cancelled:
+                self._drop(live)
+                busy = True
+                continue
+            while stream.inbox and not live.ending:
+                item = stream.inbox.popleft()
+                self.frames += 1
+                stream.loop.call_soon_threadsafe(stream.credits.release)
+                busy = True
+                try:
+                    if item is _END:
+                        self._feed(live, live.resampler.flush())
+                        live.session.end_audio()
+                        live.ending = True
+                    else:
+                        self._feed(live, live.resampler.push(int16_to_float(item)))
+                except Exception as error:  # noqa: BLE001 - this stream's failure ends this stream only
+                    message = str(error) if isinstance(error, InputError) else f"{type(error).__name__}: {error}"
+                    stream.deliver(("error", message))
+                    self._drop(live)
+                    break
+        return busy
+
+    def _feed(self, live: _Live, samples: np.ndarray) -> None:
+        if samples.size:
+            if self.record_dir is not None:
+                live.recorded.append(samples)
+            for event in live.session.feed(samples):  # front end only (the batch runs the LLM); events held
+                live.stream.deliver(event)  # by the session since the last call (the end of a VAD segment)
+            live.dirty = True
+
+    def _step(self) -> bool:
+        """One batched LLM step; partials for streams that now wait; close streams that are done."""
+        started = time.perf_counter()
+        sessions = list(self.batch.sessions)
+        served = self.batch.step()
+        served = served or {}
+        if served:
+            share = (time.perf_counter() - started) / len(served)
+        by_session = {id(live.session): live for live in self._live}
+        for b, session in enumerate(sessions):
+            live = by_session[id(session)]
+            if b in served:
+                live.llm_s += share
+                live.dirty = True
+                for event in served[b]:
+                    live.stream.deliver(event)
+            elif live.ending:
+                self._close(live)
+            elif live.dirty:  # it waits for audio: held events, then the uncommitted tail, as a solo session
+                live.dirty = False
+                for event in session.feed(_NO_SAMPLES) + session._partial():  # noqa: SLF001 - the driver plays
+                    live.stream.deliver(event)  # the session's own loop
+        return bool(served)
+
+    def _close(self, live: _Live) -> None:
+        events = live.session.close()
+        end = events[-1]
+        events[-1] = dataclasses.replace(end, compute_s=round((end.compute_s or 0.0) + live.llm_s, 6))
+        for event in events:
+            live.stream.deliver(event)
+        self._drop(live)
+
+    def _drop(self, live: _Live) -> None:
+        if live.session in self.batch:
+            self.batch.leave(live.session)
+        self._live.remove(live)
+        if self.record_dir is not None:
+            import soundfile
+
+            audio = np.concatenate(live.recorded) if live.recorded else np.zeros(0, dtype=np.float32)
+            self.record_dir.mkdir(parents=True, exist_ok=True)
+            soundfile.write(str(self.record_dir / f"stream-{live.stream.id:04d}.wav"), audio, 16000, subtype="FLOAT")
+
+
+class Server:
+    """The aiohttp application: the page, /health and /ws, around one ``DecodeWorker``."""
+
+    def __init__(self, model, model_name: str, decoding, config: ServerConfig = ServerConfig(), task: str = "asr",
+                 choose: Callable | None = None):
+        """``model`` is a loaded ``SpeechLLM``; ``choose`` (tests) maps the model to a token chooser."""
+        self.model = model
+        self.model_name = model_name
+        self.task = task
+        self.config = config.validate()
+        if getattr(decoding, "ablation", "none") != "none":
+            raise InputError("serve decodes with GPE only (ablation none)")
+        self.worker = DecodeWorker(model, decoding, choose, config.record_dir)
+        self.connections = 0
+        self.started_streams = 0
+        self._ids = itertools.count(1)
+
+    def app(self):
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_get("/", self._index)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ws", self._websocket)
+        for name in STATIC_FILES:
+            app.router.add_get(f"/{name}", self._static)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app) -> None:
+        self.worker.start()
+
+    async def _on_cleanup(self, app) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.worker.stop)
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+
+    async def _index(self, request):
+        from aiohttp import web
+
+        return web.FileResponse(WEB_DIR / "index.html", headers={"Content-Type": "text/html; charset=utf-8"})
+
+    async def _static(self, request):
+        from aiohttp import web
+
+        name = request.path.lstrip("/")
+        return web.FileResponse(WEB_DIR / name, headers={"Content-Type": STATIC_FILES[name]})
+
+    async def _health(self, request):
+        from aiohttp import web
+
+        ok = self.worker.alive
+        body = {
+            "status": "ok" if ok else "error",
+            "sessions": self.connections,
+            "max_sessions": self.config.max_sessions,
+            "model": self.model_name,
+            "task": self.task,
+            "batch": len(self.worker.batch),
+            "batch_width": self.worker.batch.width,
+            "llm_steps": self.worker.batch.steps,
+            "streams_started": self.started_streams,
+        }
+        return web.json_response(body, status=200 if ok else 503)
+
+    # -- WebSocket ------------------------------------------------------------------------------------
+
+    async def _websocket(self, request):
+        from aiohttp import web
+
+        ws = web.WebSocketResponse(max_msg_size=2 * self.config.max_frame_bytes + 4096)
+        await ws.prepare(request)
+        if self.connections >= self.config.max_sessions:
+            await self._refuse(ws, f"too many sessions (the server takes {self.config.max_sessions})")
+            return ws
+        if not self.worker.alive:
+            await self._refuse(ws, "the decoder has failed; see the server's log")
+            return ws
+        self.connections += 1
+        stream = None
+        try:
+            start = await self._receive_start(ws)
+            loop = asyncio.get_running_loop()
+            stream = Stream(next(self._ids), start, loop, asyncio.Semaphore(self.config.queue_frames), asyncio.Queue())
+            self.started_streams += 1
+            self.worker.submit(stream)
+            sender = asyncio.create_task(self._send(ws, stream))
+            reader = asyncio.create_task(self._read(ws, stream))
+            done, _ = await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done and (reader.exception() is not None or reader.result() == "gone"):
+                sender.cancel()
+            else:
+                await sender
+            await ws.close()
+            reader.cancel()
+            await asyncio.gather(reader, sender, return_exceptions=True)
+        except ProtocolError as error:
+            await self._refuse(ws, str(error))
+        finally:
+            if stream is not None:
+                stream.cancelled = True
+                self.worker.wake()
+            self.connections -= 1
+            if not ws.closed:
+                await ws.close()
+        return ws
+
+    async def _refuse(self, ws, message: str) -> None:
+        try:
+            await ws.send_str(json.dumps({"type": "error", "message": message}))
+        except (ConnectionError, RuntimeError):
+            pass
+        await ws.close()
+
+    async def _receive_start(self, ws) -> StreamStart:
+        from aiohttp import WSMsgType
+
+        try:
+            msg = await ws.receive(timeout=self.config.start_timeout_s)
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"no start message within {self.config.start_timeout_s:g} s") from None
+        if msg.type == WSMsgType.BINARY:
+            raise ProtocolError("audio before the start message")
+        if msg.type != WSMsgType.TEXT:
+            raise ProtocolError("the connection closed before the start message")
+        return parse_start(msg.data, self.model_name, self.task)
+
+    async def _read(self, ws, stream: Stream) -> str:
+        """Read the client's frames into the stream's queue until the socket closes ("gone") or the
+        client breaks the protocol ("error", queued for the client after the events before it)."""
+        from aiohttp import WSMsgType
+
+        limit = int(self.config.max_session_s * stream.start.sample_rate)
+        ended = False
+        while True:
+            await stream.credits.acquire()  # backpressure: no socket read while the queue is full
+            msg = await ws.receive()
+            if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+                return "gone"  # the client left (or the handler closed the socket after the end event)
+            problem = None
+            if ended:
+                problem = "nothing may follow the end message"
+            elif msg.type == WSMsgType.BINARY:
+                size = len(msg.data)
+                if size > self.config.max_frame_bytes:
+                    problem = f"audio frame of {size} bytes exceeds the limit of {self.config.max_frame_bytes}"
+                elif size % 2:
+                    problem = "audio frames must hold whole int16 samples (an even number of bytes)"
+                elif stream.samples_in + size // 2 > limit:
+                    problem = f"the stream exceeds the limit of {self.config.max_session_s:g} s of audio"
+                else:
+                    stream.samples_in += size // 2
+                    stream.inbox.append(bytes(msg.data))
+                    self.worker.wake()
+                    continue
+            elif msg.type == WSMsgType.TEXT:
+                try:
+                    message = json.loads(msg.data)
+                except ValueError:
+                    message = None
+                if isinstance(message, dict) and message.get("type") == "end":
+                    ended = True
+                    stream.inbox.append(_END)
+                    self.worker.wake()
+                    continue
+                problem = 'text messages after the start must be {"type": "end"}'
+            else:
+                problem = f"unexpected message type {msg.type!r}"
+            stream.cancelled = True
+            self.worker.wake()
+            stream.outbox.put_nowait(("error", problem))
+            return "error"
+
+    async def _send(self, ws, stream: Stream) -> None:
+        """Send the worker's events until the end event or an error."""
+        from speechstream.outputs import jsonl_line
+
+        log = None
+        if self.config.record_dir:
+            Path(self.config.record_dir).mkdir(parents=True, exist_ok=True)
+            log = open(Path(self.config.record_dir) / f"stream-{stream.id:04d}.jsonl", "w", encoding="utf-8")
+        try:
+            while True:
+                item = await stream.outbox.get()
+                if isinstance(item, tuple):
+                    line = json.dumps({"type": "error", "message": item[1]})
+                else:
+                    line = jsonl_line(item)
+                if log:
+                    log.write(line + "\n")
+                    log.flush()
+                try:
+                    await ws.send_str(line)
+                except (ConnectionError, RuntimeError):
+                    return
+                if isinstance(item, tuple) or item.type == "end":
+                    return
+        finally:
+            if log:
+                log.close()
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """Bind and listen before the slow model load, so a busy port fails at once (``InputError``)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise InputError(f"cannot resolve --host {host!r} ({error.strerror})") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as error:
+        sock.close()
+        raise InputError(f"cannot listen on {host}:{port} ({error.strerror or error})") from None
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[[str], None] | None = None) -> None:
+    """Run ``server`` on a listening socket until cancelled."""
+    from aiohttp import web
+
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.SockSite(runner, sock)
+    await site.start()
+    host, port = sock.getsockname()[:2]
+    if on_ready:
+        on_ready(f"http://{host}:{port}/")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> int:
+    """``speechstream serve``: check the options, listen, load the model, serve until interrupted."""
+    import sys
+
+    from speechstream.policy import make_policy
+
+    config.validate()
+    if getattr(decoding, "ablation", "none") != "none":
+        raise InputError("serve decodes with GPE only (--ablation none)")
+    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens,
+                decoding.max_repeats)
+    sock = listen_socket(config.host, config.port)  # a busy port fails here, before the model load
+    try:
+        from speechstream.model import load_model
+
+        model = load_model(model_name, decoding.device, int8=decoding.int8)
+        server = Server(model, model_name, decoding, config, task)
+
+        def ready(url: str) -> None:
+            print(f"speechstream: serving {url} (model {model_name}, up to {config.max_sessions} streams)",
+                  file=sys.stderr, flush=True)
+
+        asyncio.run(serve_forever(server, sock, ready))
+    except KeyboardInterrupt:
+        print("speechstream: stopped", file=sys.stderr)
+    finally:
+        sock.close()
+    return 0

@@ -1,0 +1,110 @@
+// speechstream capture worklet: microphone samples at the AudioContext's rate -> 16 kHz mono int16 frames.
+//
+// Downsampling is band-limited: each output sample is the input convolved with a Hann-windowed sinc
+// low-pass (cut-off just under 8 kHz) evaluated at the output instant, so any input rate works
+// (48000, 44100, ...). Frames of FRAME_SAMPLES int16 samples go to the page through the port; the
+// message "flush" sends what is left (zero-padded on the right) followed by {type: "flushed"}.
+
+const OUT_RATE = 16000;
+const FRAME_SAMPLES = 320; // 20 ms
+const ZERO_CROSSINGS = 16; // kernel half-width, in zero crossings of the sinc
+
+class CaptureProcessor extends AudioWorkletProcessor {
+  constructor() {
+    super();
+    this.step = sampleRate / OUT_RATE; // input samples per output sample
+    this.cutoff = Math.min(1, OUT_RATE / sampleRate) * 0.95; // low-pass, as a fraction of the input rate
+    this.half = this.step > 1 ? Math.ceil(ZERO_CROSSINGS / this.cutoff) : 0; // input samples each side
+    this.buffer = new Float32Array(16384);
+    this.base = 0; // absolute input index of buffer[0]
+    this.length = 0; // samples held in buffer
+    this.next = 0; // output samples emitted
+    this.frame = new Int16Array(FRAME_SAMPLES);
+    this.fill = 0;
+    this.samplesIn = 0;
+    this.stopped = false;
+    this.port.onmessage = (event) => {
+      if (event.data === "flush") this.flush();
+    };
+  }
+
+  kernel(d) {
+    const x = this.cutoff * d;
+    const sinc = x === 0 ? 1 : Math.sin(Math.PI * x) / (Math.PI * x);
+    const window = 0.5 + 0.5 * Math.cos((Math.PI * d) / (this.half + 1));
+    return this.cutoff * sinc * window;
+  }
+
+  append(samples) {
+    if (this.length + samples.length > this.buffer.length) {
+      const grown = new Float32Array(Math.max(this.buffer.length * 2, this.length + samples.length));
+      grown.set(this.buffer.subarray(0, this.length));
+      this.buffer = grown;
+    }
+    this.buffer.set(samples, this.length);
+    this.length += samples.length;
+    this.samplesIn += samples.length;
+  }
+
+  sampleAt(t) {
+    // one output sample at absolute input time t (the input is zero outside what was received)
+    if (this.half === 0) return this.buffer[Math.round(t) - this.base] || 0;
+    let sum = 0;
+    const lo = Math.ceil(t - this.half);
+    const hi = Math.floor(t + this.half);
+    for (let i = lo; i <= hi; i++) {
+      const j = i - this.base;
+      if (j >= 0 && j < this.length) sum += this.buffer[j] * this.kernel(t - i);
+    }
+    return sum;
+  }
+
+  emit(final) {
+    const end = this.base + this.length; // absolute index past the last input sample
+    while (true) {
+      const t = this.next * this.step;
+      if (final ? t >= end : t + this.half >= end) break;
+      const y = Math.max(-1, Math.min(1, this.sampleAt(t)));
+      this.frame[this.fill++] = y < 0 ? Math.round(y * 32768) : Math.round(y * 32767);
+      this.next++;
+      if (this.fill === FRAME_SAMPLES) this.send(FRAME_SAMPLES);
+    }
+    // drop input no future output sample needs
+    const keepFrom = Math.floor(this.next * this.step - this.half) - 1 - this.base;
+    if (keepFrom > 4096) {
+      this.buffer.copyWithin(0, keepFrom, this.length);
+      this.length -= keepFrom;
+      this.base += keepFrom;
+    }
+  }
+
+  send(n) {
+    const out = this.frame.slice(0, n);
+    this.port.postMessage(out.buffer, [out.buffer]);
+    this.fill = 0;
+  }
+
+  flush() {
+    if (this.stopped) return;
+    this.stopped = true; // nothing more is captured after the flush
+    this.emit(true);
+    if (this.fill > 0) this.send(this.fill);
+    this.port.postMessage({ type: "flushed", samplesIn: this.samplesIn, samplesOut: this.next });
+  }
+
+  process(inputs) {
+    const input = inputs[0];
+    if (!this.stopped && input && input.length > 0 && input[0].length > 0) {
+      let mono = input[0];
+      if (input.length > 1) {
+        mono = new Float32Array(input[0].length);
+        for (const channel of input) for (let i = 0; i < mono.length; i++) mono[i] += channel[i] / input.length;
+      }
+      this.append(mono);
+      this.emit(false);
+    }
+    return true;
+  }
+}
+
+registerProcessor("speechstream-capture", CaptureProcessor);

@@ -1,0 +1,439 @@
+"""``speechstream serve``: concurrent WebSocket streams decoded in one dynamic batch, each equal to its solo run."""
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+
+from speechstream.audio import int16_to_float, load_audio, resample
+from speechstream.cli import main
+from speechstream.config import DecodingConfig
+from speechstream.server import Server, ServerConfig, listen_socket, serve_forever
+from speechstream.session import StreamingSession
+from speechstream.verify import TOLERANCE
+from tests.conftest import text_favouring_chooser
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+FAST = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20)
+
+
+def to_pcm(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1, 1 - 1 / 32768) * 32768).round().astype("<i2").tobytes()
+
+
+def clips(seconds: float) -> list[np.ndarray]:
+    """Eight distinct signals from the shipped clips (crops of at most ``seconds``)."""
+    n = int(seconds * 16000)
+    jfk = load_audio(SAMPLES / "jfk.wav")
+    austen = {name: load_audio(SAMPLES / f"austen-{name}.wav") for name in ("0870", "0880", "0890", "0920", "0930")}
+    return [
+        jfk[:n], jfk[4 * 16000 : 4 * 16000 + n], austen["0870"][:n], austen["0880"][:n], austen["0890"][:n],
+        austen["0920"][:n], austen["0930"][:n], austen["0870"][int(3.5 * 16000) : int(3.5 * 16000) + n],
+    ]
+
+
+def solo(model, decoding, audio, choose=None) -> str:
+    """What a lone session writes for these 16 kHz samples."""
+    with torch.no_grad():
+        session = StreamingSession(model, decoding, choose=choose, partials=False)
+        session.feed(audio)
+        session.finish()
+    return session.transcript
+
+
+@contextlib.asynccontextmanager
+async def running(server: Server):
+    """Serve on a free localhost port for the duration of the block; yields the base URL."""
+    sock = listen_socket("127.0.0.1", 0)
+    urls = []
+    ready = asyncio.Event()
+    task = asyncio.create_task(serve_forever(server, sock, lambda url: (urls.append(url), ready.set())))
+    await ready.wait()
+    try:
+        yield urls[0]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        sock.close()
+
+
+async def stream(http, url, pcm: bytes, rate=16000, frame_bytes=3200, start=None) -> list[dict]:
+    """One client: start, the PCM in frames, end; returns every event received."""
+    async with http.ws_connect(url + "ws") as ws:
+        await ws.send_str(json.dumps({"type": "start", "sample_rate": rate, "task": "asr", **(start or {})}))
+        for i in range(0, len(pcm), frame_bytes):
+            await ws.send_bytes(pcm[i : i + frame_bytes])
+            await asyncio.sleep(0)
+        await ws.send_str(json.dumps({"type": "end"}))
+        return await receive_all(ws)
+
+
+async def receive_all(ws) -> list[dict]:
+    events = []
+    async for msg in ws:
+        if msg.type != aiohttp.WSMsgType.TEXT:
+            break
+        events.append(json.loads(msg.data))
+        if events[-1]["type"] in ("end", "error"):
+            break
+    return events
+
+
+def check_events(events: list[dict], audio_s: float) -> str:
+    """The jsonl contract: finals concatenate to the end text; returns that text."""
+    assert events and events[-1]["type"] == "end", events[-3:]
+    assert "".join(e["text"] for e in events if e["type"] == "final") == events[-1]["text"]
+    assert {e["type"] for e in events} <= {"final", "partial", "end"}
+    assert events[-1]["audio_s"] == pytest.approx(audio_s, abs=2e-3)
+    return events[-1]["text"]
+
+
+async def health(http, url) -> dict:
+    async with http.get(url + "health") as response:
+        assert response.status == 200
+        return await response.json()
+
+
+# -- fast: the tiny model -----------------------------------------------------------------------------
+
+
+class Recording:
+    """A chooser factory (``Server(choose=...)``): text-favouring greedy that records each stream's logits."""
+
+    def __init__(self):
+        self.streams: list[list[torch.Tensor]] = []
+
+    def __call__(self, model):
+        greedy, seen = text_favouring_chooser(model), []
+        self.streams.append(seen)
+
+        def choose(logits):
+            seen.append(logits.clone())
+            return greedy(logits)
+
+        return choose
+
+
+def test_eight_concurrent_streams_each_get_their_solo_transcript(tiny_model):
+    audios = clips(2.5)
+    rates = [16000, 44100, 16000, 8000, 16000, 48000, 16000, 22050]  # some clients send other rates
+    pcms = [to_pcm(resample(a, 16000, r)) for a, r in zip(audios, rates)]
+    alone = Recording()
+    expected = [solo(tiny_model, FAST, resample(int16_to_float(p), r, 16000), alone(tiny_model))
+                for p, r in zip(pcms, rates)]
+    together = Recording()
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=8), choose=together)
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            results = await asyncio.gather(*[
+                stream(http, url, p, r, frame_bytes=640 * (i + 1)) for i, (p, r) in enumerate(zip(pcms, rates))
+            ])
+            return results, await health(http, url)
+
+    results, after = asyncio.run(scenario())
+    for events, pcm, rate, text in zip(results, pcms, rates, expected):
+        assert check_events(events, len(pcm) / 2 / rate) == text
+    assert any(expected), "the chooser should write some text"
+    # the tiny model writes much the same text for every clip, so compare what it computed: every stream's
+    # logits match exactly one solo run's (the server joins streams in arrival order, hence the matching)
+    solo_logits = [torch.stack(seq) for seq in alone.streams]
+    for i, a in enumerate(solo_logits):  # the eight signals do give eight different logit sequences
+        for b in solo_logits[i + 1 :]:
+            assert a.shape != b.shape or (a - b).abs().max() > 1e-3
+    unmatched = list(range(len(solo_logits)))
+    for seq in together.streams:
+        seq = torch.stack(seq)
+        match = [j for j in unmatched if solo_logits[j].shape == seq.shape
+                 and (solo_logits[j] - seq).abs().max() < TOLERANCE]
+        assert len(match) == 1, "a stream's logits should equal those of exactly one solo run"
+        unmatched.remove(match[0])
+    assert after["status"] == "ok" and after["sessions"] == 0 and after["batch"] == 0
+    batch = server.worker.batch
+    assert batch.steps < batch.requests / 2  # streams really shared LLM calls
+
+
+KILLED_CLIENT = """
+import asyncio, json, sys, aiohttp
+async def main():
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(sys.argv[1] + "ws")
+        await ws.send_str(json.dumps({"type": "start", "sample_rate": 16000, "task": "asr"}))
+        for _ in range(40):
+            await ws.send_bytes(bytes(range(256)) * 25)
+        print("sent", flush=True)
+        await asyncio.sleep(600)
+asyncio.run(main())
+"""
+
+
+async def start_killed_client(url: str) -> subprocess.Popen:
+    """A client in its own process, killed with SIGKILL mid-stream: no close frame, no end message."""
+    process = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, url], stdout=subprocess.PIPE)
+    line = await asyncio.get_running_loop().run_in_executor(None, process.stdout.readline)
+    assert line.strip() == b"sent"
+    return process
+
+
+def test_a_client_killed_mid_stream_leaves_the_server_and_other_streams_intact(tiny_model):
+    choose = text_favouring_chooser
+    audios = clips(3.0)[:3]
+    pcms = [to_pcm(a) for a in audios]
+    expected = [solo(tiny_model, FAST, int16_to_float(p), choose(tiny_model)) for p in pcms]
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=4), choose=choose)
+
+    async def slow_stream(http, url, pcm, killed):
+        async with http.ws_connect(url + "ws") as ws:
+            await ws.send_str(json.dumps({"type": "start", "sample_rate": 16000, "task": "asr"}))
+            half = len(pcm) // 2 // 2 * 2
+            await ws.send_bytes(pcm[:half])
+            await killed.wait()  # the other client dies while this stream is in the batch
+            await ws.send_bytes(pcm[half:])
+            await ws.send_str(json.dumps({"type": "end"}))
+            return await receive_all(ws)
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            killed = asyncio.Event()
+            tasks = [asyncio.create_task(slow_stream(http, url, p, killed)) for p in pcms]
+            client = await start_killed_client(url)
+            during = await health(http, url)
+            client.send_signal(signal.SIGKILL)
+            client.wait()
+            killed.set()
+            results = await asyncio.gather(*tasks)
+            for _ in range(100):  # the server notices the reset connection
+                after = await health(http, url)
+                if after["sessions"] == 0 and after["batch"] == 0:
+                    break
+                await asyncio.sleep(0.1)
+            return during, results, after
+
+    during, results, after = asyncio.run(scenario())
+    assert during["sessions"] == 4
+    for events, pcm, text in zip(results, pcms, expected):
+        assert check_events(events, len(pcm) / 2 / 16000) == text
+    assert after["status"] == "ok" and after["sessions"] == 0 and after["batch"] == 0
+    assert after["batch_width"] == 0  # the dead stream's cache columns are gone
+    assert server.worker.error is None
+
+
+# -- protocol errors ------------------------------------------------------------------------------------
+
+
+async def expect_error(ws, contains: str) -> None:
+    msg = await ws.receive(timeout=30)
+    assert msg.type == aiohttp.WSMsgType.TEXT, msg
+    event = json.loads(msg.data)
+    assert event["type"] == "error" and contains in event["message"], event
+    closing = await ws.receive(timeout=30)
+    assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
+
+
+START = json.dumps({"type": "start", "sample_rate": 16000, "task": "asr"})
+
+
+@pytest.mark.parametrize(
+    "frames, contains",
+    [
+        (["hello"], "JSON start message"),
+        ([json.dumps({"type": "audio"})], '"type": "start"'),
+        ([json.dumps({"type": "start", "sample_rate": 1000})], "sample_rate"),
+        ([json.dumps({"type": "start", "sample_rate": "16000"})], "sample_rate"),
+        ([json.dumps({"type": "start", "sample_rate": 16000, "task": "translate"})], "serves task"),
+        ([json.dumps({"type": "start", "sample_rate": 16000, "model": "other"})], "serves model"),
+        ([json.dumps({"type": "start", "sample_rate": 16000, "chunk_ms": 5})], "chunk"),
+        ([json.dumps({"type": "start", "sample_rate": 16000, "volume": 3})], "unknown start field"),
+        ([b"\x00\x00" * 100], "audio before the start"),
+        ([START, b"\x00\x00\x00"], "even number of bytes"),
+        ([START, b"\x00\x00" * 5000], "exceeds the limit of 8000"),
+        ([START, json.dumps({"type": "pause"})], '{"type": "end"}'),
+        ([START, b"\x00\x00" * 2000, b"\x00\x00" * 2000, b"\x00\x00" * 2000], "limit of 0.3 s of audio"),
+        ([START, json.dumps({"type": "end"}), b"\x00\x00"], "nothing may follow"),
+    ],
+)
+def test_protocol_errors_get_an_error_event_and_a_close(tiny_model, frames, contains):
+    config = ServerConfig(max_frame_bytes=8000, max_session_s=0.3)
+    server = Server(tiny_model, "tiny-random", FAST, config, choose=text_favouring_chooser)
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            async with http.ws_connect(url + "ws") as ws:
+                for frame in frames:
+                    await (ws.send_bytes(frame) if isinstance(frame, bytes) else ws.send_str(frame))
+                if "nothing may follow" in contains:
+                    # a race by nature: the error, or (if the empty stream ended first) its end and the close
+                    events = await receive_all(ws)
+                    assert events[-1]["type"] in ("error", "end")
+                    if events[-1]["type"] == "error":
+                        assert contains in events[-1]["message"]
+                else:
+                    await expect_error(ws, contains)
+            for _ in range(50):
+                state = await health(http, url)
+                if state["sessions"] == 0 and state["batch"] == 0:
+                    return state
+                await asyncio.sleep(0.1)
+            return state
+
+    state = asyncio.run(scenario())
+    assert state["status"] == "ok" and state["sessions"] == 0 and state["batch"] == 0
+
+
+def test_one_session_too_many_gets_an_error_and_the_others_go_on(tiny_model):
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=2), choose=text_favouring_chooser)
+    pcm = to_pcm(clips(1.0)[0])
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            held = [await http.ws_connect(url + "ws") for _ in range(2)]
+            for ws in held:
+                await ws.send_str(START)
+            assert (await health(http, url))["sessions"] == 2
+            async with http.ws_connect(url + "ws") as extra:
+                await expect_error(extra, "too many sessions")
+            results = []
+            for ws in held:
+                await ws.send_bytes(pcm)
+                await ws.send_str(json.dumps({"type": "end"}))
+                results.append(await receive_all(ws))
+                await ws.close()
+            return results
+
+    for events in asyncio.run(scenario()):
+        check_events(events, len(pcm) / 2 / 16000)
+
+
+def test_a_full_queue_stops_reading_the_socket(tiny_model):
+    """Backpressure: while the decoder is stalled, a stream queues at most ``queue_frames`` frames."""
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(queue_frames=3), choose=text_favouring_chooser)
+    stall = threading.Event()
+    take_inputs = server.worker._take_inputs
+
+    def stalled_take_inputs():
+        stall.wait()
+        return take_inputs()
+
+    server.worker._take_inputs = stalled_take_inputs
+    pcm = to_pcm(clips(2.0)[1])
+    expected = solo(tiny_model, FAST, int16_to_float(pcm), text_favouring_chooser(tiny_model))
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            task = asyncio.create_task(stream(http, url, pcm, frame_bytes=640))
+            await asyncio.sleep(2.0)
+            queued = [len(live.inbox) for live in server.worker._joining]
+            stall.set()
+            return queued, await task
+
+    queued, events = asyncio.run(scenario())
+    assert queued == [3]  # the reader stopped after 3 frames; the rest waited in the socket
+    assert check_events(events, len(pcm) / 2 / 16000) == expected
+
+
+def test_health_and_the_page(tiny_model):
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=3))
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            state = await health(http, url)
+            async with http.get(url) as page:
+                html = await page.text()
+                page_type = page.headers["Content-Type"]
+            async with http.get(url + "capture-worklet.js") as worklet:
+                js = await worklet.text()
+            async with http.get(url + "app.js") as app:
+                app_js = await app.text()
+            return state, html, page_type, js, app_js
+
+    state, html, page_type, js, app_js = asyncio.run(scenario())
+    assert state == {**state, "status": "ok", "sessions": 0, "max_sessions": 3, "model": "tiny-random"}
+    assert page_type.startswith("text/html") and 'id="toggle"' in html and "app.js" in html
+    assert "registerProcessor" in js and "new WebSocket" in app_js and "capture-worklet.js" in app_js
+
+
+# -- command line ---------------------------------------------------------------------------------------
+
+
+def test_bad_serve_options_give_one_error_line_and_exit_2(capsys):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        for argv, contains in (
+            (["serve", "--port", str(port)], "cannot listen on 127.0.0.1"),
+            (["serve", "--max-sessions", "0"], "--max-sessions must be at least 1"),
+            (["serve", "--max-sessions", "many"], "invalid int value"),
+            (["serve", "--port", "70000"], "--port must be between 0 and 65535"),
+            (["serve", "--max-frame-bytes", "3"], "even"),
+            (["serve", "--chunk-ms", "3"], "chunk"),
+        ):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith("speechstream: error:") and contains in err[0], (argv, err)
+    finally:
+        busy.close()
+
+
+# -- the real model ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def english_model():
+    from speechstream.model import load_model
+
+    try:
+        return load_model("smollm2-whisper-base")
+    except Exception as error:  # noqa: BLE001
+        pytest.skip(f"smollm2-whisper-base cannot be loaded here ({error}); run `make weights`")
+
+
+@pytest.mark.slow
+def test_eight_clients_with_the_english_model_get_their_solo_transcripts_despite_a_killed_one(english_model):
+    decoding = DecodingConfig()
+    audios = clips(2.5)
+    pcms = [to_pcm(a) for a in audios]
+    started = time.perf_counter()
+    expected = [solo(english_model, decoding, int16_to_float(p)) for p in pcms]
+    solo_s = time.perf_counter() - started
+    server = Server(english_model, "smollm2-whisper-base", decoding, ServerConfig(max_sessions=9))
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            begin = time.perf_counter()
+            tasks = [asyncio.create_task(stream(http, url, p, frame_bytes=3200)) for p in pcms]
+            client = await start_killed_client(url)
+            await asyncio.sleep(1.0)
+            client.send_signal(signal.SIGKILL)
+            client.wait()
+            results = await asyncio.gather(*tasks)
+            wall = time.perf_counter() - begin
+            for _ in range(100):
+                state = await health(http, url)
+                if state["sessions"] == 0:
+                    break
+                await asyncio.sleep(0.1)
+            return results, wall, state
+
+    results, wall, state = asyncio.run(scenario())
+    audio_s = sum(len(a) for a in audios) / 16000
+    print(f"\n8 clients, {audio_s:.1f} s of audio: batched wall {wall:.1f} s (RTF {wall / audio_s:.2f}), "
+          f"solo sessions one after another {solo_s:.1f} s (RTF {solo_s / audio_s:.2f}), "
+          f"{server.worker.batch.steps} batched LLM steps for {server.worker.batch.requests} stream requests")
+    for events, pcm, text in zip(results, pcms, expected):
+        assert check_events(events, len(pcm) / 2 / 16000) == text
+    assert len(set(expected)) == len(expected) and all(expected)
+    assert state["status"] == "ok" and state["sessions"] == 0 and state["batch"] == 0
