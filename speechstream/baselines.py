@@ -15,6 +15,15 @@ every system is measured by the same word delays, latency metrics and RTF.
   compute time. Whisper sees at most one 30 s window (its encoder's input length); longer audio is cut into
   ``ceil(duration / 30 s)`` equal windows, each transcribed on its own (no previous-text prompt) and the texts
   joined with a space, so a word straddling a cut may be garbled, lost or doubled.
+- ``whisper-la2``: the same Whisper models re-run over a growing audio buffer with LocalAgreement-2, as
+  ufal/whisper_streaming does (`speechstream.local_agreement`): every ``--chunk-ms`` of new audio (whisper_streaming's
+  ``min_chunk``; it defaults to 1 s, so ``--chunk-ms 1000`` matches it) the buffer since its last trim point is
+  transcribed with segment and token timestamps (cross-attention DTW over the alignment heads), the committed text
+  before the buffer as the prompt; words two consecutive hypotheses agree on are committed as one "final" event
+  whose ``source_s`` is the audio read so far and ``wall_s`` the compute clock; the last hypothesis is committed
+  when the audio ends. The buffer is trimmed at the end of a committed sentence or segment once it is longer than
+  ``LA2_TRIM_S``, and at the last committed word before it would outgrow Whisper's window. Each run re-encodes
+  the whole buffer (padded to 30 s, as Whisper requires), so compute grows with the chunk rate.
 
 This module is light to import (torch and transformers load when a system is built): ``eval``'s usage checks
 run before them.
@@ -36,19 +45,26 @@ if TYPE_CHECKING:
     from speechstream.session import Event
 
 # Systems `--baseline` can name. Only systems that really exist are listed; add a name together with its class.
-BASELINES = ("gpe", "whisper-offline")
+BASELINES = ("gpe", "whisper-offline", "whisper-la2")
 # The model each baseline other than gpe runs when none is given (`--baseline-model`).
-DEFAULT_BASELINE_MODELS = {"whisper-offline": "whisper-base"}
+DEFAULT_BASELINE_MODELS = {"whisper-offline": "whisper-base", "whisper-la2": "whisper-base"}
 # Tasks each baseline can do (gpe: every task the eval driver knows).
-BASELINE_TASKS = {"gpe": ("asr", "translate"), "whisper-offline": ("asr",)}
+BASELINE_TASKS = {"gpe": ("asr", "translate"), "whisper-offline": ("asr",), "whisper-la2": ("asr",)}
 WHISPER_LANGUAGE = "en"  # language of the speech, given to multilingual Whisper models (no language detection)
+# whisper-la2: trim the buffer at a committed sentence or segment end once it is longer than this (s);
+# whisper_streaming's default buffer_trimming_sec
+LA2_TRIM_S = 15.0
 
 
 class System:
     """One evaluated system: audio file in, the events of its transcript out."""
 
-    def decode(self, audio_path: str) -> list[Event]:
+    last_stats: dict | None = None  # extra numbers about the last decode, logged with its record (gpe: LLM tokens)
+
+    def decode(self, audio_path: str, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:
         """Transcribe one audio file: "final" events (their texts concatenate to the transcript), then "end".
+
+        ``offset_s`` and ``duration_s`` (seconds) take only that time range of the file (None: to its end).
 
         The "end" event carries ``audio_s`` (duration) and ``compute_s`` (processing seconds); each event's
         ``source_s`` is the audio (s) read when it was emitted and ``wall_s`` the seconds since processing began.
@@ -66,10 +82,17 @@ class StreamingSystem(System):
         self.model = load_model(model_name, decoding.device, int8=decoding.int8)
         self.decoding = decoding
 
-    def decode(self, audio_path: str) -> list[Event]:
+    def decode(self, audio_path: str, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:
         from speechstream.session import transcribe_file
 
-        return transcribe_file(self.model, self.decoding, audio_path, lambda event: None, partials=False)
+        decoder = self.model.decoder
+        fed, reencoded = decoder.fed_total, decoder.reencoded_total
+        events = transcribe_file(self.model, self.decoding, audio_path, lambda event: None, partials=False,
+                                 offset_s=offset_s, duration_s=duration_s)
+        # LLM work of this utterance: tokens fed, and the extra ones ablation "reencode" fed again
+        self.last_stats = {"llm_tokens": decoder.fed_total - fed,
+                           "llm_reencoded_tokens": decoder.reencoded_total - reencoded}
+        return events
 
 
 class WhisperOffline(System):
@@ -100,13 +123,13 @@ class WhisperOffline(System):
         if getattr(self.model.generation_config, "is_multilingual", False):
             self.generate_options |= {"language": WHISPER_LANGUAGE, "task": "transcribe"}
 
-    def decode(self, audio_path: str) -> list[Event]:
+    def decode(self, audio_path: str, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:
         import torch
 
         from speechstream.audio import SAMPLE_RATE, load_audio
         from speechstream.session import Event
 
-        audio = load_audio(audio_path)  # (T,) float32 at 16 kHz
+        audio = load_audio(audio_path, offset_s, duration_s)  # (T,) float32 at 16 kHz
         started = time.perf_counter()
         texts = []
         with torch.no_grad(), _quiet_transformers():
@@ -122,6 +145,129 @@ class WhisperOffline(System):
         events = [Event("final", text, source_s, wall_s)] if text else []
         return events + [Event("end", text, source_s, wall_s, audio_s=round(audio_s, 6),
                                compute_s=round(compute_s, 6))]
+
+
+class WhisperLocalAgreement(WhisperOffline):
+    """Whisper re-run over a growing buffer every chunk; LocalAgreement-2 commits what two runs agree on."""
+
+    def __init__(self, model_name: str, device: str = "cpu", chunk_ms: int = 1000, trim_s: float = LA2_TRIM_S):
+        from speechstream.chunker import chunk_samples
+
+        super().__init__(model_name, device)
+        self.chunk_samples = chunk_samples(chunk_ms)
+        if self.chunk_samples >= self.window_samples:
+            raise InputError(f"whisper-la2: a chunk of {chunk_ms} ms does not fit twice in the model's window")
+        self.trim_s = trim_s
+        generation = self.model.generation_config
+        if not getattr(generation, "alignment_heads", None):
+            raise InputError(f"{model_name}: its generation config has no alignment_heads (needed for word times)")
+        self.end_of_text = generation.eos_token_id
+        self.timestamp_begin = generation.no_timestamps_token_id + 1
+        self.generate_options |= {"return_timestamps": True, "return_token_timestamps": True}
+
+    def decode(self, audio_path: str, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:
+        from speechstream.audio import SAMPLE_RATE, load_audio
+        from speechstream.local_agreement import LocalAgreement, forced_trim_point, prompt_text, trim_point
+        from speechstream.session import Event
+
+        audio = load_audio(audio_path, offset_s, duration_s)
+        started = time.perf_counter()
+        agreement = LocalAgreement()
+        events: list[Event] = []
+
+        def emit(words, read: int) -> None:
+            if words:
+                text = (" " if events else "") + " ".join(word.text for word in words)
+                events.append(Event("final", text, round(read / SAMPLE_RATE, 3),
+                                    round(time.perf_counter() - started, 3)))
+
+        buffer_start = read = 0  # samples
+        while read < len(audio):
+            read = min(read + self.chunk_samples, len(audio))
+            start_s, end_s = buffer_start / SAMPLE_RATE, read / SAMPLE_RATE
+            hypothesis = self.transcribe(audio[buffer_start:read], start_s,
+                                         prompt_text(agreement.committed, start_s))
+            words = agreement.insert(hypothesis)
+            if read == len(audio):
+                words += agreement.flush()
+            emit(words, read)
+            cut = trim_point(agreement.committed, start_s, end_s, self.trim_s)
+            if cut is None and read + self.chunk_samples - buffer_start > self.window_samples:
+                cut = forced_trim_point(agreement.committed, start_s, end_s)
+                if cut is None:  # a window without a committed word: commit what the last run heard, cut there
+                    emit(agreement.flush(), read)
+                    cut = forced_trim_point(agreement.committed, start_s, end_s) or end_s
+            if cut is not None:
+                buffer_start = max(buffer_start, min(read, round(cut * SAMPLE_RATE)))
+
+        text = "".join(event.text for event in events)
+        compute_s = time.perf_counter() - started
+        audio_s = len(audio) / SAMPLE_RATE
+        return events + [Event("end", text, round(audio_s, 3), round(compute_s, 3), audio_s=round(audio_s, 6),
+                               compute_s=round(compute_s, 6))]
+
+    def transcribe(self, samples: np.ndarray, offset_s: float, prompt: str) -> list:
+        """One Whisper run over the buffer ``samples`` (starting at ``offset_s``): its words with stream times."""
+        import torch
+
+        from speechstream.audio import SAMPLE_RATE
+
+        features = self.features(samples, sampling_rate=SAMPLE_RATE, max_length=self.window_samples,
+                                 return_tensors="pt", return_attention_mask=True)
+        options = dict(self.generate_options)
+        if prompt:
+            options["prompt_ids"] = torch.tensor(self.tokenizer.get_prompt_ids(" " + prompt), device=self.device)
+        with torch.no_grad(), _quiet_transformers():
+            output = self.model.generate(features.input_features.to(self.device, self.model.dtype),
+                                         attention_mask=features.attention_mask.to(self.device), **options)
+        tokens = output["sequences"][0].tolist()
+        times = output["token_timestamps"][0].tolist()
+        if len(times) != len(tokens):
+            raise RuntimeError(f"Whisper gave {len(times)} token times for {len(tokens)} tokens")
+        pieces = self.tokenizer.convert_ids_to_tokens(tokens)
+        return hypothesis_words(tokens, times, pieces, self.tokenizer.decode, offset_s,
+                                offset_s + len(samples) / SAMPLE_RATE, self.end_of_text, self.timestamp_begin)
+
+
+def hypothesis_words(tokens: list[int], times: list[float], pieces: list[str], decode, offset_s: float,
+                     end_s: float, end_of_text: int, timestamp_begin: int) -> list:
+    """Whisper's output tokens -> `speechstream.local_agreement.Word` list with stream times.
+
+    ``times``: each token's time (s) in the window (transformers' ``token_timestamps``); ``pieces``: the tokens'
+    byte-level strings (a word starts at a piece beginning with a space, "Ġ", or after a timestamp token);
+    ``decode``: token ids -> text. Tokens from ``end_of_text`` up that are not timestamps are skipped. A word
+    starts at its first token's time and ends at the next token's time; a timestamp token right after a word
+    closes a segment, and the word ends at that timestamp's value. Times are clamped to [offset_s, end_s].
+    """
+    from speechstream.audio import ENCODER_FRAME_MS
+    from speechstream.local_agreement import Word
+
+    def clamp(value: float) -> float:
+        return round(min(max(offset_s + value, offset_s), end_s), 3)
+
+    groups: list[dict] = []  # {"ids", "start", "end", "segment_end"}
+    after_timestamp = True
+    for index, (token, piece) in enumerate(zip(tokens, pieces)):
+        if token >= timestamp_begin:
+            if groups and not after_timestamp:
+                groups[-1]["segment_end"] = True
+                groups[-1]["end"] = (token - timestamp_begin) * ENCODER_FRAME_MS / 1000
+            after_timestamp = True
+            continue
+        if token >= end_of_text:
+            continue
+        if after_timestamp or not groups or (piece or "").startswith("Ġ"):
+            groups.append({"ids": [], "start": times[index], "end": times[index], "segment_end": False})
+        groups[-1]["ids"].append(token)
+        groups[-1]["end"] = times[index + 1] if index + 1 < len(times) else times[index]
+        after_timestamp = False
+    words = []
+    for group in groups:
+        text = decode(group["ids"]).strip()
+        if text:
+            start = clamp(group["start"])
+            words.append(Word(text, start, max(start, clamp(group["end"])), group["segment_end"]))
+    return words
 
 
 def split_windows(samples: np.ndarray, max_samples: int) -> list[np.ndarray]:
@@ -151,6 +297,9 @@ def system_options(baseline: str, decoding: DecodingConfig) -> dict:
 
     if baseline == "gpe":
         return dataclasses.asdict(decoding)
+    if baseline == "whisper-la2":
+        return {"device": decoding.device, "search": "greedy", "language": WHISPER_LANGUAGE, "timestamps": True,
+                "policy": "local-agreement-2", "min_chunk_ms": decoding.chunk_ms, "trim_s": LA2_TRIM_S}
     return {"device": decoding.device, "search": "greedy", "language": WHISPER_LANGUAGE, "timestamps": False}
 
 
@@ -160,6 +309,8 @@ def load_system(baseline: str, model_name: str, decoding: DecodingConfig) -> Sys
         return StreamingSystem(model_name, decoding)
     if baseline == "whisper-offline":
         return WhisperOffline(model_name, decoding.device)
+    if baseline == "whisper-la2":
+        return WhisperLocalAgreement(model_name, decoding.device, decoding.chunk_ms)
     raise InputError(f"unknown baseline {baseline!r} (known: {', '.join(BASELINES)})")
 
 

@@ -12,7 +12,9 @@ same way. What lands in the output folder:
   recomputed from the log alone. Each line is flushed and fsynced when its utterance finishes: a killed run
   loses at most the utterance in progress, and a rerun skips the ids already logged.
 - ``scores.json``: WER/CER (raw and normalised) or BLEU/chrF, every latency metric with its ``_CA`` twin
-  (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``.
+  (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``; for the gpe system also
+  ``LLM_tokens`` (tokens the LLM was fed) and ``LLM_reencoded_tokens`` (the extra ones ``--ablation reencode``
+  fed again), summed from the records' ``llm_tokens`` and ``llm_reencoded_tokens``.
 - ``summary.txt``: the same scores as a small table a person can read.
 
 Word delays: every word of the transcript gets the source position (ms of audio read) of the "final" event
@@ -23,6 +25,7 @@ event's wall-clock time since the stream started.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -48,6 +51,8 @@ RECORD_FIELDS = ("index", "id", "prediction", "reference", "delays", "elapsed", 
 # Rows of the quality table, in order, with the normaliser named once for the normalised ones.
 QUALITY_METRICS = ("WER", "CER", "WER_normalized", "CER_normalized", "BLEU", "chrF")
 NORMALIZER = "speechstream.eval.quality.normalize_english"
+# Optional record fields (LLM work of the gpe system) -> their sums in scores.json.
+LLM_WORK = {"llm_tokens": "LLM_tokens", "llm_reencoded_tokens": "LLM_reencoded_tokens"}
 
 
 def evaluate(
@@ -200,6 +205,9 @@ def score_instances(records: Sequence[dict], task: str) -> dict[str, float]:
         scores.update(scorer(predictions, references))
     scores.update(corpus_latency(records))
     scores["RTF"] = sum(record["compute_s"] for record in records) / sum(record["audio_s"] for record in records)
+    for field, name in LLM_WORK.items():
+        if all(field in record for record in records):
+            scores[name] = sum(record[field] for record in records)
     scores["num_instances"] = len(records)
     return scores
 
@@ -229,6 +237,10 @@ def summary_text(scores: dict[str, float], config: dict) -> str:
     if not any(name in scores for name in LATENCY_METRICS):
         lines.append("  (no utterance produced any words)")
     lines += ["", f"RTF {scores['RTF']:.3f} (compute seconds / audio seconds)"]
+    if "LLM_tokens" in scores:
+        extra = scores.get("LLM_reencoded_tokens", 0)
+        share = f" (+{100 * extra / scores['LLM_tokens']:.1f} %)" if scores["LLM_tokens"] else ""
+        lines.append(f"LLM tokens fed {scores['LLM_tokens']}, re-encoded in addition {extra}{share}")
     return "\n".join(lines) + "\n"
 
 
@@ -249,6 +261,9 @@ def _check_or_write_config(out_dir: Path, config: dict, resuming: bool) -> None:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise InputError(f"{path}: cannot read the previous run's options ({error})") from None
         old, new = _flatten(previous), _flatten(config)
+        if config["baseline"] == "gpe":  # a decoding option added since that run, at its default, changes nothing
+            defaults = _flatten({"decoding": dataclasses.asdict(DecodingConfig())})
+            old.update({key: value for key, value in defaults.items() if key not in old and new.get(key) == value})
         keys = sorted((old.keys() | new.keys()) - {"manifest"})
         changed = [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
         if changed:
@@ -331,10 +346,12 @@ def _decode(todo, references, log_path: Path, baseline: str, model_name: str, de
     ) as bar:
         for index, utterance in todo:
             try:
-                events = system.decode(str(utterance.audio))
+                events = system.decode(str(utterance.audio), offset_s=utterance.offset or 0.0,
+                                       duration_s=utterance.duration)
             except InputError as error:
                 raise InputError(f'utterance "{utterance.id}": {error}') from None
             record = instance_record(index, utterance.id, references[index], events)
+            record.update(getattr(system, "last_stats", None) or {})  # gpe: its LLM work
             log.write(json.dumps(record, ensure_ascii=False) + "\n")
             log.flush()
             os.fsync(log.fileno())

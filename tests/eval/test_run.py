@@ -32,7 +32,8 @@ from speechstream.session import Event
 ROOT = Path(__file__).resolve().parents[2]
 # Short tail after the end of the audio: the word chooser never ends the transcript by itself.
 DECODING = DecodingConfig(max_tail_tokens=24)
-FIELDS = ("index", "id", "prediction", "reference", "delays", "elapsed", "source_length", "audio_s", "compute_s")
+FIELDS = ("index", "id", "prediction", "reference", "delays", "elapsed", "source_length", "audio_s", "compute_s",
+          "llm_tokens", "llm_reencoded_tokens")  # the last two: the gpe system's LLM work
 # Keys that depend on wall-clock time; everything else in scores.json must survive a resume unchanged.
 TIMING_KEYS = ("RTF",)
 TIMING_FIELDS = ("elapsed", "compute_s")
@@ -299,7 +300,8 @@ def test_cli_rejects_unknown_baselines(tmp_path, capsys):
     manifest = write_manifest(tmp_path / "data", [1.0])
     assert main(["eval", str(manifest), "--out", str(tmp_path / "out"), "--baseline", "whisper-streaming"]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("speechstream: error: unknown baseline 'whisper-streaming' (known: gpe, whisper-offline)")
+    assert error.startswith(
+        "speechstream: error: unknown baseline 'whisper-streaming' (known: gpe, whisper-offline, whisper-la2)")
     assert not (tmp_path / "out").exists()
 
 

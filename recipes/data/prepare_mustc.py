@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""MuST-C -> manifest of segments (offset/duration inside each talk's wav; text and translation).
+
+    python recipes/data/prepare_mustc.py /data/MUST-C --lang de --split tst-COMMON --out data/mustc-en-de-tst.jsonl
+
+ROOT holds en-<lang>/ (or is it): en-<lang>/data/<split>/txt/<split>.yaml, <split>.en, <split>.<lang> and wav/.
+`speechstream eval` reads only each segment's time range of its talk.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
+
+from speechstream.data.corpora import mustc_entries, recipe_parser, run_main, write_from_args  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = recipe_parser(__doc__)
+    command.add_argument("root", help="the MuST-C folder (holding en-<lang>/) or en-<lang>/ itself")
+    command.add_argument("--lang", required=True, help="target language, e.g. de")
+    command.add_argument("--split", default="tst-COMMON", help="train, dev, tst-COMMON, tst-HE (default: tst-COMMON)")
+    args = command.parse_args(argv)
+    write_from_args(mustc_entries(args.root, args.lang, args.split), args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

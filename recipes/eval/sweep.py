@@ -1,0 +1,434 @@
+"""The quality-latency sweep: GPE over chunk sizes and k, the decoding-time ablations, and the baselines.
+
+Every point is one ``speechstream eval MANIFEST --out OUT/<point>`` run, which resumes by itself: rerun this
+script after an interruption and finished points are skipped, a half-done point continues where it stopped.
+Afterwards the script reads every ``OUT/*/scores.json`` of this model and manifest and writes
+
+- ``REPORT_DIR/RESULTS.md``: tables (system / setting, quality, AL, LAAL, StartOffset, EndOffset, RTF), the model,
+  the data, the date and the exact command that produced it;
+- ``REPORT_DIR/quality_latency.png``: quality against AL, one curve per chunk size over k, the ablations and the
+  baselines as labelled points.
+
+Points (``--quick`` keeps fewer):
+
+- GPE, wait-k over chunks: k in {1, 2, 3, 4} x chunk_ms in {320, 640, 1280} (quick: k in {1, 2} x {640, 1280});
+- the ablations of ``--ablation`` (interleaved, source-sees-target, reencode) at 640 ms, k = 2;
+- baselines: ``whisper-offline`` and ``whisper-la2`` (each when ``speechstream.baselines.BASELINES`` has it),
+  with their default models.
+
+Usage (from the repository root; ``recipes/eval/run.sh`` passes its arguments here)::
+
+    .venv/bin/python recipes/eval/sweep.py [--model smollm2-whisper-base] [--manifest samples/manifest.jsonl]
+        [--out runs/sweep] [--quick] [--baselines auto|none|NAME,...] [--report-dir recipes] [--report-only]
+        [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: import the package from this checkout
+    sys.path.insert(0, str(ROOT))
+
+from speechstream.baselines import BASELINES  # noqa: E402 (light: no torch)
+from speechstream.config import ABLATIONS  # noqa: E402
+
+DEFAULT_MODEL = "smollm2-whisper-base"
+KS, CHUNKS = (1, 2, 3, 4), (320, 640, 1280)
+QUICK_KS, QUICK_CHUNKS = (1, 2), (640, 1280)
+ABLATION_CHUNK_MS, ABLATION_K = 640, 2
+SWEEP_BASELINES = ("whisper-offline", "whisper-la2")  # the baselines the sweep runs when the package has them
+RESULTS_FILE, PLOT_FILE = "RESULTS.md", "quality_latency.png"
+LATENCY_COLUMNS = ("AL", "LAAL", "StartOffset", "EndOffset")
+
+
+class SweepError(Exception):
+    """Bad input: reported as one ``sweep: error:`` line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise SweepError(message)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One evaluated system and setting: one output folder."""
+
+    name: str  # folder under --out
+    system: str  # "gpe" or a baseline name
+    chunk_ms: int | None = None  # gpe only
+    k: int | None = None  # gpe only
+    ablation: str = "none"  # gpe only
+
+    def eval_args(self, model: str, manifest: str, out: Path) -> list[str]:
+        """The ``speechstream eval`` arguments of this point."""
+        args = ["eval", manifest, "--out", str(out / self.name)]
+        if self.system == "gpe":
+            args += ["--model", model, "--chunk-ms", str(self.chunk_ms), "--k", str(self.k)]
+            if self.ablation != "none":
+                args += ["--ablation", self.ablation]
+        else:
+            args += ["--baseline", self.system]
+        return args
+
+
+def gpe_point(chunk_ms: int, k: int, ablation: str = "none") -> Point:
+    suffix = "" if ablation == "none" else f"-{ablation}"
+    return Point(f"gpe-c{chunk_ms}-k{k}{suffix}", "gpe", chunk_ms, k, ablation)
+
+
+def plan(quick: bool = False, baselines: tuple[str, ...] | None = None) -> list[Point]:
+    """The points of the sweep, in the order they run. ``baselines`` None: every sweep baseline the package has."""
+    ks, chunks = (QUICK_KS, QUICK_CHUNKS) if quick else (KS, CHUNKS)
+    points = [gpe_point(chunk_ms, k) for chunk_ms in chunks for k in ks]
+    points += [gpe_point(ABLATION_CHUNK_MS, ABLATION_K, ablation) for ablation in ABLATIONS if ablation != "none"]
+    if baselines is None:
+        baselines = tuple(name for name in SWEEP_BASELINES if name in BASELINES)
+    points += [Point(name, name) for name in baselines]
+    return points
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+
+def manifest_ids(manifest: Path) -> list[str]:
+    """Utterance ids of a JSON-lines manifest (the eval driver checks the rest)."""
+    try:
+        lines = manifest.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise SweepError(f"{manifest}: cannot read the manifest ({error.strerror or error})") from None
+    ids = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                ids.append(str(json.loads(line)["id"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise SweepError(f"{manifest}:{number}: not a manifest line with an id") from None
+    if not ids:
+        raise SweepError(f"{manifest}: no utterances")
+    return ids
+
+
+def is_done(point: Point, out: Path, model: str, manifest: Path, count: int) -> bool:
+    """True when ``out/<point>`` holds scores of every utterance, made for this model, manifest and setting."""
+    run = read_run(out / point.name)
+    if run is None or run.scores.get("num_instances") != count:
+        return False
+    return run.manifest == str(manifest.absolute()) and classify(run, model) == point
+
+
+def run_point(point: Point, model: str, manifest: Path, out: Path, threads: int | None = None) -> int:
+    """Run ``speechstream eval`` for one point (it resumes a half-done folder); its exit status."""
+    command = [sys.executable, "-m", "speechstream", *point.eval_args(model, str(manifest), out)]
+    print(f"sweep: {point.name}: {shlex.join(command[1:])}", file=sys.stderr, flush=True)
+    env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)  # torch's CPU threads: RTF depends on it
+    return subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL).returncode
+
+
+# -- reading results ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One output folder's config.json and scores.json."""
+
+    folder: str
+    config: dict
+    scores: dict
+
+    @property
+    def manifest(self) -> str:
+        return self.config.get("manifest", "")
+
+
+@dataclass
+class Row:
+    """A table row: a point and its scores."""
+
+    point: Point
+    run: Run
+
+
+def read_run(folder: Path) -> Run | None:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        scores = json.loads((folder / "scores.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(config, dict) or not isinstance(scores, dict):
+        return None
+    return Run(folder.name, config, scores)
+
+
+def classify(run: Run, model: str) -> Point | None:
+    """The point a run is, from its config.json; None for a GPE run of another model."""
+    baseline = run.config.get("baseline", "gpe")
+    if baseline != "gpe":
+        return Point(baseline, baseline)
+    if run.config.get("model") != model:
+        return None
+    decoding = run.config.get("decoding", {})
+    return gpe_point(decoding.get("chunk_ms"), decoding.get("k"), decoding.get("ablation", "none"))
+
+
+def collect(out: Path, model: str, manifest: Path) -> list[Row]:
+    """Rows of every ``out/*/scores.json`` made on ``manifest``: GPE runs of ``model`` and the baselines."""
+    rows = []
+    for folder in sorted(out.glob("*/")) if out.is_dir() else []:
+        run = read_run(folder)
+        if run is None or run.manifest != str(manifest.absolute()):
+            continue
+        point = classify(run, model)
+        if point is not None:
+            rows.append(Row(point, run))
+    return rows
+
+
+def quality_metric(rows: list[Row]) -> tuple[str, str]:
+    """(scores key, column title) of the quality column: normalised WER for asr, BLEU for translation."""
+    tasks = {row.run.config.get("task", "asr") for row in rows}
+    if tasks == {"translate"}:
+        return "BLEU", "BLEU"
+    return "WER_normalized", "WER norm. (%)"
+
+
+# -- the report --------------------------------------------------------------------------------------
+
+
+def _number(value, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _cells(row: Row, metric: str) -> list[str]:
+    scores = row.run.scores
+    return [_number(scores.get(metric), 1), *(_number(scores.get(name), 0) for name in LATENCY_COLUMNS),
+            _number(scores.get("RTF"), 2)]
+
+
+def _table(title: str, rows: list[list[str]], columns: list[str]) -> list[str]:
+    lines = [f"| {title} | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: int, audio_s: float | None,
+                     command: str, date: str, missing: list[Point]) -> str:
+    """RESULTS.md: the command, model, data and date, then one table per kind of point."""
+    metric, title = quality_metric(rows)
+    columns = [title, *(f"{name} (ms)" for name in LATENCY_COLUMNS), "RTF"]
+    audio = f", {audio_s:.1f} s of audio" if audio_s is not None else ""
+    lines = [
+        f"# Quality and latency: {model}",
+        "",
+        "Produced by `recipes/eval/sweep.py` (edit the script, not this file). Command:",
+        "",
+        "```sh",
+        command,
+        "```",
+        "",
+        f"- date: {date}",
+        f"- GPE model: `{model}`",
+        f"- data: `{manifest}` ({utterances} utterance{'s' if utterances != 1 else ''}{audio})",
+        "- quality: " + ("BLEU (higher is better)" if metric == "BLEU" else
+                         "normalised WER (%, lower is better; both sides through "
+                         "`speechstream.eval.quality.normalize_english`)"),
+        "- latency: SimulEval AL, LAAL, StartOffset, EndOffset in ms of audio read (not computation-aware); "
+        "RTF: compute seconds / audio seconds on the machine that ran the sweep (it varies with that machine's "
+        "load, so compare RTFs of one sweep only)",
+        "- every number comes from the `scores.json` of the folder named in the first column "
+        "(`speechstream eval --out`); `-`: undefined (no utterance produced a word, so there is no latency)",
+    ]
+    grid = sorted((r for r in rows if r.point.system == "gpe" and r.point.ablation == "none"),
+                  key=lambda r: (r.point.chunk_ms, r.point.k))
+    if grid:
+        lines += ["", "## GPE, wait-k over chunks", ""]
+        lines += _table("chunk (ms), k", [[f"{r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)",
+                                          *_cells(r, metric)] for r in grid], columns)
+    ablations = [r for r in rows if r.point.system == "gpe" and r.point.ablation != "none"]
+    if ablations:
+        reference = next((r for r in grid if (r.point.chunk_ms, r.point.k) == (ABLATION_CHUNK_MS, ABLATION_K)), None)
+        ordered = ([reference] if reference else []) + sorted(
+            ablations, key=lambda r: (ABLATIONS.index(r.point.ablation) if r.point.ablation in ABLATIONS else 99,
+                                      r.point.chunk_ms, r.point.k))
+        lines += ["", "## Decoding-time ablations (the paper's mismatch analysis on speech)", "",
+                  "`none` is GPE itself. `interleaved`: positions in arrival order over one sequence (mismatch 3); "
+                  "`source-sees-target`: source rows attend to earlier text (mismatch 1); `reencode`: at each read "
+                  "all text written so far is fed again after the new source (fixes mismatch 2, at the cost of the "
+                  "extra LLM tokens counted here). The model was trained with GPE, so each ablation is a "
+                  "train/inference mismatch.", ""]
+        table = []
+        for r in ordered:
+            fed, extra = r.run.scores.get("LLM_tokens"), r.run.scores.get("LLM_reencoded_tokens")
+            work = "-" if fed is None else f"{fed}" + (f" (+{extra}, +{100 * extra / fed:.0f} %)" if extra else "")
+            table.append([f"{r.point.ablation}, {r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)",
+                          *_cells(r, metric), work])
+        lines += _table("ablation", table, [*columns, "LLM tokens (+ re-encoded)"])
+    baselines = sorted((r for r in rows if r.point.system != "gpe"), key=lambda r: r.point.system)
+    if baselines:
+        lines += ["", "## Baselines", ""]
+        lines += _table("system (model)", [[f"{r.point.system} ({r.run.config.get('model', '?')}) (`{r.run.folder}`)",
+                                           *_cells(r, metric)] for r in baselines], columns)
+    if not rows:
+        lines += ["", "No results yet."]
+    if missing:
+        lines += ["", "Not run yet: " + ", ".join(f"`{p.name}`" for p in missing) + "."]
+    incomplete = [r.run.folder for r in rows if r.run.scores.get("num_instances") != utterances]
+    if incomplete:
+        lines += ["", "Incomplete (fewer utterances than the manifest): " + ", ".join(f"`{f}`" for f in incomplete)
+                  + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[Row], path: Path, model: str) -> None:
+    """quality_latency.png: quality vs AL; one line per chunk size over k; ablations and baselines as points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric, title = quality_metric(rows)
+
+    def xy(row: Row):
+        al, quality = row.run.scores.get("AL"), row.run.scores.get(metric)
+        return None if al is None or quality is None else (al, quality)
+
+    figure, axes = plt.subplots(figsize=(7.5, 5))
+    grid = [r for r in rows if r.point.system == "gpe" and r.point.ablation == "none" and xy(r)]
+    for chunk_ms in sorted({r.point.chunk_ms for r in grid}):
+        line = sorted((r for r in grid if r.point.chunk_ms == chunk_ms), key=lambda r: r.point.k)
+        points = [xy(r) for r in line]
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"GPE {chunk_ms} ms chunks")
+        for r, (x, y) in zip(line, points):
+            axes.annotate(f"k={r.point.k}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    markers = iter("sD^vP*Xhp<>")
+    for r in rows:
+        if r.point.system == "gpe" and r.point.ablation == "none" or not xy(r):
+            continue
+        x, y = xy(r)
+        label = (f"{r.point.ablation} ({r.point.chunk_ms} ms, k={r.point.k})" if r.point.system == "gpe"
+                 else r.point.system)
+        color = "tab:red" if r.point.system == "gpe" else "black"  # ablations red, baselines black
+        axes.scatter([x], [y], marker=next(markers, "o"), s=60, color=color, label=label, zorder=3)
+        axes.annotate(label, (x, y), textcoords="offset points", xytext=(5, -10), fontsize=8)
+    unplotted = [r.run.folder for r in rows if not xy(r)]
+    if unplotted:
+        figure.text(0.01, 0.01, "no words, not plotted: " + ", ".join(unplotted), fontsize=6, wrap=True)
+    axes.set_xlabel("AL (ms of audio read)")
+    axes.set_ylabel(title)
+    axes.set_title(f"Quality vs latency: {model}")
+    axes.grid(alpha=0.3)
+    if axes.has_data():
+        axes.legend(fontsize=8)
+    else:
+        axes.text(0.5, 0.5, "no scored points yet", ha="center", va="center", transform=axes.transAxes)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def total_audio_s(out: Path, rows: list[Row]) -> float | None:
+    """Audio seconds of the data, from the instances.log of a complete run."""
+    for row in rows:
+        log = out / row.run.folder / "instances.log"
+        try:
+            records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except (OSError, json.JSONDecodeError):
+            continue
+        if records and len(records) == row.run.scores.get("num_instances"):
+            return sum(record["audio_s"] for record in records)
+    return None
+
+
+def write_report(out: Path, report_dir: Path, model: str, manifest: Path, command: str,
+                 planned: list[Point], date: str | None = None) -> list[Row]:
+    """Read every scores.json under ``out``; write RESULTS.md and quality_latency.png into ``report_dir``."""
+    count = len(manifest_ids(manifest))
+    rows = collect(out, model, manifest)
+    have = {row.point for row in rows}
+    missing = [point for point in planned if point not in have]
+    date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    report_dir.mkdir(parents=True, exist_ok=True)
+    text = results_markdown(rows, model, manifest, count, total_audio_s(out, rows), command, date, missing)
+    (report_dir / RESULTS_FILE).write_text(text, encoding="utf-8")
+    plot(rows, report_dir / PLOT_FILE, model)
+    return rows
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+
+def parse_baselines(value: str) -> tuple[str, ...] | None:
+    if value == "auto":
+        return None
+    if value == "none":
+        return ()
+    names = tuple(name for name in value.split(",") if name)
+    unknown = [name for name in names if name == "gpe" or name not in BASELINES]
+    if unknown:
+        raise SweepError(f"unknown baseline {unknown[0]!r} (known: {', '.join(b for b in BASELINES if b != 'gpe')})")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _Parser(prog="recipes/eval/sweep.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"GPE model (default {DEFAULT_MODEL})")
+    parser.add_argument("--manifest", default="samples/manifest.jsonl", help="JSON-lines manifest to evaluate on")
+    parser.add_argument("--out", default="runs/sweep", help="one eval folder per point under here (resumable)")
+    parser.add_argument("--quick", action="store_true", help="fewer points: k in {1, 2} x chunk in {640, 1280}")
+    parser.add_argument("--baselines", default="auto",
+                        help="auto (whisper-offline, whisper-la2 when available), none, or names separated by commas")
+    parser.add_argument("--report-dir", default="recipes", help="where RESULTS.md and quality_latency.png go")
+    parser.add_argument("--report-only", action="store_true", help="decode nothing: tabulate the results there are")
+    parser.add_argument("--threads", type=int, help="CPU threads of each eval (OMP_NUM_THREADS; default: torch's)")
+    try:
+        args = parser.parse_args(argv)
+        if args.threads is not None and args.threads < 1:
+            raise SweepError("--threads must be at least 1")
+        manifest = Path(args.manifest)
+        if not manifest.is_file():
+            raise SweepError(f"{manifest}: no such manifest")
+        count = len(manifest_ids(manifest))
+        points = plan(args.quick, parse_baselines(args.baselines))
+    except SweepError as error:
+        print(f"sweep: error: {error}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    failed = []
+    if not args.report_only:
+        for point in points:
+            if is_done(point, out, args.model, manifest, count):
+                print(f"sweep: {point.name}: done", file=sys.stderr)
+                continue
+            status = run_point(point, args.model, manifest, out, args.threads)
+            if status:
+                print(f"sweep: {point.name}: speechstream eval failed (exit {status}); going on", file=sys.stderr)
+                failed.append(point.name)
+    script = os.path.relpath(__file__) if Path(__file__).is_absolute() else __file__
+    command = os.environ.get("SWEEP_COMMAND") or shlex.join([".venv/bin/python", script, *argv])  # run.sh sets it
+    rows = write_report(out, Path(args.report_dir), args.model, manifest, command, points)
+    print(f"sweep: {len(rows)} results -> {Path(args.report_dir) / RESULTS_FILE}, {Path(args.report_dir) / PLOT_FILE}",
+          file=sys.stderr)
+    if failed:
+        print(f"sweep: error: failed points: {', '.join(failed)} (rerun to retry)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

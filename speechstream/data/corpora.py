@@ -1,0 +1,328 @@
+"""Evaluation corpora -> manifests (docs/INTERFACES.md): LibriSpeech, Common Voice, CoVoST 2, MuST-C, plain JSONL.
+
+Each reader walks a corpus in its published layout and yields manifest entries (dicts with ``id``, ``audio`` as an
+absolute path, ``text`` / ``translation``, ``source_lang``, ``target_lang`` and, for MuST-C's segments of long talks,
+``offset`` and ``duration`` in seconds); `write_manifest` checks them (unique ids, audio files present, segment
+ranges inside their files when asked) and writes the JSON lines. ``recipes/data/prepare_*.py`` are the command
+lines. Problems in the corpus are `InputError`s naming the file and line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from speechstream.errors import InputError, SpeechstreamError
+from speechstream.manifest import MAX_MISSING_SHOWN, read_manifest
+
+# Manifest fields in the order they are written; other fields of a plain JSONL line follow them.
+FIELD_ORDER = ("id", "audio", "text", "translation", "source_lang", "target_lang", "offset", "duration")
+COVOST_NAME = re.compile(r"covost_v2\.(?P<source>[a-z]{2,3}(?:-[A-Za-z]+)?)_(?P<target>[a-z]{2,3}(?:-[A-Za-z]+)?)"
+                         r"(?:\.(?P<split>[\w-]+))?\.tsv$")
+
+
+# -- LibriSpeech ----------------------------------------------------------------------------------------------------
+
+
+def librispeech_entries(root: str | Path, subsets: Iterable[str] = (), lowercase: bool = True) -> Iterator[dict]:
+    """LibriSpeech: ``<root>/<subset>/<speaker>/<chapter>/<speaker>-<chapter>.trans.txt`` and ``<utt-id>.flac``.
+
+    ``root`` is the LibriSpeech folder (then ``subsets`` picks folders such as ``test-clean``; none: all) or one
+    subset folder. Transcripts are upper case without punctuation; ``lowercase`` writes them in lower case.
+    Entries come sorted by id.
+    """
+    root = _folder(root)
+    bases = [root / subset for subset in subsets] or [root]
+    for base in bases:
+        if not base.is_dir():
+            raise InputError(f"{base}: no such LibriSpeech subset folder")
+    transcripts = sorted(path for base in bases for path in base.rglob("*.trans.txt"))
+    if not transcripts:
+        raise InputError(f"{root}: no LibriSpeech transcripts (*.trans.txt) found")
+    entries = []
+    for path in transcripts:
+        for number, line in enumerate(_read_text(path).splitlines(), 1):
+            if not line.strip():
+                continue
+            utterance_id, _, text = line.strip().partition(" ")
+            if not text.strip():
+                raise InputError(f"{path}:{number}: expected '<utterance-id> <TRANSCRIPT>'")
+            text = " ".join(text.split())
+            entries.append({"id": utterance_id, "audio": path.parent / f"{utterance_id}.flac",
+                            "text": text.lower() if lowercase else text, "source_lang": "en", "target_lang": "en"})
+    yield from sorted(entries, key=lambda entry: entry["id"])
+
+
+# -- Common Voice and CoVoST 2 --------------------------------------------------------------------------------------
+
+
+def read_tsv(path: str | Path) -> list[dict]:
+    """A Common Voice / CoVoST 2 TSV as dicts (tab-separated, a header line, no quoting: quotes are text)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    lines = _read_text(path).splitlines()
+    if not lines:
+        raise InputError(f"{path}: the file is empty")
+    header = lines[0].split("\t")
+    rows = []
+    for number, row in enumerate(csv.reader(lines[1:], delimiter="\t", quoting=csv.QUOTE_NONE), 2):
+        if not row or row == [""]:
+            continue
+        if len(row) != len(header):
+            raise InputError(f"{path}:{number}: {len(row)} columns, the header has {len(header)}")
+        rows.append(dict(zip(header, row)))
+    return rows
+
+
+def _require_columns(path: Path, rows: list[dict], columns: Iterable[str]) -> None:
+    header = rows[0].keys() if rows else ()
+    missing = [column for column in columns if rows and column not in header]
+    if missing:
+        raise InputError(f"{path}: no column {missing[0]!r} (columns: {', '.join(header)})")
+
+
+def common_voice_entries(root: str | Path, tsv: str = "test.tsv", language: str = "en") -> Iterator[dict]:
+    """Common Voice: ``<root>/<tsv>`` (``validated.tsv``, ``test.tsv``, ...: columns ``path``, ``sentence``) and
+    ``<root>/clips/<path>``. ``language`` is the speech's language (Common Voice releases one folder per language).
+    """
+    root = _folder(root)
+    path = root / tsv
+    rows = read_tsv(path)
+    _require_columns(path, rows, ("path", "sentence"))
+    for row in rows:
+        yield {"id": Path(row["path"]).stem, "audio": root / "clips" / row["path"], "text": row["sentence"].strip(),
+               "source_lang": language, "target_lang": language}
+
+
+def covost_languages(tsv: str | Path) -> tuple[str, str, str | None]:
+    """(source, target, split or None) from a CoVoST 2 file name: ``covost_v2.<src>_<tgt>[.<split>].tsv``."""
+    match = COVOST_NAME.search(Path(tsv).name)
+    if not match:
+        raise InputError(f"{tsv}: not a CoVoST 2 file name "
+                         "(covost_v2.<src>_<tgt>.tsv or covost_v2.<src>_<tgt>.<split>.tsv)")
+    return match["source"], match["target"], match["split"]
+
+
+def covost_entries(tsv: str | Path, clips: str | Path, split: str | None = "test") -> Iterator[dict]:
+    """CoVoST 2: a ``covost_v2.<src>_<tgt>.tsv`` (columns ``path``, ``translation``, ``split``, and ``sentence`` when
+    joined with Common Voice) or a per-split ``covost_v2.<src>_<tgt>.<split>.tsv``; audio in the Common Voice
+    ``clips`` folder. ``split`` keeps the rows of that split (CoVoST's ``split`` column; a per-split file is that
+    split already); None keeps every row. Rows without ``sentence`` get no ``text`` (translation scoring only).
+    """
+    tsv, clips = Path(tsv), _folder(clips)
+    source, target, file_split = covost_languages(tsv)
+    rows = read_tsv(tsv)
+    _require_columns(tsv, rows, ("path", "translation"))
+    if split is not None and file_split is not None and file_split != split:
+        raise InputError(f"{tsv}: holds split {file_split!r}, not {split!r}")
+    if split is not None and file_split is None:
+        _require_columns(tsv, rows, ("split",))
+        known = sorted({row["split"] for row in rows})
+        rows = [row for row in rows if row["split"] == split]
+        if not rows:
+            raise InputError(f"{tsv}: no rows of split {split!r} (splits: {', '.join(known)})")
+    for row in rows:
+        entry = {"id": Path(row["path"]).stem, "audio": clips / row["path"]}
+        if "sentence" in row:
+            entry["text"] = row["sentence"].strip()
+        entry |= {"translation": row["translation"].strip(), "source_lang": source, "target_lang": target}
+        yield entry
+
+
+# -- MuST-C ---------------------------------------------------------------------------------------------------------
+
+
+def mustc_entries(root: str | Path, target: str, split: str = "tst-COMMON") -> Iterator[dict]:
+    """MuST-C: ``<root>/en-<target>/data/<split>/txt/<split>.yaml`` (one ``{offset, duration, wav, ...}`` per
+    segment), ``<split>.en`` and ``<split>.<target>`` (one line per segment, same order) and the talks in
+    ``<split>/wav/``. Each segment is a time range of its talk: the entry carries ``offset`` and ``duration``.
+    Ids are ``<talk>_<n>``, n counting the talk's segments from 0. ``root`` may also be the ``en-<target>`` folder.
+    """
+    import yaml
+
+    root = _folder(root)
+    pair = root if root.name == f"en-{target}" else root / f"en-{target}"
+    data = pair / "data" / split
+    txt = data / "txt"
+    segments_path = txt / f"{split}.yaml"
+    if not segments_path.is_file():
+        raise InputError(f"{segments_path}: no such file (MuST-C layout: en-<tgt>/data/<split>/txt/<split>.yaml)")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        segments = yaml.load(_read_text(segments_path), Loader=loader)
+    except yaml.YAMLError as error:
+        raise InputError(f"{segments_path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(segments, list) or not segments:
+        raise InputError(f"{segments_path}: expected a list of segments")
+    sources = _lines(txt / f"{split}.en")
+    targets = _lines(txt / f"{split}.{target}")
+    for path, lines in ((txt / f"{split}.en", sources), (txt / f"{split}.{target}", targets)):
+        if len(lines) != len(segments):
+            raise InputError(f"{path}: {len(lines)} lines for {len(segments)} segments in {segments_path.name}")
+    counts: dict[str, int] = {}
+    for number, (segment, text, translation) in enumerate(zip(segments, sources, targets), 1):
+        where = f"{segments_path}: segment {number}"
+        if not isinstance(segment, dict) or any(key not in segment for key in ("offset", "duration", "wav")):
+            raise InputError(f"{where}: expected offset, duration and wav")
+        offset, duration = segment["offset"], segment["duration"]
+        if not all(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                   for value in (offset, duration)) or offset < 0 or duration <= 0:
+            raise InputError(f"{where}: bad offset {offset!r} or duration {duration!r}")
+        talk = Path(str(segment["wav"])).stem
+        index = counts.get(talk, 0)
+        counts[talk] = index + 1
+        yield {"id": f"{talk}_{index}", "audio": data / "wav" / str(segment["wav"]), "text": text.strip(),
+               "translation": translation.strip(), "source_lang": "en", "target_lang": target,
+               "offset": round(float(offset), 6), "duration": round(float(duration), 6)}
+
+
+# -- plain JSONL ----------------------------------------------------------------------------------------------------
+
+
+def jsonl_entries(path: str | Path) -> Iterator[dict]:
+    """A manifest in this package's format, checked by `speechstream.manifest.read_manifest` (one-line errors),
+    with its audio paths resolved; fields other than the known ones are kept as they are."""
+    path = Path(path)
+    utterances = read_manifest(path)
+    raw = [json.loads(line) for line in _read_text(path).splitlines() if line.strip()]
+    for utterance, entry in zip(utterances, raw):
+        yield entry | {"audio": utterance.audio.absolute()}
+
+
+# -- writing --------------------------------------------------------------------------------------------------------
+
+
+def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = False, limit: int | None = None,
+                   check_audio: bool = False) -> int:
+    """Check ``entries`` and write them as a manifest at ``out``; return how many lines were written.
+
+    Audio paths are written relative to the manifest's folder when the audio lies under it, else absolute
+    (``absolute``: always absolute); ``limit`` keeps the first N entries. Checks: ids are unique, every audio file
+    exists (all missing ones counted, the first few named), and with ``check_audio`` every file is readable audio
+    and every ``offset``/``duration`` range lies inside its file. Nothing is written when a check fails.
+    """
+    out = Path(out)
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, got {limit}")
+    chosen: list[dict] = []
+    seen: set[str] = set()
+    missing: list[str] = []
+    for entry in entries:
+        if limit is not None and len(chosen) >= limit:
+            break
+        if entry["id"] in seen:
+            raise InputError(f'duplicate id "{entry["id"]}" ({entry["audio"]})')
+        seen.add(entry["id"])
+        if not Path(entry["audio"]).is_file():
+            missing.append(str(entry["audio"]))
+        chosen.append(entry)
+    if not chosen:
+        raise InputError("the corpus gave no utterances")
+    if missing:
+        shown = ", ".join(missing[:MAX_MISSING_SHOWN])
+        more = f" and {len(missing) - MAX_MISSING_SHOWN} more" if len(missing) > MAX_MISSING_SHOWN else ""
+        raise InputError(f"{len(missing)} audio file{'s' if len(missing) > 1 else ''} not found ({shown}{more})")
+    if check_audio:
+        _check_audio(chosen)
+    folder = out.absolute().parent
+    lines = []
+    for entry in chosen:
+        audio = Path(entry["audio"]).absolute()
+        if not absolute and audio.is_relative_to(folder):
+            audio = audio.relative_to(folder)
+        fields = {key: entry[key] for key in FIELD_ORDER if entry.get(key) is not None}
+        fields["audio"] = audio.as_posix()
+        fields |= {key: value for key, value in entry.items() if key not in FIELD_ORDER}
+        lines.append(json.dumps(fields, ensure_ascii=False) + "\n")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary = out.with_name(out.name + ".tmp")
+        temporary.write_text("".join(lines), encoding="utf-8")
+        os.replace(temporary, out)
+    except OSError as error:
+        raise InputError(f"{out}: cannot write the manifest ({error.strerror or error})") from None
+    return len(lines)
+
+
+def _check_audio(entries: list[dict]) -> None:
+    """Every audio file opens as audio; every segment range lies inside its file (InputError for the first not)."""
+    import soundfile
+
+    infos: dict[Path, object] = {}
+    for entry in entries:
+        path = Path(entry["audio"])
+        if path not in infos:
+            try:
+                infos[path] = soundfile.info(str(path))
+            except (soundfile.LibsndfileError, RuntimeError) as error:
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise InputError(f"{path}: not a readable audio file ({reason})") from None
+        length = infos[path].frames / infos[path].samplerate
+        end = (entry.get("offset") or 0.0) + (entry.get("duration") or 0.0)
+        if entry.get("offset") is not None and (entry["offset"] >= length or end > length + 0.01):
+            raise InputError(f'"{entry["id"]}": segment {entry["offset"]} s + {entry.get("duration")} s is not inside '
+                             f"{path} ({length:.3f} s)")
+
+
+class _RecipeParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (through run_main)
+        raise InputError(message)
+
+
+def recipe_parser(doc: str) -> argparse.ArgumentParser:
+    """The argument parser of a ``recipes/data`` script, with the options every one of them has.
+
+    Usage errors are one-line InputErrors (exit 2 through `run_main`).
+    """
+    command = _RecipeParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    command.add_argument("--out", required=True, help="manifest to write (JSON lines)")
+    command.add_argument("--absolute", action="store_true",
+                         help="absolute audio paths (default: relative when the audio is under the manifest's folder)")
+    command.add_argument("--limit", type=int, help="keep the first N utterances")
+    command.add_argument("--check-audio", action="store_true",
+                         help="open every audio file and check that segment ranges lie inside it (slower)")
+    return command
+
+
+def write_from_args(entries: Iterable[dict], args: argparse.Namespace) -> int:
+    """`write_manifest` with a recipe's output options; prints and returns the number of utterances."""
+    count = write_manifest(entries, args.out, absolute=args.absolute, limit=args.limit, check_audio=args.check_audio)
+    print(f"{args.out}: {count} utterances")
+    return count
+
+
+def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Run a recipe's ``main``: a bad input or corpus is one ``speechstream: error:`` line and exit code 2."""
+    try:
+        return main(argv)
+    except SpeechstreamError as error:
+        print(f"speechstream: error: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+def _folder(path: str | Path) -> Path:
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise InputError(f"{path}: no such folder")
+    return path
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: cannot read ({error})") from None
+
+
+def _lines(path: Path) -> list[str]:
+    return _read_text(path).splitlines()

@@ -1,0 +1,279 @@
+"""Corpus readers and the recipes/data scripts, on tiny fake corpora in their published layouts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from speechstream.audio import SAMPLE_RATE, load_audio
+from speechstream.cli import main as speechstream
+from speechstream.data.corpora import (
+    common_voice_entries,
+    covost_entries,
+    covost_languages,
+    jsonl_entries,
+    librispeech_entries,
+    mustc_entries,
+    read_tsv,
+    write_manifest,
+)
+from speechstream.errors import InputError
+from speechstream.manifest import read_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "recipes" / "data"
+
+
+def tone(path: Path, seconds: float, rate: int = SAMPLE_RATE, frequency: float = 220.0) -> Path:
+    """A short tone file (wav or flac by the suffix)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    time_s = np.arange(int(seconds * rate)) / rate
+    soundfile.write(path, (0.2 * np.sin(2 * np.pi * frequency * time_s)).astype(np.float32), rate)
+    return path
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_recipe(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(RECIPES / script), *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+# -- LibriSpeech ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def librispeech(tmp_path: Path) -> Path:
+    root = tmp_path / "LibriSpeech"
+    for subset, speaker, chapter, lines in (
+        ("test-clean", "1089", "134686", ["1089-134686-0001 STUFF IT INTO YOU", "1089-134686-0000 HE HOPED  THERE"]),
+        ("test-other", "1688", "142285", ["1688-142285-0000 THERE'S IRON THEY SAY"]),
+    ):
+        folder = root / subset / speaker / chapter
+        folder.mkdir(parents=True)
+        (folder / f"{speaker}-{chapter}.trans.txt").write_text("\n".join(lines) + "\n")
+        for line in lines:
+            tone(folder / f"{line.split()[0]}.flac", 0.3)
+    return root
+
+
+def test_librispeech_entries(librispeech: Path):
+    entries = list(librispeech_entries(librispeech, ["test-clean"]))
+    assert [entry["id"] for entry in entries] == ["1089-134686-0000", "1089-134686-0001"]  # sorted
+    assert entries[0]["text"] == "he hoped there"  # lower case, whitespace collapsed
+    assert entries[0]["audio"] == librispeech / "test-clean" / "1089" / "134686" / "1089-134686-0000.flac"
+    assert (entries[0]["source_lang"], entries[0]["target_lang"]) == ("en", "en")
+    assert len(list(librispeech_entries(librispeech))) == 3  # no subset: everything under the root
+    assert len(list(librispeech_entries(librispeech / "test-other"))) == 1  # the root may be a subset folder
+    assert next(librispeech_entries(librispeech, ["test-other"], lowercase=False))["text"] == "THERE'S IRON THEY SAY"
+
+
+def test_librispeech_script_writes_a_manifest_eval_can_read(librispeech: Path, tmp_path: Path):
+    out = librispeech / "test-clean.jsonl"
+    result = run_recipe("prepare_librispeech.py", librispeech, "--subset", "test-clean", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{out}: 2 utterances"
+    lines = read_lines(out)
+    assert lines[0] == {"id": "1089-134686-0000", "audio": "test-clean/1089/134686/1089-134686-0000.flac",
+                        "text": "he hoped there", "source_lang": "en", "target_lang": "en"}  # relative to the manifest
+    assert [utterance.audio for utterance in read_manifest(out)] == [
+        librispeech / "test-clean/1089/134686" / f"1089-134686-000{n}.flac" for n in (0, 1)]
+    elsewhere = tmp_path / "elsewhere" / "m.jsonl"
+    assert run_recipe("prepare_librispeech.py", librispeech, "--out", elsewhere, "--limit", "1").returncode == 0
+    (line,) = read_lines(elsewhere)
+    assert Path(line["audio"]).is_absolute()  # audio not under the manifest's folder: absolute
+
+
+def test_librispeech_problems_are_one_line_errors(librispeech: Path, tmp_path: Path):
+    (librispeech / "test-clean/1089/134686/1089-134686-0001.flac").unlink()
+    result = run_recipe("prepare_librispeech.py", librispeech, "--out", tmp_path / "m.jsonl")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("speechstream: error: 1 audio file not found (") and result.stderr.count("\n") == 1
+    assert not (tmp_path / "m.jsonl").exists()
+    result = run_recipe("prepare_librispeech.py", tmp_path / "nowhere", "--out", tmp_path / "m.jsonl")
+    assert result.returncode == 2 and result.stderr == f"speechstream: error: {tmp_path / 'nowhere'}: no such folder\n"
+    result = run_recipe("prepare_librispeech.py", librispeech, "--out", tmp_path / "m.jsonl", "--limit", "x")
+    assert result.returncode == 2 and result.stderr.startswith("speechstream: error: argument --limit")
+    (librispeech / "test-other/1688/142285/1688-142285.trans.txt").write_text("1688-142285-0000\n")
+    with pytest.raises(InputError, match=r"1688-142285.trans.txt:1: expected '<utterance-id> <TRANSCRIPT>'"):
+        list(librispeech_entries(librispeech))
+
+
+# -- Common Voice and CoVoST 2 --------------------------------------------------------------------------------------
+
+
+def write_tsv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join("\t".join(row) for row in [header, *rows]) + "\n")
+    return path
+
+
+@pytest.fixture
+def common_voice(tmp_path: Path) -> Path:
+    root = tmp_path / "cv" / "es"
+    write_tsv(root / "test.tsv", ["client_id", "path", "sentence", "up_votes", "down_votes"], [
+        ["c1", "common_voice_es_1.wav", 'Dijo "hola" al llegar.', "2", "0"],  # quotes are text, not quoting
+        ["c2", "common_voice_es_2.wav", "Buenos días ", "3", "0"],
+    ])
+    for name in ("common_voice_es_1.wav", "common_voice_es_2.wav"):
+        tone(root / "clips" / name, 0.2, rate=48000)
+    return root
+
+
+def test_common_voice_entries(common_voice: Path):
+    first, second = common_voice_entries(common_voice, "test.tsv", "es")
+    assert first == {"id": "common_voice_es_1", "audio": common_voice / "clips" / "common_voice_es_1.wav",
+                     "text": 'Dijo "hola" al llegar.', "source_lang": "es", "target_lang": "es"}
+    assert second["text"] == "Buenos días"
+    with pytest.raises(InputError, match="no such file"):
+        list(common_voice_entries(common_voice, "validated.tsv", "es"))
+
+
+def test_tsv_errors_name_the_line(tmp_path: Path):
+    path = write_tsv(tmp_path / "bad.tsv", ["path", "sentence"], [["a.wav", "one"], ["b.wav"]])
+    with pytest.raises(InputError, match=r"bad.tsv:3: 1 columns, the header has 2"):
+        read_tsv(path)
+    path = write_tsv(tmp_path / "x" / "test.tsv", ["file", "sentence"], [["a.wav", "one"]])
+    with pytest.raises(InputError, match="no column 'path'"):
+        list(common_voice_entries(path.parent))
+
+
+def test_covost_entries_filter_the_split(common_voice: Path, tmp_path: Path):
+    tsv = write_tsv(tmp_path / "covost_v2.es_en.tsv", ["path", "sentence", "translation", "client_id", "split"], [
+        ["common_voice_es_1.wav", "Dijo hola.", "He said hello.", "c1", "test"],
+        ["common_voice_es_2.wav", "Buenos días", "Good morning", "c2", "train"],
+    ])
+    (entry,) = covost_entries(tsv, common_voice / "clips", "test")
+    assert entry == {"id": "common_voice_es_1", "audio": common_voice / "clips" / "common_voice_es_1.wav",
+                     "text": "Dijo hola.", "translation": "He said hello.", "source_lang": "es", "target_lang": "en"}
+    assert len(list(covost_entries(tsv, common_voice / "clips", None))) == 2
+    with pytest.raises(InputError, match=r"no rows of split 'dev' \(splits: test, train\)"):
+        list(covost_entries(tsv, common_voice / "clips", "dev"))
+
+
+def test_covost_file_names():
+    assert covost_languages("/x/covost_v2.es_en.tsv") == ("es", "en", None)
+    assert covost_languages("covost_v2.en_zh-CN.test.tsv") == ("en", "zh-CN", "test")
+    with pytest.raises(InputError, match="not a CoVoST 2 file name"):
+        covost_languages("test.tsv")
+
+
+def test_covost_script_without_sentences(common_voice: Path, tmp_path: Path):
+    tsv = write_tsv(tmp_path / "covost_v2.es_en.dev.tsv", ["path", "translation", "client_id"],
+                    [["common_voice_es_2.wav", "Good morning", "c2"]])
+    out = tmp_path / "covost.jsonl"
+    result = run_recipe("prepare_covost.py", tsv, "--clips", common_voice / "clips", "--split", "dev", "--out", out)
+    assert result.returncode == 0, result.stderr
+    (line,) = read_lines(out)
+    assert "text" not in line and line["translation"] == "Good morning" and line["target_lang"] == "en"
+    result = run_recipe("prepare_covost.py", tsv, "--clips", common_voice / "clips", "--out", out)  # --split test
+    assert result.returncode == 2 and "holds split 'dev', not 'test'" in result.stderr
+
+
+# -- MuST-C ---------------------------------------------------------------------------------------------------------
+
+MUSTC_SEGMENTS = [  # (talk, offset, duration)
+    ("ted_1", 0.5, 0.4),
+    ("ted_1", 1.2, 0.6),
+    ("ted_2", 0.1, 0.3),
+]
+
+
+@pytest.fixture
+def mustc(tmp_path: Path) -> Path:
+    root = tmp_path / "MUST-C"
+    data = root / "en-de" / "data" / "tst-COMMON"
+    (data / "txt").mkdir(parents=True)
+    tone(data / "wav" / "ted_1.wav", 2.0)
+    tone(data / "wav" / "ted_2.wav", 1.0, frequency=330.0)
+    yaml_lines = [f"- {{duration: {duration}, offset: {offset}, rW: 3, uW: 0, speaker_id: spk.1, wav: {talk}.wav}}"
+                  for talk, offset, duration in MUSTC_SEGMENTS]
+    (data / "txt" / "tst-COMMON.yaml").write_text("\n".join(yaml_lines) + "\n")
+    (data / "txt" / "tst-COMMON.en").write_text("one two\nthree four\nfive\n")
+    (data / "txt" / "tst-COMMON.de").write_text("eins zwei\ndrei vier\nfünf\n")
+    return root
+
+
+def test_mustc_entries_are_segments(mustc: Path):
+    entries = list(mustc_entries(mustc, "de"))
+    assert [entry["id"] for entry in entries] == ["ted_1_0", "ted_1_1", "ted_2_0"]
+    assert entries[1] == {"id": "ted_1_1", "audio": mustc / "en-de/data/tst-COMMON/wav/ted_1.wav",
+                          "text": "three four", "translation": "drei vier", "source_lang": "en", "target_lang": "de",
+                          "offset": 1.2, "duration": 0.6}
+    assert list(mustc_entries(mustc / "en-de", "de")) == entries  # the root may be the en-de folder
+
+
+def test_mustc_mismatched_lines_are_an_error(mustc: Path):
+    (mustc / "en-de/data/tst-COMMON/txt/tst-COMMON.de").write_text("eins zwei\n")
+    with pytest.raises(InputError, match=r"tst-COMMON.de: 1 lines for 3 segments in tst-COMMON.yaml"):
+        list(mustc_entries(mustc, "de"))
+    with pytest.raises(InputError, match=r"en-fr/data/tst-COMMON/txt/tst-COMMON.yaml: no such file"):
+        list(mustc_entries(mustc, "fr"))
+
+
+def test_segment_ranges_are_checked_against_the_audio(mustc: Path, tmp_path: Path):
+    entries = list(mustc_entries(mustc, "de"))
+    entries[2] = entries[2] | {"offset": 0.9, "duration": 0.5}  # ted_2 is 1.0 s long
+    with pytest.raises(InputError, match=r'"ted_2_0": segment 0.9 s \+ 0.5 s is not inside'):
+        write_manifest(entries, tmp_path / "m.jsonl", check_audio=True)
+    assert write_manifest(entries, tmp_path / "m.jsonl") == 3  # without --check-audio the files are not opened
+
+
+def test_eval_reads_only_the_segment(mustc: Path, tmp_path: Path, capsys):
+    out = mustc / "tst-COMMON.jsonl"
+    result = run_recipe("prepare_mustc.py", mustc, "--lang", "de", "--out", out, "--check-audio")
+    assert result.returncode == 0, result.stderr
+    utterances = read_manifest(out)
+    assert [(u.offset, u.duration) for u in utterances] == [(offset, d) for _, offset, d in MUSTC_SEGMENTS]
+    whole = load_audio(utterances[1].audio)
+    segment = load_audio(utterances[1].audio, utterances[1].offset, utterances[1].duration)
+    np.testing.assert_array_equal(segment, whole[round(1.2 * SAMPLE_RATE): round(1.8 * SAMPLE_RATE)])
+
+    assert speechstream(["eval", str(out), "--out", str(tmp_path / "eval"), "--model", "tiny-random"]) == 0
+    records = read_lines(tmp_path / "eval" / "instances.log")
+    assert [record["source_length"] for record in records] == [400.0, 600.0, 300.0]  # the segments, not the talks
+    assert [record["reference"] for record in records] == ["one two", "three four", "five"]
+    assert "instances 3" in capsys.readouterr().out
+
+
+def test_a_range_outside_the_file_is_an_input_error(mustc: Path):
+    talk = mustc / "en-de/data/tst-COMMON/wav/ted_2.wav"
+    with pytest.raises(InputError, match=r"ted_2.wav: the range 1.500 s to 2.000 s is not inside the audio"):
+        load_audio(talk, 1.5, 0.5)
+    assert len(load_audio(talk, 0.5)) == SAMPLE_RATE // 2  # no duration: to the end
+
+
+# -- plain JSONL ----------------------------------------------------------------------------------------------------
+
+
+def test_jsonl_is_checked_and_paths_normalised(tmp_path: Path):
+    tone(tmp_path / "corpus" / "clips" / "a.wav", 0.2)
+    source = tmp_path / "corpus" / "in.jsonl"
+    source.write_text(json.dumps({"id": "a", "audio": "clips/a.wav", "text": "hi", "words": [{"w": "hi"}]}) + "\n\n")
+    entries = list(jsonl_entries(source))
+    assert entries == [{"id": "a", "audio": tmp_path / "corpus" / "clips" / "a.wav", "text": "hi",
+                        "words": [{"w": "hi"}]}]
+    out = tmp_path / "corpus" / "sub" / "out.jsonl"
+    result = run_recipe("prepare_jsonl.py", source, "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert read_lines(out) == [{"id": "a", "audio": str(tmp_path / "corpus" / "clips" / "a.wav"), "text": "hi",
+                                "words": [{"w": "hi"}]}]  # not under the output's folder: absolute
+    result = run_recipe("prepare_jsonl.py", source, "--out", tmp_path / "corpus" / "same.jsonl")
+    assert read_lines(tmp_path / "corpus" / "same.jsonl")[0]["audio"] == "clips/a.wav"
+
+
+def test_jsonl_problems_are_one_line_errors(tmp_path: Path):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"id": "a", "audio": "a.wav", "offset": -1}\n')
+    tone(tmp_path / "a.wav", 0.2)
+    result = run_recipe("prepare_jsonl.py", source, "--out", tmp_path / "out.jsonl")
+    assert result.returncode == 2
+    assert result.stderr == f'speechstream: error: {source}:1: "offset" must be a number of seconds >= 0, got -1\n'

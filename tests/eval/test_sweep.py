@@ -1,0 +1,164 @@
+"""The sweep recipe (recipes/eval/sweep.py): its plan, its resume test and its report, on synthetic results."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from speechstream.config import ABLATIONS
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "eval" / "sweep.py"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("sweep_recipe", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sweep_recipe"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _manifest(tmp_path: Path, n: int = 2) -> Path:
+    path = tmp_path / "manifest.jsonl"
+    path.write_text("".join(json.dumps({"id": f"u{i}", "audio": f"u{i}.wav", "text": "a b"}) + "\n" for i in range(n)))
+    return path
+
+
+def _fake_run(out: Path, name: str, manifest: Path, baseline: str = "gpe", model: str = "m", chunk_ms=640, k=2,
+              ablation: str | None = "none", wer=50.0, al=1000.0, n=2, task="asr", extra=None):
+    """A folder as ``speechstream eval`` leaves it: config.json, scores.json and instances.log."""
+    folder = out / name
+    folder.mkdir(parents=True)
+    decoding = {"chunk_ms": chunk_ms, "k": k, "policy": "wait-k"}
+    if ablation is not None:  # None: a run made before the ablation option existed
+        decoding["ablation"] = ablation
+    if baseline != "gpe":
+        decoding = {"device": "cpu", "search": "greedy"}
+    config = {"model": model, "task": task, "baseline": baseline, "decoding": decoding,
+              "manifest": str(manifest.absolute())}
+    scores = {"AL": al, "LAAL": al + 10, "StartOffset": al / 2, "EndOffset": 300.0, "RTF": 0.5, "num_instances": n}
+    scores |= {"BLEU": wer} if task == "translate" else {"WER_normalized": wer, "WER": wer + 1}
+    scores |= extra or {}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "scores.json").write_text(json.dumps(scores))
+    (folder / "instances.log").write_text("".join(json.dumps({"id": f"u{i}", "audio_s": 2.5}) + "\n"
+                                                  for i in range(n)))
+
+
+def test_plan_full_and_quick(sweep, monkeypatch):
+    monkeypatch.setattr(sweep, "BASELINES", ("gpe", "whisper-offline"))
+    full = sweep.plan(quick=False)
+    grid = [p for p in full if p.system == "gpe" and p.ablation == "none"]
+    assert {(p.chunk_ms, p.k) for p in grid} == {(c, k) for c in (320, 640, 1280) for k in (1, 2, 3, 4)}
+    ablations = [p for p in full if p.ablation != "none"]
+    assert [p.ablation for p in ablations] == [a for a in ABLATIONS if a != "none"]
+    assert all((p.chunk_ms, p.k) == (640, 2) for p in ablations)
+    assert [p.system for p in full if p.system != "gpe"] == ["whisper-offline"]  # whisper-la2 only when it exists
+    monkeypatch.setattr(sweep, "BASELINES", ("gpe", "whisper-offline", "whisper-la2"))
+    assert [p.system for p in sweep.plan() if p.system != "gpe"] == ["whisper-offline", "whisper-la2"]
+    quick = sweep.plan(quick=True, baselines=())
+    assert len(quick) < len(full) and len({p.name for p in quick}) == len(quick)
+    assert len({p.name for p in full}) == len(full)
+
+
+def test_point_eval_arguments(sweep):
+    point = sweep.gpe_point(640, 2, "reencode")
+    assert point.eval_args("m", "data.jsonl", Path("runs/s")) == [
+        "eval", "data.jsonl", "--out", "runs/s/gpe-c640-k2-reencode", "--model", "m", "--chunk-ms", "640", "--k", "2",
+        "--ablation", "reencode"]
+    assert sweep.Point("whisper-offline", "whisper-offline").eval_args("m", "d", Path("o")) == [
+        "eval", "d", "--out", "o/whisper-offline", "--baseline", "whisper-offline"]
+
+
+def test_done_points_are_skipped_only_when_complete_and_matching(sweep, tmp_path):
+    manifest = _manifest(tmp_path)
+    out = tmp_path / "out"
+    _fake_run(out, "gpe-c640-k2", manifest)
+    _fake_run(out, "gpe-c320-k1", manifest, chunk_ms=320, k=1, n=1)  # half done
+    _fake_run(out, "gpe-c640-k2-reencode", manifest, ablation="reencode", model="other")
+    assert sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, 2)
+    assert not sweep.is_done(sweep.gpe_point(320, 1), out, "m", manifest, 2)
+    assert not sweep.is_done(sweep.gpe_point(640, 2, "reencode"), out, "m", manifest, 2)  # another model
+    assert not sweep.is_done(sweep.gpe_point(1280, 4), out, "m", manifest, 2)  # never run
+    (tmp_path / "elsewhere").mkdir()
+    assert not sweep.is_done(sweep.gpe_point(640, 2), out, "m", _manifest(tmp_path / "elsewhere"), 2)  # other data
+
+
+def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
+    manifest = _manifest(tmp_path)
+    out = tmp_path / "out"
+    for chunk_ms in (320, 640):
+        for k in (1, 2):
+            _fake_run(out, f"gpe-c{chunk_ms}-k{k}", manifest, chunk_ms=chunk_ms, k=k, wer=90 - 10 * k - chunk_ms / 64,
+                      al=chunk_ms * (k + 1), extra={"LLM_tokens": 400, "LLM_reencoded_tokens": 0})
+    _fake_run(out, "gpe-c640-k2-interleaved", manifest, ablation="interleaved", wer=99.0)
+    _fake_run(out, "gpe-c640-k2-reencode", manifest, ablation="reencode", wer=69.5,
+              extra={"LLM_tokens": 400, "LLM_reencoded_tokens": 1000})
+    _fake_run(out, "gpe-c1280-k1-old", manifest, chunk_ms=1280, k=1, ablation=None, wer=77.7, al=2222.0)
+    _fake_run(out, "whisper-offline", manifest, baseline="whisper-offline", model="whisper-base", wer=12.25, al=5000.0)
+    _fake_run(out, "gpe-other-model", manifest, model="other", wer=1.0)  # not this model: left out
+    (tmp_path / "elsewhere").mkdir()
+    _fake_run(out, "other-data", _manifest(tmp_path / "elsewhere"), chunk_ms=320, k=3, wer=2.0)  # other data: left out
+    (out / "broken").mkdir()
+    (out / "broken" / "scores.json").write_text("{not json")
+    planned = sweep.plan(quick=True, baselines=("whisper-offline",))
+    report = tmp_path / "report"
+    rows = sweep.write_report(out, report, "m", manifest, "python recipes/eval/sweep.py --model m", planned,
+                              date="2026-11-30 16:00 UTC")
+    assert len(rows) == 8
+    text = (report / "RESULTS.md").read_text()
+    assert text.startswith("# Quality and latency: m\n")
+    assert "```sh\npython recipes/eval/sweep.py --model m\n```" in text
+    assert "2026-11-30 16:00 UTC" in text and "(2 utterances, 5.0 s of audio)" in text
+    assert "| chunk (ms), k | WER norm. (%) | AL (ms) | LAAL (ms) | StartOffset (ms) | EndOffset (ms) | RTF |" in text
+    assert "| 320 ms, k=1 (`gpe-c320-k1`) | 75.0 | 640 | 650 | 320 | 300 | 0.50 |" in text
+    assert "| 1280 ms, k=1 (`gpe-c1280-k1-old`) | 77.7 | 2222 |" in text  # a run from before --ablation
+    assert "| reencode, 640 ms, k=2 (`gpe-c640-k2-reencode`) | 69.5 |" in text
+    assert "400 (+1000, +250 %)" in text
+    ablation_section = text.split("## Decoding-time ablations")[1].split("## Baselines")[0]
+    assert ablation_section.index("| none, 640 ms, k=2") < ablation_section.index("| interleaved")
+    assert "| whisper-offline (whisper-base) (`whisper-offline`) | 12.2 | 5000 |" in text
+    assert "1.0 |" not in text and "| 2.0 |" not in text
+    assert "Not run yet: `gpe-c1280-k2`, `gpe-c640-k2-source-sees-target`." in text  # planned, no results
+    png = (report / "quality_latency.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10000
+
+
+def test_report_for_translation_uses_bleu_and_handles_no_results(sweep, tmp_path):
+    manifest = _manifest(tmp_path)
+    out = tmp_path / "out"
+    sweep.write_report(out, tmp_path / "empty", "m", manifest, "cmd", sweep.plan(True, ()), date="d")
+    assert "No results yet." in (tmp_path / "empty" / "RESULTS.md").read_text()
+    assert (tmp_path / "empty" / "quality_latency.png").exists()
+    _fake_run(out, "gpe-c640-k1", manifest, k=1, task="translate", wer=21.5)
+    sweep.write_report(out, tmp_path / "bleu", "m", manifest, "cmd", [], date="d")
+    text = (tmp_path / "bleu" / "RESULTS.md").read_text()
+    assert "| chunk (ms), k | BLEU |" in text and "| 640 ms, k=1 (`gpe-c640-k1`) | 21.5 |" in text
+
+
+def test_bad_input_is_one_error_line(sweep, tmp_path, capsys):
+    assert sweep.main(["--manifest", str(tmp_path / "missing.jsonl"), "--report-only"]) == 2
+    assert capsys.readouterr().err.strip().startswith("sweep: error:")
+    assert sweep.main(["--manifest", str(_manifest(tmp_path)), "--baselines", "nope", "--report-only"]) == 2
+    assert "unknown baseline 'nope'" in capsys.readouterr().err
+    assert sweep.main(["--threads", "0"]) == 2 and sweep.main(["--bogus"]) == 2
+    assert capsys.readouterr().err.count("sweep: error:") == 2
+
+
+def test_report_only_writes_the_command_line(sweep, tmp_path, monkeypatch):
+    monkeypatch.delenv("SWEEP_COMMAND", raising=False)
+    manifest = _manifest(tmp_path)
+    _fake_run(tmp_path / "out", "gpe-c640-k2", manifest)
+    args = ["--model", "m", "--manifest", str(manifest), "--out", str(tmp_path / "out"), "--report-dir",
+            str(tmp_path / "rep"), "--report-only", "--quick", "--baselines", "none"]
+    assert sweep.main(args) == 0
+    text = (tmp_path / "rep" / "RESULTS.md").read_text()
+    assert f"--manifest {manifest}" in text.split("```sh\n")[1].split("```")[0]
+    assert "| 640 ms, k=2 (`gpe-c640-k2`) | 50.0 |" in text
+    assert "```sh\n.venv/bin/python " in text
+    monkeypatch.setenv("SWEEP_COMMAND", "recipes/eval/run.sh --quick")  # what run.sh passes down
+    assert sweep.main(args) == 0
+    assert "```sh\nrecipes/eval/run.sh --quick\n```" in (tmp_path / "rep" / "RESULTS.md").read_text()
