@@ -26,7 +26,27 @@ from speechstream.projector import Projector
 from speechstream.text import byte_tokenizer
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"  # model configs shipped with the project
-DEFAULT_MODELS = {"asr": "tiny-random", "translate": "tiny-random"}  # used when no --model is given
+TRANSLATION_MODEL = "smollm2-whisper-base-es-en"  # Spanish speech -> English text (recipes/st/)
+
+
+def _trained(name: str) -> bool:
+    """Whether the shipped model ``name`` names a checkpoint that exists (a trained model, not a config alone)."""
+    import yaml
+
+    path = MODELS_DIR / name / "config.yaml"
+    try:
+        checkpoint = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("checkpoint")
+    except (OSError, yaml.YAMLError):
+        return False
+    return bool(checkpoint) and (path.parent / checkpoint).is_file()
+
+
+# Used when no --model is given. Translate: the Spanish->English model once recipes/st/ has exported a trained
+# checkpoint into it; until then the untrained tiny-random test model.
+DEFAULT_MODELS = {
+    "asr": "tiny-random",
+    "translate": TRANSLATION_MODEL if _trained(TRANSLATION_MODEL) else "tiny-random",
+}
 ARCHITECTURES = ("llama", "qwen2", "gemma2", "phi3")  # LLM families the GPE decoder is verified on
 
 

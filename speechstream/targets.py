@@ -4,6 +4,9 @@ A word belongs to the first segment whose encoder frames cover its end (plus a s
 margin for the stem's look-ahead and timing error). Segment j's words are written
 right after its end-of-chunk marker is fed, i.e. once chunk j + k - 1 is read, so
 every word is written only after it has been heard.
+
+Translation (``translation_chunk_texts``): the target words have no times in the source
+audio, so they are placed proportionally to the source words heard, with a lag.
 """
 
 from __future__ import annotations
@@ -38,4 +41,38 @@ def chunk_texts(words: list[TimedWord], chunk_s: float, n_segments: int, margin_
     for timed in words:
         last = max(last, segment_of(timed.end_s, chunk_s, n_segments, margin_s))
         pieces[last] += " " + timed.word
+    return pieces
+
+
+def translation_chunk_texts(target_words: list[str], source_words: list[TimedWord], chunk_s: float,
+                            n_segments: int, margin_s: float = 0.1, lag_words: int = 1,
+                            speech_end_s: float | None = None) -> list[str]:
+    """A translation cut into ``n_segments`` pieces: target words have no times in the source audio, so they
+    are placed proportionally.
+
+    Rule: with M target words and N timed source words, target word i (1-based) is written once source word
+    ``j = min(N, ceil(i * N / M) + lag_words)`` has been heard (``segment_of`` its end, with ``margin_s``), i.e.
+    when the source covers the same fraction of its words as the target would, plus ``lag_words`` words of
+    look-ahead for reordering between the languages. The last target word therefore waits for the last source
+    word. Without source word times (``source_words`` empty), the fraction is taken of ``speech_end_s`` (or, if
+    that is None too, every word goes after the last segment). Pieces never go backwards.
+    """
+    count = len(target_words)
+    pieces = [""] * n_segments
+    if not count:
+        return pieces
+    ends: list[float] = []
+    if source_words:
+        total = len(source_words)
+        for i in range(1, count + 1):
+            j = min(total, math.ceil(i * total / count) + lag_words)
+            ends.append(source_words[j - 1].end_s)
+    elif speech_end_s is not None:
+        ends = [speech_end_s * i / count for i in range(1, count + 1)]
+    else:
+        ends = [float("inf")] * count
+    last = 0
+    for word, end_s in zip(target_words, ends):
+        last = max(last, segment_of(end_s, chunk_s, n_segments, margin_s))
+        pieces[last] += " " + word
     return pieces

@@ -6,6 +6,9 @@ markers (``targets.chunk_texts``) -> target group; one forward under the wait-k 
 (k drawn per step from ``k_choices``); loss = LM cross-entropy on the target text and
 markers + ``ctc_weight`` x CTC of the speech tokens against the LLM's own token
 embeddings (the alignment signal that gets training off the language-model plateau).
+With ``task: translate`` the target group gets each line's ``translation`` instead, its words
+placed proportionally to the source words heard (``targets.translation_chunk_texts``), and the
+CTC loss keeps aligning the speech to the (source-language) transcript.
 
 Runs through accelerate: the same command trains on one CPU, several GPUs or nodes
 (DDP). Each rank takes its slice of a global batch whose order is a pure function of
@@ -27,12 +30,14 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from speechstream.audio import load_audio
+from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import from_dict
 from speechstream.errors import InputError
 from speechstream.model import EncodedBatch, SpeechLLM, load_model, trainable_state
 from speechstream.schedule import segment_frame_ends
-from speechstream.targets import TimedWord, chunk_texts
+from speechstream.targets import TimedWord, chunk_texts, translation_chunk_texts
+
+TASKS = ("asr", "translate")
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class TrainConfig:
     eval_utterances: int = 20  # dev utterances per evaluation
     threads: int = 0  # torch threads per process (0: torch's default)
     init_checkpoint: str | None = None  # trainable weights to start from (e.g. a shipped model's), fresh optimizer
+    task: str = "asr"  # "translate": the LM target is each line's ``translation``, placed proportionally
+    lag_words: int = 1  # translate: a target word also waits for this many more source words (targets.py)
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class Example:
     audio: Path  # 16 kHz audio file
     text: str  # reference transcript
     words: tuple[TimedWord, ...]  # word end times (empty: all words after the last chunk)
+    translation: str | None = None  # reference translation (the target of task "translate")
 
 
 def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
@@ -85,6 +93,8 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         key, value = item.split("=", 1)
         data[key] = yaml.safe_load(value)
     config = from_dict(TrainConfig, data)
+    if config.task not in TASKS:
+        raise InputError(f"{path}: unknown task {config.task!r} (known: {', '.join(TASKS)})")
     base = Path(path).resolve().parent
     fix = {}
     for field in ("train_manifest", "dev_manifest"):
@@ -94,8 +104,9 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
     return dataclasses.replace(config, **fix)
 
 
-def read_examples(path: str, max_audio_s: float | None = None) -> list[Example]:
-    """Manifest lines -> examples (audio relative to the manifest's folder)."""
+def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr") -> list[Example]:
+    """Manifest lines -> examples (audio relative to the manifest's folder); task "translate" needs a
+    ``translation`` on every line."""
     folder = Path(path).resolve().parent
     examples = []
     try:
@@ -108,7 +119,11 @@ def read_examples(path: str, max_audio_s: float | None = None) -> list[Example]:
         try:
             row = json.loads(line)
             words = tuple(TimedWord(w["w"], float(w["end"])) for w in row.get("words", []))
-            example = Example(str(row["id"]), folder / row["audio"], str(row["text"]), words)
+            translation = row.get("translation")
+            if task == "translate" and not (isinstance(translation, str) and translation.strip()):
+                raise KeyError("translation")
+            example = Example(str(row["id"]), folder / row["audio"], str(row["text"]), words,
+                              None if translation is None else str(translation))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
             raise InputError(f"{path}:{number}: bad manifest line ({error})") from None
         if max_audio_s and row.get("duration") and float(row["duration"]) > max_audio_s:
@@ -132,6 +147,22 @@ def written_words(example: Example) -> list[TimedWord]:
     if len(written) == len(example.words):
         return [TimedWord(w, t.end_s) for w, t in zip(written, example.words)]
     return list(example.words)
+
+
+def example_pieces(example: Example, chunk_s: float, n_segments: int, config: TrainConfig,
+                   speech_end_s: float | None = None) -> tuple[list[str], str]:
+    """(target text cut into the segments, the text the CTC loss aligns the speech to).
+
+    ASR: the transcript's words placed by their end times; CTC on the same words. Translate: the translation's
+    words placed proportionally to the source words heard (``targets.translation_chunk_texts``), CTC on the
+    source transcript (monotonic with the audio, unlike the translation).
+    """
+    if config.task == "translate":
+        pieces = translation_chunk_texts((example.translation or "").split(), list(example.words), chunk_s,
+                                         n_segments, config.word_margin_s, config.lag_words, speech_end_s)
+        return pieces, "".join(" " + word for word in example.text.split())
+    pieces = chunk_texts(written_words(example), chunk_s, n_segments, config.word_margin_s)
+    return pieces, "".join(pieces)
 
 
 def batch_indices(n_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -304,7 +335,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     base_lrs = [g["lr"] for g in groups]
     objective = StreamingLoss(model, config.ctc_weight)
     objective, optimizer = accelerator.prepare(objective, optimizer)
-    examples = read_examples(config.train_manifest, config.max_audio_s)
+    examples = read_examples(config.train_manifest, config.max_audio_s, config.task)
     cache = FeatureCache(out_dir / "features", model, config.chunk_ms)
     ks = [int(k) for k in str(config.k_choices).split(",")]
     state_dir = out_dir / "state"
@@ -314,7 +345,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         accelerator.load_state(str(state_dir))
         start_step = json.loads(progress_file.read_text())["step"]
     log_path = out_dir / "log.jsonl"
-    dev = read_examples(config.dev_manifest)[: config.eval_utterances] if config.dev_manifest else []
+    dev = read_examples(config.dev_manifest, task=config.task)[: config.eval_utterances] if config.dev_manifest else []
     chunk_s = config.chunk_ms / 1000
     bar = tqdm(total=config.steps, initial=start_step, disable=not (progress and accelerator.is_main_process),
                desc="train", unit="step")
@@ -326,13 +357,12 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         frames, frame_ends, targets, texts = [], [], [], []
         for index in mine:
             example = examples[index]
-            item_frames, ends, _ = cache.frames(example)
-            words = written_words(example)
-            pieces = chunk_texts(words, chunk_s, len(ends), config.word_margin_s)
+            item_frames, ends, samples = cache.frames(example)
+            pieces, ctc_text = example_pieces(example, chunk_s, len(ends), config, samples / SAMPLE_RATE)
             frames.append(item_frames)
             frame_ends.append(ends)
             targets.append(model.target_sequence(pieces))
-            texts.append(model._ids("".join(pieces)))
+            texts.append(model._ids(ctc_text))
         padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True).to(accelerator.device)
         k = ks[np.random.default_rng([config.seed, step, 7]).integers(len(ks))]
         factor = learning_rate_factor(step, config.warmup_steps, config.steps)
@@ -375,7 +405,8 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
 
 @torch.no_grad()
 def dev_ctc_wer(model: SpeechLLM, cache: FeatureCache, examples: list[Example]) -> float:
-    """Normalized WER of greedy CTC decoding of the projector outputs (a cheap view of acoustic progress)."""
+    """Normalized WER of greedy CTC decoding of the projector outputs (a cheap view of acoustic progress).
+    The CTC target is the transcript (``text``) in both tasks, the source-language one for "translate"."""
     from speechstream.eval.quality import wer
 
     hypotheses = []

@@ -87,6 +87,7 @@ class Voice:
     pitch: int = 0  # espeak: base pitch 0-99; flite: mean F0 in Hz; 0 keeps the voice's own
     noise_scale: float = 0.667  # piper: generator noise (variation of the voice quality)
     noise_w: float = 0.8  # piper: duration noise (variation of the rhythm)
+    language: str = "en"  # language of the text; espeak's voice name must be of it ("es+f3", "es-419+m2")
 
     @property
     def id(self) -> str:
@@ -104,6 +105,8 @@ class Voice:
             fields["rate_wpm"] = self.rate_wpm
         if self.engine in ("espeak", "flite") and self.pitch:
             fields["pitch"] = self.pitch
+        if self.language != "en":  # English voices keep their original fields (and so their plan digests)
+            fields["language"] = self.language
         return fields
 
     @staticmethod
@@ -168,7 +171,7 @@ def synthesize(text: str, voice: Voice, seed: int = 0) -> Utterance:
     if rate != SAMPLE_RATE:
         samples = resample(samples, rate, SAMPLE_RATE)
     samples = np.clip(samples, -1.0, 1.0).astype(np.float32)
-    words = normalize_english(text).split()
+    words = normalize_words(text, voice.language).split()
     if len(words) != len(token_ends):
         raise SpeechstreamError(f"{len(token_ends)} tokens but {len(words)} normalised words in {text!r}")
     start, stop = active_span(samples)
@@ -179,6 +182,18 @@ def synthesize(text: str, voice: Voice, seed: int = 0) -> Utterance:
     duration = len(samples) / SAMPLE_RATE
     ends = monotonic_ends([end - first / SAMPLE_RATE for end in ends], duration)
     return Utterance(samples, tuple(WordTime(word, round(end, 4)) for word, end in zip(words, ends)))
+
+
+def normalize_words(text: str, language: str = "en") -> str:
+    """The reference words of ``text`` (lowercase, no punctuation): ``normalize_english`` for English,
+    ``parallel_text.normalize_spanish`` (accents kept) for Spanish."""
+    if language == "en":
+        return normalize_english(text)
+    if language == "es":
+        from speechstream.data.parallel_text import normalize_spanish  # noqa: PLC0415
+
+        return normalize_spanish(text)
+    raise SpeechstreamError(f"no word normaliser for language {language!r} (known: en, es)")
 
 
 def fill_missing(ends: list[float | None], speech_end: float) -> list[float]:
@@ -503,6 +518,8 @@ class EspeakEngine(Engine):
         return result
 
     def _speak_here(self, text: str, voice: Voice, seed: int, word_gap_10ms: int):
+        if espeak_language(voice.name) != voice.language:
+            raise SpeechstreamError(f"espeak-ng voice {voice.name!r} does not speak {voice.language!r}")
         if self.lib.espeak_SetVoiceByName(voice.name.encode()) != 0:
             raise SpeechstreamError(f"espeak-ng has no voice {voice.name!r}")
         self.lib.espeak_SetParameter(_ESPEAK_RATE, int(voice.rate_wpm), 0)
@@ -528,6 +545,11 @@ class EspeakEngine(Engine):
                         starts[index] = sample
                     break
         return samples, self.sample_rate, word_ends_from_starts(samples, self.sample_rate, starts)
+
+
+def espeak_language(name: str) -> str:
+    """The language of an espeak-ng voice name: "es-419+f3" -> "es", "en-gb-scotland+m1" -> "en"."""
+    return name.partition("+")[0].partition("-")[0]
 
 
 def word_ends_from_starts(samples: np.ndarray, rate: int, starts: list[int | None]) -> list[float | None]:
@@ -604,6 +626,9 @@ HELDOUT_ESPEAK_VARIANTS = ("f4", "m6")  # never in training: the held-out test v
 HELDOUT_FLITE_VOICES = ("rms",)
 TRAIN_ENGINE_WEIGHTS = (("piper", 0.5), ("espeak", 0.35), ("flite", 0.15))
 HELDOUT_ENGINE_WEIGHTS = (("espeak", 0.65), ("flite", 0.35))  # Piper has one voice only, and it is trained on
+# Other languages: espeak-ng only (Piper "joe" and flite speak English). Accents per language; the variants and
+# the held-out variants are the English ones.
+ESPEAK_LANGUAGE_ACCENTS = {"es": ("es", "es-419")}  # Spain, Latin America
 
 
 def is_heldout_voice(voice: Voice) -> bool:
@@ -613,13 +638,21 @@ def is_heldout_voice(voice: Voice) -> bool:
     return voice.engine == "flite" and voice.name in HELDOUT_FLITE_VOICES
 
 
-def sample_voice(rng, heldout: bool = False, engines: tuple[str, ...] = ENGINES) -> Voice:
+def sample_voice(rng, heldout: bool = False, engines: tuple[str, ...] = ENGINES, language: str = "en") -> Voice:
     """A random voice with random settings: from the training set, or from the held-out set when ``heldout``.
 
     Ranges: Piper length_scale 0.8-1.25, noise_scale 0.4-0.9, noise_w 0.5-1.0; espeak 130-200 words per
     minute, pitch 30-70; flite duration 0.85-1.2 and mean F0 0.85-1.2 times the voice's own. ``rng`` is a
-    ``random.Random``.
+    ``random.Random``. For ``language`` other than "en": espeak-ng with that language's accents
+    (``ESPEAK_LANGUAGE_ACCENTS``), the same variants, held-out variants and ranges.
     """
+    if language != "en":
+        if language not in ESPEAK_LANGUAGE_ACCENTS or "espeak" not in engines:
+            raise SpeechstreamError(f"no voices for language {language!r} among engines {engines} "
+                                    f"(espeak-ng speaks {', '.join(ESPEAK_LANGUAGE_ACCENTS)})")
+        variants = [v for v in ESPEAK_VARIANTS if (v in HELDOUT_ESPEAK_VARIANTS) == heldout]
+        return Voice("espeak", f"{rng.choice(ESPEAK_LANGUAGE_ACCENTS[language])}+{rng.choice(variants)}",
+                     rate_wpm=rng.randint(130, 200), pitch=rng.randint(30, 70), language=language)
     weights = [(name, weight) for name, weight in (HELDOUT_ENGINE_WEIGHTS if heldout else TRAIN_ENGINE_WEIGHTS)
                if name in engines]
     if not weights:
@@ -638,10 +671,16 @@ def sample_voice(rng, heldout: bool = False, engines: tuple[str, ...] = ENGINES)
                  pitch=int(round(FLITE_F0[name] * rng.uniform(0.85, 1.2))))
 
 
+# espeak-ng seconds per character at 175 words/min (English measured on 60 clips; Spanish on 24 clips of Bible verses,
+# es and es-419 with variants m3 and f4 at 130-200 words/min: 0.054-0.071)
+ESPEAK_SECONDS_PER_CHARACTER = {"en": 0.051, "es": 0.062}
+
+
 def estimate_seconds(text: str, voice: Voice) -> float:
     """Rough spoken length of ``text`` (trimmed), for planning how many sentences fill an hour."""
+    espeak_s = ESPEAK_SECONDS_PER_CHARACTER.get(voice.language, 0.051)
     per_character = {"piper": 0.051 * voice.length_scale, "flite": 0.060 * voice.length_scale,
-                     "espeak": 0.051 * 175 / max(voice.rate_wpm, 1)}[voice.engine]  # measured on 60 clips
+                     "espeak": espeak_s * 175 / max(voice.rate_wpm, 1)}[voice.engine]  # measured on 60 clips
     return 0.3 + len(text) * per_character
 
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The Spanish speech -> English text recipe, stage by stage. Every stage is seeded and resumable:
+# rerun the script (or one stage) after an interruption and it continues.
+#   recipes/st/run.sh [first_stage] [last_stage]
+#   stage 0: parallel text (Bible: WEB English + Reina-Valera 1909 Spanish, aligned by verse) -> data/st-main/text/
+#   stage 1: Spanish speech (espeak-ng es / es-419), augmented, manifests with translations   -> data/st-main/
+#   stage 2: train projector + LoRA from the English model's weights (GPE wait-k mask)        -> runs/smollm2-whisper-base-es-en/
+#   stage 3: export the trained weights into the model (it then becomes the translate default) -> models/smollm2-whisper-base-es-en/
+#   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency)        -> runs/eval-smollm2-whisper-base-es-en/
+# HOURS (default 2.0) and WORKERS (default 2) size stage 1. Stages 0 and 1 are one script (prepare_st.py); stage 0
+# stops it after the text and the plan (--text-only), stage 1 runs it through (the text and plan are kept).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+first=${1:-0}; last=${2:-4}
+SS=.venv/bin/speechstream
+PY=.venv/bin/python
+MODEL=smollm2-whisper-base-es-en
+RUN=runs/$MODEL
+DATA=data/st-main
+HOURS=${HOURS:-2.0}
+WORKERS=${WORKERS:-2}
+export HF_HUB_OFFLINE=1
+
+if [ "$first" -le 0 ] && [ "$last" -ge 0 ]; then
+  $PY recipes/st/prepare_st.py --out $DATA --hours "$HOURS" --seed 0 --workers "$WORKERS" --text-only
+fi
+if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
+  $PY recipes/st/prepare_st.py --out $DATA --hours "$HOURS" --seed 0 --workers "$WORKERS"
+fi
+if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
+  $SS fetch whisper-base smollm2-135m-instruct
+  $SS train recipes/st/$MODEL.yaml
+fi
+if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
+  $PY recipes/asr/export.py "$RUN" models/$MODEL
+fi
+if [ "$first" -le 4 ] && [ "$last" -ge 4 ]; then
+  out=runs/eval-$MODEL
+  $SS eval $DATA/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
+    --chunk-ms 640 --k 2 --out $out/heldout-640ms
+  $SS eval $DATA/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
+    --chunk-ms 30000 --k 1 --out $out/heldout-offline
+fi

@@ -1,0 +1,33 @@
+"""The Spanish->English model config and the translate default."""
+
+import speechstream.model as model_module
+from speechstream.config import load_model_config
+
+
+def test_translation_model_config_matches_the_english_architecture():
+    english = load_model_config(model_module.MODELS_DIR / "smollm2-whisper-base" / "config.yaml")
+    spanish = load_model_config(model_module.MODELS_DIR / model_module.TRANSLATION_MODEL / "config.yaml")
+    assert (spanish.encoder, spanish.projector, spanish.llm, spanish.tokenizer) == (
+        english.encoder, english.projector, english.llm, english.tokenizer)
+    assert "translate Spanish speech into English" in spanish.prompt.source_prefix
+    assert (spanish.prompt.eoc_token, spanish.prompt.eos_token) == (english.prompt.eoc_token, english.prompt.eos_token)
+
+
+def test_translate_default_needs_a_trained_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setattr(model_module, "MODELS_DIR", tmp_path)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("name: m\n")
+    assert not model_module._trained("m")
+    (folder / "config.yaml").write_text("name: m\ncheckpoint: trainable.safetensors\n")
+    assert not model_module._trained("m")  # named but not there
+    (folder / "trainable.safetensors").write_bytes(b"x")
+    assert model_module._trained("m")
+    assert not model_module._trained("absent")
+
+
+def test_translate_default_is_tiny_random_until_trained():
+    trained = model_module._trained(model_module.TRANSLATION_MODEL)
+    expected = model_module.TRANSLATION_MODEL if trained else "tiny-random"
+    assert model_module.DEFAULT_MODELS["translate"] == expected
+    assert model_module.DEFAULT_MODELS["asr"] == "tiny-random"

@@ -1,0 +1,151 @@
+"""Spanish speech for translation: Spanish espeak-ng voices with word times, and a tiny end-to-end run of
+recipes/st/prepare_st.py (manifest fields, held-out voices, resume, determinism)."""
+
+import hashlib
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from speechstream.data.parallel_text import normalize_spanish
+from speechstream.data.synthesize import (
+    HELDOUT_ESPEAK_VARIANTS,
+    Voice,
+    espeak_available,
+    normalize_words,
+    sample_voice,
+    synthesize,
+)
+from speechstream.errors import SpeechstreamError
+from speechstream.manifest import read_manifest
+from speechstream.train import read_examples
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "st" / "prepare_st.py"
+
+
+def _spanish_espeak() -> bool:
+    if not espeak_available():
+        return False
+    try:
+        synthesize("Hola.", Voice("espeak", "es", language="es"))
+    except SpeechstreamError:
+        return False
+    return True
+
+
+needs_spanish = pytest.mark.skipif(not _spanish_espeak(), reason="espeak-ng with Spanish voices is not installed")
+
+
+def test_spanish_voices_and_english_fields_unchanged():
+    rng = random.Random(0)
+    train = [sample_voice(rng, language="es") for _ in range(200)]
+    heldout = [sample_voice(rng, heldout=True, language="es") for _ in range(100)]
+    assert {voice.name.partition("+")[0] for voice in train} == {"es", "es-419"}
+    assert not any(voice.name.rpartition("+")[2] in HELDOUT_ESPEAK_VARIANTS for voice in train)
+    assert all(voice.name.rpartition("+")[2] in HELDOUT_ESPEAK_VARIANTS for voice in heldout)
+    for voice in train + heldout:
+        assert voice.engine == "espeak" and voice.language == "es"
+        assert Voice.from_dict(voice.to_dict()) == voice and voice.to_dict()["language"] == "es"
+    english = Voice("espeak", "en-us+m1", rate_wpm=150, pitch=40)
+    assert english.to_dict() == {"engine": "espeak", "name": "en-us+m1", "rate_wpm": 150, "pitch": 40}
+    with pytest.raises(SpeechstreamError):
+        sample_voice(rng, language="es", engines=("piper",))
+    assert normalize_words("¿Qué, señor?", "es") == "qué señor"
+    assert normalize_words("Don't stop.", "en") == "dont stop"
+
+
+@needs_spanish
+def test_spanish_synthesis_has_word_times():
+    text = "¡Oh Jehová, cuánto se han multiplicado mis enemigos!"
+    voice = Voice("espeak", "es-419+f3", rate_wpm=160, pitch=55, language="es")
+    first = synthesize(text, voice, seed=2)
+    assert np.array_equal(first.samples, synthesize(text, voice, seed=2).samples)
+    assert [word.w for word in first.words] == normalize_spanish(text).split()
+    ends = [word.end for word in first.words]
+    assert all(a < b for a, b in zip(ends, ends[1:])) and 0 < ends[0] and ends[-1] <= first.duration
+    assert 2.0 < first.duration < 6.0
+    with pytest.raises(SpeechstreamError, match="does not speak"):
+        synthesize(text, Voice("espeak", "en-us+f3", language="es"))
+
+
+def _load_recipe():
+    spec = importlib.util.spec_from_file_location("prepare_st", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRAIN = [("Genesis 1:1", "En el principio crió Dios los cielos y la tierra.",
+          "In the beginning, God created the heavens and the earth."),
+         ("Genesis 1:3", "Y dijo Dios: Sea la luz, y fué la luz.",
+          "God said, Let there be light, and there was light."),
+         ("John 11:35", "Y lloró Jesús.", "Jesus wept."),
+         ("Psalms 23:1", "Jehová es mi pastor; nada me faltará.", "Yahweh is my shepherd: I shall lack nothing.")]
+HELDOUT = [("John 3:16/1", "Porque de tal manera amó Dios al mundo.", "For God so loved the world."),
+           ("Luke 19:1", "Y habiendo entrado Jesús, iba pasando por Jericó.",
+            "He entered and was passing through Jericho.")]
+
+
+def _seed_text(out: Path) -> None:
+    """A ready-made OUT/text/, so the recipe does not need the SWORD modules."""
+    text = out / "text"
+    text.mkdir(parents=True)
+    for name, pairs in (("train", TRAIN), ("heldout", HELDOUT)):
+        (text / f"{name}.jsonl").write_text("".join(
+            json.dumps({"id": ref, "es": es, "en": en}, ensure_ascii=False) + "\n" for ref, es, en in pairs))
+    (text / "counts.json").write_text(json.dumps({"pairs_train": len(TRAIN), "pairs_heldout": len(HELDOUT)}))
+
+
+def _digests(out: Path) -> dict[str, str]:
+    return {path.relative_to(out).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(out.rglob("*.wav"))}
+
+
+@needs_spanish
+def test_recipe_end_to_end(tmp_path, monkeypatch):
+    recipe = _load_recipe()
+    monkeypatch.setattr(recipe, "BABBLE_CLIPS", 1)
+    arguments = ["--hours", "0.001", "--heldout-hours", "0.0005", "--workers", "1"]
+    out = tmp_path / "st"
+    _seed_text(out)
+    assert recipe.main(["--out", str(out), *arguments]) == 0
+
+    train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    heldout = [json.loads(line) for line in (out / "heldout.jsonl").read_text().splitlines()]
+    assert len(train) >= 1 and len(heldout) >= 1
+    pairs = {ref: (es, en) for ref, es, en in TRAIN + HELDOUT}
+    for record in train + heldout:
+        assert set(recipe.MANIFEST_FIELDS) <= set(record)
+        assert (record["source_lang"], record["target_lang"]) == ("es", "en")
+        assert (record["text"], record["translation"]) == pairs[record["source"]]
+        assert [word["w"] for word in record["words"]] == normalize_spanish(record["text"]).split()
+        ends = [word["end"] for word in record["words"]]
+        assert all(a < b for a, b in zip(ends, ends[1:])) and ends[-1] <= record["duration"]
+        info = soundfile.info(str(out / record["audio"]))
+        assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
+        assert info.frames / 16000 == pytest.approx(record["duration"], abs=1e-3)
+    assert {record["source"] for record in train} <= {ref for ref, _, _ in TRAIN}
+    assert {record["source"] for record in heldout} <= {ref for ref, _, _ in HELDOUT}
+    assert all(record["voice"].rpartition("+")[2] in HELDOUT_ESPEAK_VARIANTS for record in heldout)
+    assert not any(record["voice"].rpartition("+")[2] in HELDOUT_ESPEAK_VARIANTS for record in train)
+    # the manifests are what eval --task translate and train (task translate) read
+    assert [u.translation for u in read_manifest(out / "heldout.jsonl")] == [r["translation"] for r in heldout]
+    assert [e.translation for e in read_examples(str(out / "train.jsonl"), task="translate")] == [
+        r["translation"] for r in train]
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["utterances"]["train"] == len(train) and stats["synthesis"]["speech"]["real_time_factor"] > 0
+
+    before = _digests(out)
+    mtimes = {path: path.stat().st_mtime_ns for path in out.rglob("*.wav")}
+    assert recipe.main(["--out", str(out), *arguments]) == 0  # resumes: nothing is made again
+    assert {path: path.stat().st_mtime_ns for path in out.rglob("*.wav")} == mtimes
+    again = tmp_path / "again"
+    _seed_text(again)
+    assert recipe.main(["--out", str(again), *arguments]) == 0
+    assert _digests(again) == before  # seeded: a fresh run writes identical audio
+    with pytest.raises(SystemExit):
+        recipe.main(["--out", str(out), "--hours", "0.002", "--workers", "1"])  # another plan is refused
