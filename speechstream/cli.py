@@ -35,6 +35,50 @@ def _decoding_args(parser: argparse.ArgumentParser) -> None:
                         help="stop a chunk's writing when a token block repeats this often (0: off)")
     parser.add_argument("--device", default=defaults.device, help="torch device (cpu, cuda)")
     parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate)")
+    parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
+                        "none (GPE), interleaved, source-sees-target or reencode; see docs/METHOD.md")
+
+
+def _serve_args(parser: argparse.ArgumentParser) -> None:
+    from speechstream.server import ServerConfig
+
+    defaults = ServerConfig()
+    parser.add_argument("--host", default=defaults.host, help="interface to listen on (default: localhost only)")
+    parser.add_argument("--port", type=int, default=defaults.port, help="TCP port (0: any free port)")
+    _decoding_args(parser)
+    parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions, help="concurrent streams")
+    parser.add_argument("--max-frame-bytes", type=int, default=defaults.max_frame_bytes, help="largest audio frame")
+    parser.add_argument("--max-session-s", type=float, default=defaults.max_session_s,
+                        help="seconds of audio one stream may send")
+    parser.add_argument("--queue-frames", type=int, default=defaults.queue_frames,
+                        help="frames queued per stream before its socket is no longer read (backpressure)")
+    parser.add_argument("--record-dir", help="debug: write each stream's received audio and sent events here")
+
+
+def _live_args(parser: argparse.ArgumentParser) -> None:
+    from speechstream.config import DecodingConfig
+
+    parser.add_argument("--list-devices", action="store_true", help="print the audio input devices and exit")
+    parser.add_argument("--input-device", help="PortAudio index or (part of) the name of the input device "
+                        "(default: the system's default input)")
+    _decoding_args(parser)
+    parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=True,
+                        help="end segments at pauses (Silero VAD) so that long sessions stay flat (default: on)")
+    parser.add_argument("--vad-min-silence-ms", type=int, default=DecodingConfig().vad_min_silence_ms,
+                        help="pause that ends a segment (ms)")
+    parser.add_argument("--seconds", type=float, help="stop after this many seconds of audio (counted in samples)")
+    parser.add_argument("--output", help="also save the transcript to this file (on Ctrl-C too)")
+    parser.add_argument("--format", choices=("txt", "srt", "vtt", "json"), default="txt", help="format of --output")
+
+
+def _bench_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--minutes", type=float, default=30.0, help="length of the synthetic stream")
+    parser.add_argument("--window-minutes", type=float, default=5.0, help="report one line per window of audio")
+    parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml")
+    parser.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms)")
+    parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=False,
+                        help="end segments at pauses and reset the caches (default: off)")
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,14 +105,25 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", required=True, help="output folder; rerunning with the same folder resumes")
     _decoding_args(evaluate)
     evaluate.add_argument("--baseline", default="gpe", help="system to evaluate: gpe (this package's streaming "
-                          "decoder, its model given by --model) or whisper-offline (Whisper over the whole audio)")
-    evaluate.add_argument("--baseline-model", help="model of a baseline other than gpe; whisper-offline: whisper-base "
-                          "(default), whisper-tiny.en or a transformers Whisper directory")
+                          "decoder, its model given by --model), whisper-offline (Whisper over the whole audio) or "
+                          "whisper-la2 (Whisper re-run every --chunk-ms over a growing buffer, LocalAgreement-2, as "
+                          "whisper_streaming; --chunk-ms 1000 is its default)")
+    evaluate.add_argument("--baseline-model", help="model of a baseline other than gpe; whisper-offline, whisper-la2: "
+                          "whisper-base (default), whisper-tiny.en or a transformers Whisper directory")
 
     train = commands.add_parser("train", help="train projector and LoRA adapters from a recipe (accelerate)")
     train.add_argument("recipe", help="training recipe YAML (recipes/asr/*.yaml)")
     train.add_argument("overrides", nargs="*", help="key=value overrides of recipe fields")
     train.add_argument("--stop-after", type=int, help="end this run after N steps (resume later)")
+
+    serve = commands.add_parser("serve", help="live transcription server: WebSocket streams and a browser page")
+    _serve_args(serve)
+
+    live = commands.add_parser("live", help="transcribe the microphone as you speak (Ctrl-C ends and saves)")
+    _live_args(live)
+
+    bench = commands.add_parser("bench", help="long-session benchmark: memory and per-chunk latency over time")
+    _bench_args(bench)
 
     fetch = commands.add_parser("fetch", help="download, verify and convert pretrained weights into the cache")
     fetch.add_argument("names", nargs="*", help="assets (default: all): whisper-tiny.en, whisper-base, smollm2-135m-instruct")
@@ -78,14 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _decoding_config(args: argparse.Namespace):
     from speechstream.chunker import chunk_samples
-    from speechstream.config import DecodingConfig
+    from speechstream.config import ABLATIONS, DecodingConfig
 
     chunk_samples(args.chunk_ms)  # validates
+    if args.ablation not in ABLATIONS:
+        raise InputError(f"unknown ablation {args.ablation!r} (known: {', '.join(ABLATIONS)})")
     if args.k < 1:
         raise InputError("--k must be at least 1")
     return DecodingConfig(
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
-        device=args.device, int8=args.int8, max_repeats=args.max_repeats,
+        device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
     )
 
 
@@ -186,6 +243,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         if args.model:
             raise InputError(f"--model names a GPE model; give the {args.baseline} model with --baseline-model")
+        if args.ablation != "none":
+            raise InputError(f"--ablation applies to the gpe system, not to {args.baseline}")
         name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline)
     sys.stdout.write((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
@@ -215,12 +274,94 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from speechstream.server import ServerConfig, run
+
+    config = ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
+                          max_frame_bytes=args.max_frame_bytes, max_session_s=args.max_session_s,
+                          queue_frames=args.queue_frames, record_dir=args.record_dir).validate()
+    return run(config, _decoding_config(args), _model_name(args), args.task)
+
+
+def _vad_decoding(args: argparse.Namespace):
+    """The shared decoding options plus the VAD ones of ``live``."""
+    import dataclasses
+
+    from speechstream.policy import make_policy
+
+    decoding = _decoding_config(args)
+    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats)
+    if args.vad_min_silence_ms < 32:
+        raise InputError("--vad-min-silence-ms must be at least 32 (one VAD window)")
+    return dataclasses.replace(decoding, vad=args.vad, vad_min_silence_ms=args.vad_min_silence_ms)
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    from speechstream import live
+
+    # usage errors first, before the model load
+    limit = live.seconds_to_samples(args.seconds)
+    spec = live.parse_device(args.input_device)
+    sd = live.load_sounddevice()
+    if args.list_devices:
+        default = sd.default.device[0] if sd.default.device[0] is not None and sd.default.device[0] >= 0 else None
+        print("\n".join(live.describe_devices(live.input_devices(sd), default)))
+        return 0
+    decoding = _vad_decoding(args)
+    device = live.resolve_device(sd, spec)
+    try:
+        out = open(args.output, "w", encoding="utf-8") if args.output else None
+    except OSError as error:
+        raise InputError(f"{args.output}: cannot write the output ({error.strerror or error})") from None
+
+    from speechstream import outputs
+    from speechstream.model import load_model
+    from speechstream.session import StreamingSession
+
+    try:
+        name = _model_name(args)
+        model = load_model(name, decoding.device, int8=decoding.int8)
+        if name == "tiny-random":
+            print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
+        print(f"speechstream: listening on {device['name']} (Ctrl-C ends)", file=sys.stderr)
+        session = StreamingSession(model, decoding)
+        result = live.record(session, device, limit, live.Printer(), sd)
+        if result.overflows or result.dropped:
+            print(f"speechstream: warning: {result.overflows + result.dropped} audio blocks lost (device overflow "
+                  "or the model fell behind)", file=sys.stderr)
+        if out is not None:
+            if args.format == "txt":
+                out.write(session.transcript + "\n")
+            elif args.format == "json":
+                document = outputs.json_document(f"microphone:{device['name']}", result.events)
+                json.dump(document, out, ensure_ascii=False, indent=2)
+                out.write("\n")
+            else:
+                out.write(outputs.srt(result.events) if args.format == "srt" else outputs.vtt(result.events))
+    finally:
+        if out is not None:
+            out.close()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from speechstream import bench
+
+    config = bench.BenchConfig(minutes=args.minutes, window_minutes=args.window_minutes, chunk_ms=args.chunk_ms,
+                               vad=args.vad, model=args.model or "tiny-random", device=args.device).validate()
+    bench.run(config, print)
+    return 0
+
+
 COMMANDS = {
     "transcribe": cmd_transcribe,
     "verify": cmd_verify,
     "eval": cmd_eval,
     "train": cmd_train,
     "fetch": cmd_fetch,
+    "live": cmd_live,
+    "bench": cmd_bench,
+    "serve": cmd_serve,
 }
 
 
