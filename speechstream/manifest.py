@@ -1,4 +1,4 @@
-"""Manifests: JSON lines, one utterance per line (docs/INTERFACES.md).
+"""Manifests: JSON lines, one utterance per line (docs/manifest.md).
 
     {"id": "u1", "audio": "clips/u1.wav", "text": "reference transcript", "translation": "...",
      "source_lang": "en", "target_lang": "en", "offset": 12.5, "duration": 3.2}

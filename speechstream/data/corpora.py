@@ -1,4 +1,4 @@
-"""Evaluation corpora -> manifests (docs/INTERFACES.md): LibriSpeech, Common Voice, CoVoST 2, MuST-C, plain JSONL.
+"""Evaluation corpora -> manifests (docs/manifest.md): LibriSpeech, Common Voice, CoVoST 2, MuST-C, plain JSONL.
 
 Each reader walks a corpus in its published layout and yields manifest entries (dicts with ``id``, ``audio`` as an
 absolute path, ``text`` / ``translation``, ``source_lang``, ``target_lang`` and, for MuST-C's segments of long talks,
