@@ -108,6 +108,28 @@ def test_columns_no_row_needs_are_trimmed(tiny_model):
     assert max((a - b).abs().max().item() for a, b in zip(long.logits, alone)) < TOLERANCE
 
 
+def _batched_sessions(model, decoding, choose, n):
+    """``n`` sessions for an outside driver that record their logits."""
+    sessions = [StreamingSession(model, decoding, choose=choose, partials=False, own_llm=False) for _ in range(n)]
+    for session in sessions:
+        session.record_logits = True
+    return sessions
+
+
+def _feed_round(batch, sessions, audios, starts, t, step):
+    """Feeding round ``t``: stream i joins at round ``starts[i]``, then gets ``step`` samples a round, and
+    ``end_audio`` once its audio is spent."""
+    for session, audio, start in zip(sessions, audios, starts):
+        j = t - start
+        if j == 0:
+            batch.join(session)
+        if session in batch and not session.finished:
+            if j * step < len(audio):
+                session.feed(audio[j * step : (j + 1) * step])
+            else:
+                session.end_audio()
+
+
 def test_sessions_joining_at_different_times_get_their_solo_transcripts(tiny_model):
     rng = np.random.default_rng(2)
     audios = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (9000, 31000, 17777, 12000)]
@@ -115,21 +137,11 @@ def test_sessions_joining_at_different_times_get_their_solo_transcripts(tiny_mod
     decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20)
     choose = text_favouring_chooser(tiny_model)
     step = 5120
-    sessions = [StreamingSession(tiny_model, decoding, choose=choose, partials=False, own_llm=False) for _ in audios]
-    for s in sessions:
-        s.record_logits = True
+    sessions = _batched_sessions(tiny_model, decoding, choose, len(audios))
     batch = DynamicBatch(tiny_model)
     with torch.no_grad():
         for t in range(40):
-            for i, (session, audio) in enumerate(zip(sessions, audios)):
-                j = t - starts[i]
-                if j == 0:
-                    batch.join(session)
-                if session in batch and not session.finished:
-                    if j * step < len(audio):
-                        session.feed(audio[j * step : (j + 1) * step])
-                    else:
-                        session.end_audio()
+            _feed_round(batch, sessions, audios, starts, t, step)
             batch.run()
             for session in list(batch.sessions):
                 if not session.units and not session.waiting_for_llm:
@@ -167,22 +179,12 @@ def test_vad_segments_get_fresh_rows_in_a_dynamic_batch(tiny_model):
               np.concatenate([speech[1], silence, speech[0]]), speech[0][:30000]]
     decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, vad=True)
     choose = text_favouring_chooser(tiny_model)
-    sessions = [StreamingSession(tiny_model, decoding, choose=choose, partials=False, own_llm=False) for _ in audios]
-    for s in sessions:
-        s.record_logits = True
+    sessions = _batched_sessions(tiny_model, decoding, choose, len(audios))
     batch = DynamicBatch(tiny_model)
     step = 4000
     with torch.no_grad():
         for t in range(100):
-            for i, (session, audio) in enumerate(zip(sessions, audios)):
-                j = t - i  # staggered starts
-                if j == 0:
-                    batch.join(session)
-                if session in batch and not session.finished:
-                    if j * step < len(audio):
-                        session.feed(audio[j * step : (j + 1) * step])
-                    else:
-                        session.end_audio()
+            _feed_round(batch, sessions, audios, range(len(audios)), t, step)  # staggered starts
             batch.run()
             for session in list(batch.sessions):
                 if session.finished or (not session.units and not session.waiting_for_llm and session._audio_done):

@@ -1,6 +1,5 @@
 """Synthesis: word-time helpers, voice sets, and a tiny end-to-end run of the recipe with espeak-ng."""
 
-import hashlib
 import importlib.util
 import json
 import random
@@ -25,6 +24,7 @@ from speechstream.data.synthesize import (
     word_ends_from_starts,
 )
 from speechstream.eval.quality import normalize_english
+from tests.helpers import check_resume_and_repeat, load_recipe
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "asr" / "prepare_synthetic.py"
 needs_espeak = pytest.mark.skipif(not espeak_available(), reason="espeak-ng is not installed")
@@ -125,13 +125,6 @@ def test_piper_is_seeded_and_timed():
     _check_utterance(first, text)
 
 
-def _load_recipe():
-    spec = importlib.util.spec_from_file_location("prepare_synthetic", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _seed_text(out: Path) -> None:
     """A ready-made OUT/text/ so the recipe skips the (minute-long) corpus build."""
     text = out / "text"
@@ -146,14 +139,9 @@ def _seed_text(out: Path) -> None:
                                                                "duplicates": 0}}))
 
 
-def _digests(out: Path) -> dict[str, str]:
-    return {path.relative_to(out).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(out.rglob("*.wav"))}
-
-
 @needs_espeak
 def test_recipe_end_to_end_with_espeak(tmp_path, monkeypatch):
-    recipe = _load_recipe()
+    recipe = load_recipe(RECIPE)
     monkeypatch.setattr(recipe, "BABBLE_CLIPS", 3)
     arguments = ["--hours", "0.0005", "--heldout-hours", "0.0005", "--engines", "espeak", "--workers", "1"]
     out = tmp_path / "synth"
@@ -180,13 +168,6 @@ def test_recipe_end_to_end_with_espeak(tmp_path, monkeypatch):
     assert stats["utterances"]["train"] == len(manifest)
     assert stats["synthesis"]["speech"]["real_time_factor"] > 0
 
-    before = _digests(out)
-    mtimes = {path: path.stat().st_mtime_ns for path in out.rglob("*.wav")}
-    assert recipe.main(["--out", str(out), *arguments]) == 0  # resumes: nothing is made again
-    assert {path: path.stat().st_mtime_ns for path in out.rglob("*.wav")} == mtimes
-    again = tmp_path / "again"
-    _seed_text(again)
-    assert recipe.main(["--out", str(again), *arguments]) == 0
-    assert _digests(again) == before  # seeded: a fresh run writes identical audio
+    check_resume_and_repeat(recipe.main, out, tmp_path / "again", arguments, _seed_text)
     with pytest.raises(SystemExit):
         recipe.main(["--out", str(out), *arguments[:-2], "--workers", "1", "--seed", "1"])  # another plan

@@ -1,8 +1,6 @@
 """Spanish speech for translation: Spanish espeak-ng voices with word times, and a tiny end-to-end run of
 recipes/st/prepare_st.py (manifest fields, held-out voices, resume, determinism)."""
 
-import hashlib
-import importlib.util
 import json
 import random
 from pathlib import Path
@@ -23,6 +21,7 @@ from speechstream.data.synthesize import (
 from speechstream.errors import SpeechstreamError
 from speechstream.manifest import read_manifest
 from speechstream.train import read_examples
+from tests.helpers import check_resume_and_repeat, load_recipe
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "st" / "prepare_st.py"
 
@@ -72,13 +71,6 @@ def test_spanish_synthesis_has_word_times():
         synthesize(text, Voice("espeak", "en-us+f3", language="es"))
 
 
-def _load_recipe():
-    spec = importlib.util.spec_from_file_location("prepare_st", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 TRAIN = [("Genesis 1:1", "En el principio crió Dios los cielos y la tierra.",
           "In the beginning, God created the heavens and the earth."),
          ("Genesis 1:3", "Y dijo Dios: Sea la luz, y fué la luz.",
@@ -100,14 +92,9 @@ def _seed_text(out: Path) -> None:
     (text / "counts.json").write_text(json.dumps({"pairs_train": len(TRAIN), "pairs_heldout": len(HELDOUT)}))
 
 
-def _digests(out: Path) -> dict[str, str]:
-    return {path.relative_to(out).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(out.rglob("*.wav"))}
-
-
 @needs_spanish
 def test_recipe_end_to_end(tmp_path, monkeypatch):
-    recipe = _load_recipe()
+    recipe = load_recipe(RECIPE)
     monkeypatch.setattr(recipe, "BABBLE_CLIPS", 1)
     arguments = ["--hours", "0.001", "--heldout-hours", "0.0005", "--workers", "1"]
     out = tmp_path / "st"
@@ -139,13 +126,6 @@ def test_recipe_end_to_end(tmp_path, monkeypatch):
     stats = json.loads((out / "stats.json").read_text())
     assert stats["utterances"]["train"] == len(train) and stats["synthesis"]["speech"]["real_time_factor"] > 0
 
-    before = _digests(out)
-    mtimes = {path: path.stat().st_mtime_ns for path in out.rglob("*.wav")}
-    assert recipe.main(["--out", str(out), *arguments]) == 0  # resumes: nothing is made again
-    assert {path: path.stat().st_mtime_ns for path in out.rglob("*.wav")} == mtimes
-    again = tmp_path / "again"
-    _seed_text(again)
-    assert recipe.main(["--out", str(again), *arguments]) == 0
-    assert _digests(again) == before  # seeded: a fresh run writes identical audio
+    check_resume_and_repeat(recipe.main, out, tmp_path / "again", arguments, _seed_text)
     with pytest.raises(SystemExit):
         recipe.main(["--out", str(out), "--hours", "0.002", "--workers", "1"])  # another plan is refused
