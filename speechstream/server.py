@@ -120,7 +120,6 @@ def parse_start(text: str, served_model: str, served_task: str) -> StreamStart:
 
 
 _END = object()  # inbox item: the client sent {"type": "end"}
-_NO_SAMPLES = np.zeros(0, dtype=np.float32)
 
 
 @dataclass(eq=False)
@@ -284,8 +283,8 @@ class DecodeWorker:
                 self._close(live)
             elif live.dirty:  # it waits for audio: held events, then the uncommitted tail, as a solo session
                 live.dirty = False
-                for event in session.feed(_NO_SAMPLES) + session._partial():  # noqa: SLF001 - the driver plays
-                    live.stream.deliver(event)  # the session's own loop
+                for event in session.pending_events():
+                    live.stream.deliver(event)
         return bool(served)
 
     def _close(self, live: _Live) -> None:

@@ -21,7 +21,8 @@ Contract with outside LLM drivers (``own_llm=False``): when ``segment`` has chan
 since a stream's previous request, give that stream a fresh LLM row (a state as from
 ``model.decoder.new_state``) before stepping its next request. The change happens inside
 ``apply`` (or in a ``next_request`` that returns None), never in a call that returns a
-request, so checking ``segment`` before each ``next_request`` is enough.
+request, so checking ``segment`` before each ``next_request`` is enough. While a stream waits for
+audio (``next_request`` returned None), ``pending_events()`` gives the events to send meanwhile.
 
 Pipeline per chunk: chunker -> log-mel stream -> encoder stream -> projector stream
 -> a source unit queued for the LLM; then the policy loop reads units and writes
@@ -252,6 +253,15 @@ class StreamingSession:
                   audio_s=round(audio_s, 6), compute_s=round(self._compute_s, 6))
         )
         return events
+
+    def pending_events(self) -> list[Event]:
+        """For outside LLM drivers, while this session waits for audio: the events held back since the last
+        call (a VAD segment's final text, made inside ``next_request``), then the uncommitted tail as a
+        "partial" event if it changed since the last one (with ``partials`` on). Runs no model; [] once finished.
+        """
+        if self.finished:
+            return []
+        return self._take_held() + self._partial()
 
     @property
     def waiting_for_llm(self) -> bool:

@@ -7,7 +7,8 @@ import torch
 from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import DecodingConfig
 from speechstream.errors import InputError
-from speechstream.session import StreamingSession
+from speechstream.batch import BatchDecoder
+from speechstream.session import Event, StreamingSession
 from tests.conftest import text_favouring_chooser
 
 DECODING = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=40)
@@ -97,6 +98,23 @@ def test_context_manager_and_empty_stream(tiny_model):
     short = StreamingSession(tiny_model, DECODING)
     short.feed(np.zeros(100, dtype=np.float32))
     assert short.finish()[-1].audio_s == pytest.approx(100 / SAMPLE_RATE)
+
+
+def test_pending_events_for_outside_drivers(tiny_model):
+    """A waiting batched session gives its held events once, then its tail as a partial only when it changed."""
+    session = StreamingSession(tiny_model, DECODING, choose=text_favouring_chooser(tiny_model), own_llm=False)
+    driver = BatchDecoder(tiny_model, [session])
+    audio = (0.1 * np.random.default_rng(3).standard_normal(2 * SAMPLE_RATE)).astype(np.float32)
+    session.feed(audio)
+    driver.run()  # now it waits for audio
+    tail = session.text.tail()
+    assert [(e.type, e.text) for e in session.pending_events()] == ([("partial", tail)] if tail else [])
+    assert session.pending_events() == []  # the tail did not change
+    held = Event("final", "held", 1.0, 1.0)
+    session._held.append(held)  # as next_request leaves a VAD segment's final text
+    assert session.pending_events() == [held] and session.pending_events() == []
+    session.close()
+    assert session.pending_events() == []
 
 
 def test_default_greedy_decoding_is_deterministic(tiny_model):
