@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from speechstream import gpe
 from speechstream.chunker import chunk_samples
 from speechstream.config import DecodingConfig
+from speechstream.decoder import drop_slots
 from speechstream.model import SpeechLLM
 from speechstream.session import Event, StreamingSession, TokenChooser
 
@@ -217,8 +218,7 @@ class DynamicBatch:
             return
         real = kinds != gpe.PAD
         used = real.any(dim=0)
-        if not bool(used.all()):
-            self._take_columns(used.nonzero().flatten()[None].expand(kinds.shape[0], -1))
+        drop_slots(self.state, used)
         real = self.state.kinds != gpe.PAD
         if real.numel() and real.sum().item() < self.compact_below * real.numel():
             self.compact()

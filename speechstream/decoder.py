@@ -162,20 +162,26 @@ class GPEDecoder(nn.Module):
         reencoded = (kinds == gpe.TARGET).sum(dim=1).cpu()
         state.tokens_reencoded += reencoded
         self.reencoded_total += int(reencoded.sum())
-        _keep_slots(state, (state.kinds != gpe.PAD).any(dim=0))
+        drop_slots(state, (state.kinds != gpe.PAD).any(dim=0))
 
 
-def _keep_slots(state: DecoderState, keep: torch.Tensor) -> None:
-    """Drop the cache slots where ``keep`` (L,) is False (slots that are padding in every row)."""
+def drop_slots(state: DecoderState, keep: torch.Tensor) -> None:
+    """Drop the cache slots (columns) where ``keep`` (L,) is False, in every row: slots no row attends to.
+
+    Used by ablation "reencode" (old text slots) and by ``batch.DynamicBatch`` (columns left padding in
+    every row). A sliding-window layer can be edited only while it still holds every slot it was given.
+    """
     if bool(keep.all()):
         return
     index = keep.nonzero().flatten()
     for layer in state.cache.layers:
         if not isinstance(layer, DynamicLayer):
             raise NotImplementedError(f"cannot drop slots from a {type(layer).__name__}")
+        if getattr(layer, "keys", None) is None or layer.keys.dim() != 4:  # not filled yet
+            continue
         if isinstance(layer, DynamicSlidingWindowLayer):
             if layer.cumulative_length != layer.keys.shape[-2]:  # the window has started to drop slots
-                raise NotImplementedError("ablation reencode: stream longer than the sliding window")
+                raise NotImplementedError("cannot drop slots: stream longer than the sliding window")
             layer.cumulative_length = len(index)
         layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
         layer.values = layer.values.index_select(-2, index.to(layer.values.device))
