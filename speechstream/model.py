@@ -132,7 +132,7 @@ def build_tokenizer(config: ModelConfig):
     tokenizer = AutoTokenizer.from_pretrained(resolve(config.tokenizer))
     missing = [t for t in (config.prompt.eoc_token, config.prompt.eos_token) if t not in tokenizer.get_vocab()]
     if missing:
-        raise InputError(f"tokenizer {config.tokenizer} lacks the special tokens {missing}")
+        raise InputError(f"tokenizer {config.tokenizer} lacks the tokens {missing}")
     return tokenizer
 
 
@@ -199,9 +199,13 @@ class SpeechLLM(nn.Module):
         """Training-side source: every item's prompt, speech tokens and read units in one pass."""
         return self.source_from_frames(self.encode(audios, chunk_ms))
 
-    def ctc_logits(self, speech: torch.Tensor) -> torch.Tensor:
-        """(B, N, V + 1) CTC scores of speech tokens against the LLM's token embeddings plus a blank (last)."""
-        table = torch.cat([self.decoder.llm.get_input_embeddings().weight, self.ctc_blank[None]], dim=0)
+    def ctc_logits(self, speech: torch.Tensor, classes: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N, V + 1) CTC scores of speech tokens against the LLM's token embeddings plus a blank (last);
+        with ``classes`` (token ids), (B, N, len(classes) + 1) against those rows only."""
+        rows = self.decoder.llm.get_input_embeddings().weight
+        if classes is not None:
+            rows = rows[classes.to(rows.device)]
+        table = torch.cat([rows, self.ctc_blank[None]], dim=0)
         return speech @ table.T
 
     def target_sequence(self, chunk_texts: list[str]) -> list[int]:

@@ -31,9 +31,10 @@ import yaml
 from torch import nn
 
 from speechstream.audio import SAMPLE_RATE, load_audio
-from speechstream.config import from_dict
+from speechstream.config import from_dict, load_model_config
 from speechstream.errors import InputError
-from speechstream.model import EncodedBatch, SpeechLLM, load_model, trainable_state
+from speechstream.model import (EncodedBatch, SpeechLLM, build_model, load_model, model_config_path,
+                                trainable_state)
 from speechstream.schedule import segment_frame_ends
 from speechstream.targets import TimedWord, chunk_texts, translation_chunk_texts
 
@@ -58,6 +59,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     ctc_weight: float = 0.5  # weight of the auxiliary CTC loss
     ctc_only_steps: int = 0  # first steps train the projector with CTC alone (no LLM forward: cheap alignment)
+    ctc_only_batch_size: int = 0  # utterances per CTC-only step (0: batch_size); those steps are cheap
+    ctc_vocab: str = "full"  # "train": CTC classes are only the token ids of the training texts (10x cheaper)
     word_margin_s: float = 0.1  # a word is written after the chunk covering its end + this margin
     max_audio_s: float = 15.0  # longer utterances are skipped
     seed: int = 0
@@ -67,6 +70,10 @@ class TrainConfig:
     eval_utterances: int = 20  # dev utterances per evaluation
     threads: int = 0  # torch threads per process (0: torch's default)
     init_checkpoint: str | None = None  # trainable weights to start from (e.g. a shipped model's), fresh optimizer
+    mask_time: float = 0.0  # SpecAugment on the cached encoder frames: fraction of frames zeroed, in spans
+    mask_span: int = 5  # frames per time mask (20 ms each)
+    mask_channels: float = 0.0  # fraction of encoder channels zeroed per utterance
+    fresh: bool = False  # start from freshly initialised weights even where the model config names a checkpoint
     task: str = "asr"  # "translate": the LM target is each line's ``translation``, placed proportionally
     lag_words: int = 1  # translate: a target word also waits for this many more source words (targets.py)
 
@@ -210,10 +217,16 @@ class FeatureCache:
 class StreamingLoss(nn.Module):
     """The training objective; ``forward`` so that DDP sees (and syncs) the trainable weights."""
 
-    def __init__(self, model: SpeechLLM, ctc_weight: float):
+    def __init__(self, model: SpeechLLM, ctc_weight: float, ctc_classes: torch.Tensor | None = None):
         super().__init__()
         self.model = model
         self.ctc_weight = ctc_weight
+        # CTC over a subset of the vocabulary: class i is token ctc_classes[i]; lookup maps token -> class
+        self.ctc_classes = ctc_classes
+        if ctc_classes is not None:
+            lookup = torch.full((model.decoder.llm.get_input_embeddings().weight.shape[0],), -1, dtype=torch.long)
+            lookup[ctc_classes] = torch.arange(len(ctc_classes))
+            self.ctc_lookup = lookup
 
     def forward(self, frames: torch.Tensor, frame_ends: list[list[int]], targets: list[list[int]],
                 texts: list[list[int]], k: int, ctc_only: bool = False) -> dict[str, torch.Tensor]:
@@ -242,11 +255,40 @@ class StreamingLoss(nn.Module):
 
     def ctc_loss(self, source, texts: list[list[int]]) -> torch.Tensor:
         """CTC of the speech tokens against the transcript's LLM token ids (blank = an extra learned vector)."""
-        log_probs = self.model.ctc_logits(source.speech).float().log_softmax(-1).transpose(0, 1)  # (N, B, V + 1)
+        logits = self.model.ctc_logits(source.speech, self.ctc_classes)  # (B, N, C + 1)
+        log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # (N, B, C + 1)
         blank = log_probs.shape[-1] - 1
         flat = torch.tensor([t for text in texts for t in text], dtype=torch.long)
+        if self.ctc_classes is not None:
+            flat = self.ctc_lookup[flat]
+            if bool((flat < 0).any()):
+                raise ValueError("a CTC target token is outside ctc_classes")
         return F.ctc_loss(log_probs, flat, source.speech_lengths, torch.tensor([len(t) for t in texts]),
                           blank=blank, reduction="mean", zero_infinity=True)
+
+
+def ctc_class_ids(model: SpeechLLM, examples: list[Example], config: TrainConfig) -> torch.Tensor | None:
+    """The token ids the CTC loss scores (``ctc_vocab``): None for the whole vocabulary, else the sorted
+    ids of every training CTC text."""
+    if config.ctc_vocab == "full":
+        return None
+    if config.ctc_vocab != "train":
+        raise InputError(f"ctc_vocab must be 'full' or 'train', not {config.ctc_vocab!r}")
+    chunk_s = config.chunk_ms / 1000
+    ids: set[int] = set()
+    for example in examples:
+        _, ctc_text = example_pieces(example, chunk_s, 1, config)
+        ids.update(model._ids(ctc_text))
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def training_model(config: TrainConfig, device: str) -> SpeechLLM:
+    """The model to train: as its config says (with its shipped checkpoint), or freshly initialised."""
+    if not config.fresh:
+        return load_model(config.model, device, for_training=True)
+    path = model_config_path(config.model)
+    model_config = dataclasses.replace(load_model_config(path), checkpoint=None)
+    return build_model(model_config, path.parent, for_training=True).to(device)
 
 
 def trainable_parameters(model: SpeechLLM) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -262,6 +304,28 @@ def trainable_parameters(model: SpeechLLM) -> tuple[list[nn.Parameter], list[nn.
         else:
             param.requires_grad_(False)
     return projector, lora
+
+
+def spec_augment(frames: torch.Tensor, lengths: list[int], rng: np.random.Generator, time_ratio: float,
+                 span: int, channel_ratio: float) -> torch.Tensor:
+    """(B, U, d) frames with about ``time_ratio`` of each item's frames zeroed in spans of ``span`` frames and
+    ``channel_ratio`` of its channels zeroed (a copy; the same rng gives the same masks)."""
+    out = frames.clone()
+    for b, length in enumerate(lengths):
+        spans = int(round(time_ratio * length / span)) if length > span else 0
+        for start in rng.integers(0, max(1, length - span + 1), size=spans):
+            out[b, int(start) : int(start) + span] = 0
+        channels = int(round(channel_ratio * frames.shape[2]))
+        if channels:
+            out[b, :, torch.from_numpy(rng.choice(frames.shape[2], channels, replace=False))] = 0
+    return out
+
+
+def phase_learning_rate_factor(step: int, config: TrainConfig) -> float:
+    """The CTC-only phase and the joint phase each get their own warm-up and cosine decay."""
+    if step < config.ctc_only_steps:
+        return learning_rate_factor(step, config.warmup_steps, config.ctc_only_steps)
+    return learning_rate_factor(step - config.ctc_only_steps, config.warmup_steps, config.steps - config.ctc_only_steps)
 
 
 def learning_rate_factor(step: int, warmup: int, total: int) -> float:
@@ -321,7 +385,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
-    model = load_model(config.model, str(accelerator.device), for_training=True)
+    model = training_model(config, str(accelerator.device))
     if config.init_checkpoint:
         from speechstream.model import load_trainable
 
@@ -333,9 +397,10 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         groups.append({"params": lora_params, "lr": config.lr_lora})
     optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
     base_lrs = [g["lr"] for g in groups]
-    objective = StreamingLoss(model, config.ctc_weight)
-    objective, optimizer = accelerator.prepare(objective, optimizer)
     examples = read_examples(config.train_manifest, config.max_audio_s, config.task)
+    ctc_classes = ctc_class_ids(model, examples, config)
+    objective = StreamingLoss(model, config.ctc_weight, ctc_classes)
+    objective, optimizer = accelerator.prepare(objective, optimizer)
     cache = FeatureCache(out_dir / "features", model, config.chunk_ms)
     ks = [int(k) for k in str(config.k_choices).split(",")]
     state_dir = out_dir / "state"
@@ -352,7 +417,9 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     started, window = time.perf_counter(), []
     last_step = config.steps if stop_after is None else min(config.steps, start_step + stop_after)
     for step in range(start_step, last_step):
-        indices = batch_indices(len(examples), config.batch_size, step, config.seed)
+        ctc_only = step < config.ctc_only_steps
+        batch_size = config.ctc_only_batch_size if ctc_only and config.ctc_only_batch_size else config.batch_size
+        indices = batch_indices(len(examples), batch_size, step, config.seed)
         mine = indices[accelerator.process_index :: accelerator.num_processes] or indices[:1]
         frames, frame_ends, targets, texts = [], [], [], []
         for index in mine:
@@ -363,12 +430,17 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
             frame_ends.append(ends)
             targets.append(model.target_sequence(pieces))
             texts.append(model._ids(ctc_text))
-        padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True).to(accelerator.device)
+        padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
+        if config.mask_time or config.mask_channels:
+            rng = np.random.default_rng([config.seed, step, accelerator.process_index, 11])
+            padded = spec_augment(padded, [len(f) for f in frames], rng, config.mask_time, config.mask_span,
+                                  config.mask_channels)
+        padded = padded.to(accelerator.device)
         k = ks[np.random.default_rng([config.seed, step, 7]).integers(len(ks))]
-        factor = learning_rate_factor(step, config.warmup_steps, config.steps)
+        factor = phase_learning_rate_factor(step, config)
         for group, base in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base * factor
-        out = objective(padded, frame_ends, targets, texts, k, ctc_only=step < config.ctc_only_steps)
+        out = objective(padded, frame_ends, targets, texts, k, ctc_only=ctc_only)
         accelerator.backward(out["loss"])
         accelerator.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
         optimizer.step()
@@ -387,7 +459,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         if evaluate_now and accelerator.is_main_process:
             inner = accelerator.unwrap_model(objective).model
             inner.eval()
-            score = dev_ctc_wer(inner, cache, dev)
+            score = dev_ctc_wer(inner, cache, dev, ctc_classes)
             inner.train()
             with log_path.open("a") as log:
                 log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
@@ -404,18 +476,23 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
 
 
 @torch.no_grad()
-def dev_ctc_wer(model: SpeechLLM, cache: FeatureCache, examples: list[Example]) -> float:
-    """Normalized WER of greedy CTC decoding of the projector outputs (a cheap view of acoustic progress).
-    The CTC target is the transcript (``text``) in both tasks, the source-language one for "translate"."""
+def dev_ctc_wer(model: SpeechLLM, cache: FeatureCache, examples: list[Example],
+                ctc_classes: torch.Tensor | None = None) -> float:
+    """Normalized WER of greedy CTC decoding of the projector outputs (a cheap view of acoustic progress),
+    over the classes the loss scores. The CTC target is the transcript (``text``) in both tasks, the
+    source-language one for "translate"."""
     from speechstream.eval.quality import wer
 
     hypotheses = []
     for example in examples:
         frames, ends, _ = cache.frames(example)
         source = model.source_from_frames(EncodedBatch(frames[None].to(model.ctc_blank.device), [ends]))
-        best = model.ctc_logits(source.speech[0, : int(source.speech_lengths[0])]).argmax(-1).tolist()
-        blank = model.decoder.llm.get_input_embeddings().weight.shape[0]  # the last CTC class
+        logits = model.ctc_logits(source.speech[0, : int(source.speech_lengths[0])], ctc_classes)
+        best = logits.argmax(-1).tolist()
+        blank = logits.shape[-1] - 1  # the last CTC class
         ids = [t for i, t in enumerate(best) if t != blank and (i == 0 or t != best[i - 1])]
+        if ctc_classes is not None:
+            ids = ctc_classes[ids].tolist()
         hypotheses.append(model.tokenizer.decode(ids, skip_special_tokens=True))
     return wer(hypotheses, [e.text for e in examples], normalize=True)
 

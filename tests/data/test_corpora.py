@@ -270,6 +270,21 @@ def test_jsonl_is_checked_and_paths_normalised(tmp_path: Path):
     assert read_lines(tmp_path / "corpus" / "same.jsonl")[0]["audio"] == "clips/a.wav"
 
 
+def test_jsonl_manifests_combine_with_folder_prefixed_ids(tmp_path: Path):
+    for name in ("a", "b"):
+        tone(tmp_path / name / "x.wav", 0.2)
+        (tmp_path / name / "train.jsonl").write_text(json.dumps({"id": "tr-1", "audio": "x.wav", "text": name}) + "\n")
+    out = tmp_path / "ab.jsonl"
+    inputs = [tmp_path / "a" / "train.jsonl", tmp_path / "b" / "train.jsonl"]
+    result = run_recipe("prepare_jsonl.py", *inputs, "--out", out)
+    assert result.returncode == 2 and 'duplicate id "tr-1"' in result.stderr  # same ids: refused, nothing written
+    assert not out.exists()
+    result = run_recipe("prepare_jsonl.py", *inputs, "--prefix-ids", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert read_lines(out) == [{"id": "a-tr-1", "audio": "a/x.wav", "text": "a"},
+                               {"id": "b-tr-1", "audio": "b/x.wav", "text": "b"}]
+
+
 def test_jsonl_problems_are_one_line_errors(tmp_path: Path):
     source = tmp_path / "in.jsonl"
     source.write_text('{"id": "a", "audio": "a.wav", "offset": -1}\n')

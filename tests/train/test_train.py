@@ -114,3 +114,83 @@ def test_init_checkpoint_starts_from_given_weights(tmp_path):
     start, after = load_file(str(trained)), load_file(str(tmp_path / "b" / "run" / "trainable.safetensors"))
     for key in start:
         assert torch.equal(start[key], after[key]), key
+
+
+def test_ctc_over_the_training_vocabulary(tmp_path):
+    """ctc_vocab=train scores only the training texts' token ids: with every id in the subset the loss is the
+    full-vocabulary loss; ids are mapped to class positions; the CTC-only phase takes its own batch size."""
+    from speechstream.model import load_model
+    from speechstream.train import StreamingLoss, ctc_class_ids, read_examples
+
+    recipe = write_recipe(tmp_path, ctc_vocab="train", ctc_only_steps=2, ctc_only_batch_size=3, steps=3)
+    config = load_train_config(str(recipe), [])
+    torch.manual_seed(0)
+    model = load_model(config.model)
+    examples = read_examples(config.train_manifest)
+    classes = ctc_class_ids(model, examples, config)
+    expected = sorted({t for e in examples for t in model._ids("".join(" " + w for w in e.text.split()))})
+    assert classes.tolist() == expected and len(expected) < model.decoder.llm.get_input_embeddings().weight.shape[0]
+    assert ctc_class_ids(model, examples, load_train_config(str(recipe), ["ctc_vocab=full"])) is None
+    speech = torch.randn(2, 7, 64)
+    full = model.ctc_logits(speech)
+    every = torch.arange(full.shape[-1] - 1)
+    assert torch.equal(model.ctc_logits(speech, every), full)
+    assert torch.equal(model.ctc_logits(speech, classes)[..., :-1], full[..., classes])
+    source = type("Source", (), {"speech": speech, "speech_lengths": torch.tensor([7, 5])})()
+    texts = [expected[:3], expected[2:4]]
+    assert torch.allclose(StreamingLoss(model, 1.0, every).ctc_loss(source, texts),
+                          StreamingLoss(model, 1.0).ctc_loss(source, texts))
+    with pytest.raises(ValueError, match="outside ctc_classes"):
+        StreamingLoss(model, 1.0, classes[1:]).ctc_loss(source, [[expected[0]]])
+    train(config, progress=False)
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [("lm" in row) for row in log if "loss" in row] == [False, False, True]
+
+
+def test_fresh_ignores_the_model_configs_checkpoint(tmp_path):
+    (tmp_path / "a").mkdir()
+    train(load_train_config(str(write_recipe(tmp_path / "a", steps=2)), []), progress=False)
+    trained = tmp_path / "a" / "run" / "trainable.safetensors"
+    outputs = {}
+    for name, fresh in (("with", False), ("fresh", True), ("plain", False)):
+        folder = tmp_path / name
+        folder.mkdir()
+        recipe = write_recipe(folder, steps=1, lr_projector=0.0, lr_lora=0.0, fresh=fresh)
+        if name != "plain":  # the model config names the trained checkpoint
+            model = yaml.safe_load((folder / "model.yaml").read_text()) | {"checkpoint": str(trained)}
+            (folder / "model.yaml").write_text(yaml.safe_dump(model))
+        train(load_train_config(str(recipe), []), progress=False)
+        outputs[name] = load_file(str(folder / "run" / "trainable.safetensors"))
+    start = load_file(str(trained))
+    assert all(torch.equal(start[key], outputs["with"][key]) for key in start)
+    assert all(torch.equal(outputs["plain"][key], outputs["fresh"][key]) for key in start)
+    assert not torch.equal(start["ctc_blank"], outputs["fresh"]["ctc_blank"])
+
+
+def test_spec_augment_masks_spans_and_channels_reproducibly():
+    import numpy as np
+
+    from speechstream.train import spec_augment
+
+    frames = torch.ones(2, 100, 20)
+    out = spec_augment(frames, [100, 40], np.random.default_rng(3), 0.2, 5, 0.1)
+    again = spec_augment(frames, [100, 40], np.random.default_rng(3), 0.2, 5, 0.1)
+    assert torch.equal(out, again) and torch.equal(frames, torch.ones(2, 100, 20))  # seeded; input untouched
+    for b, length in enumerate([100, 40]):
+        zero_channels = (out[b] == 0).all(dim=0)
+        assert int(zero_channels.sum()) == 2
+        zero_frames = (out[b][:, ~zero_channels] == 0).all(dim=1)
+        assert 0 < int(zero_frames[:length].sum()) <= 5 * round(0.2 * length / 5)
+        assert not zero_frames[length:].any()  # padding frames are left alone
+    assert torch.equal(spec_augment(frames, [100, 40], np.random.default_rng(3), 0.0, 5, 0.0), frames)
+
+
+def test_each_phase_has_its_own_schedule():
+    from speechstream.train import TrainConfig, phase_learning_rate_factor
+
+    config = TrainConfig(model="m", train_manifest="t", steps=300, ctc_only_steps=100, warmup_steps=10)
+    assert phase_learning_rate_factor(9, config) == pytest.approx(1.0)
+    assert phase_learning_rate_factor(99, config) == pytest.approx(learning_rate_factor(99, 10, 100))
+    assert phase_learning_rate_factor(100, config) == pytest.approx(0.1)  # the joint phase warms up again
+    assert phase_learning_rate_factor(109, config) == pytest.approx(1.0)
+    assert phase_learning_rate_factor(299, config) == pytest.approx(learning_rate_factor(199, 10, 200))
