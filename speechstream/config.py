@@ -36,6 +36,9 @@ class ProjectorConfig:
     """Frame stacking plus a two-layer MLP into the LLM's embedding space."""
 
     stack: int = 4  # encoder frames per source token (4 x 20 ms = 80 ms)
+    # the MLP's output times this is what the LLM reads; the CTC head scores the MLP's output itself, so a
+    # scale < 1 brings CTC-sharpened speech vectors (norm ~30) down to the LLM's embedding norm (~3)
+    output_scale: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)

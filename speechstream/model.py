@@ -144,7 +144,7 @@ class SpeechLLM(nn.Module):
         torch.manual_seed(config.seed)
         self.encoder = StreamingWhisperEncoder(config.encoder)
         hidden = llm.get_input_embeddings().weight.shape[1]
-        self.projector = Projector(config.encoder.d_model, hidden, config.projector.stack)
+        self.projector = Projector(config.encoder.d_model, hidden, config.projector.stack, config.projector.output_scale)
         self.decoder = GPEDecoder(llm, config.llm.phi)
         self.ctc_blank = nn.Parameter(0.02 * torch.randn(hidden))  # CTC blank vector (auxiliary training loss)
         prompt = config.prompt
@@ -201,7 +201,9 @@ class SpeechLLM(nn.Module):
 
     def ctc_logits(self, speech: torch.Tensor, classes: torch.Tensor | None = None) -> torch.Tensor:
         """(B, N, V + 1) CTC scores of speech tokens against the LLM's token embeddings plus a blank (last);
-        with ``classes`` (token ids), (B, N, len(classes) + 1) against those rows only."""
+        with ``classes`` (token ids), (B, N, len(classes) + 1) against those rows only. The speech tokens
+        are taken before the projector's ``output_scale`` (which only sets what the LLM reads)."""
+        speech = speech / self.projector.output_scale
         rows = self.decoder.llm.get_input_embeddings().weight
         if classes is not None:
             rows = rows[classes.to(rows.device)]

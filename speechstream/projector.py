@@ -1,8 +1,8 @@
 """Projector: stack consecutive encoder frames and map them into the LLM's embedding space.
 
 ``stack`` frames of width d become one source token: LayerNorm(stack * d) ->
-Linear -> GELU -> Linear(hidden). A short last stack (at the end of a stream) is
-zero-padded, in batch and stream alike.
+Linear -> GELU -> Linear(hidden) -> times ``output_scale`` (a constant). A short last
+stack (at the end of a stream) is zero-padded, in batch and stream alike.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from torch import nn
 
 
 class Projector(nn.Module):
-    def __init__(self, encoder_dim: int, llm_dim: int, stack: int):
+    def __init__(self, encoder_dim: int, llm_dim: int, stack: int, output_scale: float = 1.0):
         super().__init__()
         self.stack = stack
+        self.output_scale = output_scale
         self.norm = nn.LayerNorm(encoder_dim * stack)
         self.fc1 = nn.Linear(encoder_dim * stack, llm_dim)
         self.fc2 = nn.Linear(llm_dim, llm_dim)
@@ -26,7 +27,7 @@ class Projector(nn.Module):
         if short:
             frames = torch.cat([frames, frames.new_zeros(batch, short, width)], dim=1)
         stacked = frames.reshape(batch, -1, self.stack * width)
-        return self.fc2(nn.functional.gelu(self.fc1(self.norm(stacked))))
+        return self.output_scale * self.fc2(nn.functional.gelu(self.fc1(self.norm(stacked))))
 
 
 class ProjectorStream:

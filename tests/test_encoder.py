@@ -89,10 +89,10 @@ def test_positions_extend_the_table_with_the_formula():
     assert torch.allclose(rows, sinusoids(1490, 20, table.shape[1]), atol=1e-5)
 
 
-@pytest.mark.parametrize("pieces", [[7], [1, 2, 3, 1], [4, 4, 4], [0, 5, 2]])
-def test_projector_stream_equals_batch(pieces):
+@pytest.mark.parametrize("pieces,scale", [([7], 1.0), ([1, 2, 3, 1], 1.0), ([4, 4, 4], 0.1), ([0, 5, 2], 0.1)])
+def test_projector_stream_equals_batch(pieces, scale):
     torch.manual_seed(0)
-    projector = Projector(encoder_dim=16, llm_dim=24, stack=4).eval()
+    projector = Projector(encoder_dim=16, llm_dim=24, stack=4, output_scale=scale).eval()
     frames = torch.randn(sum(pieces), 16)
     stream = ProjectorStream(projector)
     out, start = [], 0

@@ -85,3 +85,15 @@ def test_int8_speed_mode_stays_close_to_float():
     assert any(type(m).__name__ == "Linear" and "quantized" in type(m).__module__ for m in model.modules())
     assert (dense - quantized).abs().max() < 0.1 * dense.abs().max()
     assert verify_model(model, "int8", 1).max_delta < 0.1  # approximate: per-call activation scales differ
+
+
+def test_projector_output_scale_sets_what_the_llm_reads_not_the_ctc_scores():
+    plain = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
+    scaled_config = TINY_LORA | {"projector": {"stack": 4, "output_scale": 0.1}}
+    scaled = build_model(from_dict(ModelConfig, scaled_config), for_training=True)
+    scaled.load_state_dict(plain.state_dict())
+    frames = torch.randn(1, 12, 64)
+    with torch.no_grad():
+        a, b = plain.projector(frames), scaled.projector(frames)
+        assert torch.allclose(b, 0.1 * a, atol=1e-6)
+        assert torch.allclose(scaled.ctc_logits(b), plain.ctc_logits(a), atol=1e-4)

@@ -31,11 +31,13 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument("--eval", type=Path, required=True)
-    parser.add_argument("--data", type=Path, default=Path("data/synth-main"))
+    parser.add_argument("--data", type=Path, nargs="+", default=[Path("data/synth-main"), Path("data/synth-b")],
+                        help="synthetic sets trained on; the first one's held-out set is the one evaluated")
     args = parser.parse_args()
     log = [json.loads(line) for line in (args.run / "log.jsonl").read_text().splitlines() if line.strip()]
     last = [row for row in log if "loss" in row][-1]
-    stats = json.loads((args.data / "stats.json").read_text()) if (args.data / "stats.json").exists() else {}
+    stats = [json.loads((d / "stats.json").read_text()) for d in args.data if (d / "stats.json").exists()]
+    recipe = Path("recipes/asr") / f"{args.model}.yaml"
     lines = [
         f"# {args.model}",
         "",
@@ -52,12 +54,20 @@ def main() -> None:
         f"- final training losses: LM {last.get('lm', float('nan')):.3f}, token accuracy "
         f"{last.get('accuracy', float('nan')):.3f}, CTC {last.get('ctc', float('nan')):.3f}",
     ]
+    if recipe.exists():
+        import yaml
+
+        r = yaml.safe_load(recipe.read_text())
+        lines.append(f"- schedule: {r.get('ctc_only_steps', 0)} CTC-only projector steps (batch "
+                     f"{r.get('ctc_only_batch_size') or r.get('batch_size')}), then LM + {r.get('ctc_weight')} x CTC "
+                     f"to step {r.get('steps')} (batch {r.get('batch_size')}), wait-k drawn from {r.get('k_choices')}")
     if stats:
-        hours = stats.get("hours", {})
-        utts = stats.get("utterances", {})
-        lines.append(f"- data: synthetic speech, {hours.get('train', 0):.2f} h / {utts.get('train', 0)} utterances "
-                     f"(Piper, espeak-ng and flite voices, augmented); held-out: {utts.get('heldout', 0)} utterances "
-                     "of sentences and voices never trained on")
+        hours = sum(s.get("hours", {}).get("train", 0) for s in stats)
+        utts = sum(s.get("utterances", {}).get("train", 0) for s in stats)
+        lines.append(f"- data: synthetic speech, {hours:.2f} h / {utts} utterances in {len(stats)} sets "
+                     f"(Piper, espeak-ng and flite voices, augmented); held-out: "
+                     f"{stats[0].get('utterances', {}).get('heldout', 0)} utterances of sentences and voices "
+                     "never trained on")
     lines += [
         "",
         "## Results",
