@@ -487,14 +487,19 @@ def dev_ctc_wer(model: SpeechLLM, cache: FeatureCache, examples: list[Example],
     for example in examples:
         frames, ends, _ = cache.frames(example)
         source = model.source_from_frames(EncodedBatch(frames[None].to(model.ctc_blank.device), [ends]))
-        logits = model.ctc_logits(source.speech[0, : int(source.speech_lengths[0])], ctc_classes)
-        best = logits.argmax(-1).tolist()
-        blank = logits.shape[-1] - 1  # the last CTC class
-        ids = [t for i, t in enumerate(best) if t != blank and (i == 0 or t != best[i - 1])]
-        if ctc_classes is not None:
-            ids = ctc_classes[ids].tolist()
-        hypotheses.append(model.tokenizer.decode(ids, skip_special_tokens=True))
+        hypotheses.append(greedy_ctc_text(model, source.speech[0, : int(source.speech_lengths[0])], ctc_classes))
     return wer(hypotheses, [e.text for e in examples], normalize=True)
+
+
+def greedy_ctc_text(model: SpeechLLM, speech: torch.Tensor, ctc_classes: torch.Tensor | None = None) -> str:
+    """(N, H) speech tokens -> the text of the CTC head's best path (repeats merged, blanks dropped)."""
+    logits = model.ctc_logits(speech, ctc_classes)
+    best = logits.argmax(-1).tolist()
+    blank = logits.shape[-1] - 1  # the last CTC class
+    ids = [t for i, t in enumerate(best) if t != blank and (i == 0 or t != best[i - 1])]
+    if ctc_classes is not None:
+        ids = ctc_classes[ids].tolist()
+    return model.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def save_trainable(model: SpeechLLM, path: Path) -> None:

@@ -2,10 +2,11 @@
 # The English ASR recipe, stage by stage. Every stage is seeded and resumable:
 # rerun the script (or one stage) after an interruption and it continues.
 #   recipes/asr/run.sh [first_stage] [last_stage]
-#   stage 0: synthesize training and held-out speech      -> data/synth-main/
+#   stage 0: synthesize training and held-out speech      -> data/synth-main/, data/synth-b/, data/asr-train.jsonl
 #   stage 1: train projector + LoRA (GPE wait-k mask)      -> runs/smollm2-whisper-base/
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/
-#   stage 3: evaluate (real clips streaming and offline, Whisper base offline, held-out synthetic), model card
+#   stage 3: evaluate (real clips streaming and offline, Whisper base offline, held-out synthetic, the CTC
+#            head alone as a diagnostic), model card
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 first=${1:-0}; last=${2:-3}
@@ -17,6 +18,9 @@ export HF_HUB_OFFLINE=1
 
 if [ "$first" -le 0 ] && [ "$last" -ge 0 ]; then
   $PY recipes/asr/prepare_synthetic.py --out data/synth-main --hours 1.5 --seed 0 --workers 2
+  $PY recipes/asr/prepare_synthetic.py --out data/synth-b --hours 4 --seed 1 --workers 2
+  $PY recipes/data/prepare_jsonl.py data/synth-main/train.jsonl data/synth-b/train.jsonl --prefix-ids \
+    --out data/asr-train.jsonl
 fi
 if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   $SS fetch whisper-base smollm2-135m-instruct
@@ -31,5 +35,7 @@ if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
   $SS eval samples/manifest.jsonl --model $MODEL --chunk-ms 30000 --k 1 --out $out/real-offline
   $SS eval samples/manifest.jsonl --baseline whisper-offline --baseline-model whisper-base --out $out/real-whisper-base
   $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --out $out/heldout-640ms
+  $PY recipes/asr/ctc_probe.py --model $MODEL --manifest samples/manifest.jsonl \
+    --recipe recipes/asr/$MODEL.yaml --out $out/real-ctc.json
   $PY recipes/asr/model_card.py --model $MODEL --run $RUN --eval $out
 fi

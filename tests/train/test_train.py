@@ -140,6 +140,12 @@ def test_ctc_over_the_training_vocabulary(tmp_path):
     texts = [expected[:3], expected[2:4]]
     assert torch.allclose(StreamingLoss(model, 1.0, every).ctc_loss(source, texts),
                           StreamingLoss(model, 1.0).ctc_loss(source, texts))
+    from speechstream.train import greedy_ctc_text
+
+    best = model.ctc_logits(speech[0], classes).argmax(-1).tolist()
+    path = [t for i, t in enumerate(best) if t != len(classes) and (i == 0 or t != best[i - 1])]
+    assert greedy_ctc_text(model, speech[0], classes) == model.tokenizer.decode(classes[path].tolist(),
+                                                                               skip_special_tokens=True)
     with pytest.raises(ValueError, match="outside ctc_classes"):
         StreamingLoss(model, 1.0, classes[1:]).ctc_loss(source, [[expected[0]]])
     train(config, progress=False)

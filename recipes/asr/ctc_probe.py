@@ -1,0 +1,60 @@
+"""Stage 3 helper of the ASR recipe: greedy decoding of the model's auxiliary CTC head.
+
+    python recipes/asr/ctc_probe.py --model smollm2-whisper-base --manifest samples/manifest.jsonl \
+        --recipe recipes/asr/smollm2-whisper-base.yaml --out runs/eval-smollm2-whisper-base/real-ctc.json
+
+The CTC head scores the projector's output against the LLM's token embeddings (over the training texts'
+tokens when the recipe says ``ctc_vocab: train``). It is not a decoding mode of the toolkit; its WER shows how
+much of the words the speech tokens carry, apart from what the LLM makes of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
+
+from speechstream.audio import load_audio  # noqa: E402
+from speechstream.eval.quality import wer  # noqa: E402
+from speechstream.manifest import read_manifest  # noqa: E402
+from speechstream.model import load_model  # noqa: E402
+from speechstream.train import ctc_class_ids, greedy_ctc_text, load_train_config, read_examples  # noqa: E402
+
+
+def greedy_ctc(model, audio, chunk_ms: int, classes: torch.Tensor | None) -> str:
+    source = model.source_from_frames(model.encode([audio], chunk_ms))
+    return greedy_ctc_text(model, source.speech[0, : int(source.speech_lengths[0])], classes).strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--recipe", required=True, help="the training recipe (its ctc_vocab and train_manifest)")
+    parser.add_argument("--chunk-ms", type=int, default=640)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    model = load_model(args.model)
+    recipe = load_train_config(args.recipe, [])
+    classes = ctc_class_ids(model, read_examples(recipe.train_manifest, recipe.max_audio_s), recipe)
+    hypotheses, references = [], []
+    with torch.no_grad():
+        for utterance in read_manifest(args.manifest):
+            audio = load_audio(utterance.audio, utterance.offset or 0.0, utterance.duration)
+            hypotheses.append(greedy_ctc(model, audio, args.chunk_ms, classes))
+            references.append(utterance.text or "")
+    result = {"WER_normalized": wer(hypotheses, references, normalize=True), "WER": wer(hypotheses, references),
+              "utterances": len(hypotheses), "hypotheses": hypotheses}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"CTC head, greedy: WER {result['WER_normalized']:.1f} % normalized over {len(hypotheses)} utterances")
+
+
+if __name__ == "__main__":
+    main()
