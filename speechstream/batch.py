@@ -4,8 +4,8 @@ Each stream keeps its own ``StreamingSession`` (front end, policy state, text), 
 with ``own_llm=False``; ``BatchDecoder`` holds one batched ``DecoderState`` and steps
 every session's next LLM request together. Requests of different lengths are padded
 with slots no row attends to, so each stream gets exactly the logits it would get
-alone. ``DynamicBatch`` does the same for streams that join and leave at any time
-(the server's driver).
+alone (computed only for the rows its session reads: ``logit_rows``). ``DynamicBatch``
+does the same for streams that join and leave at any time (the server's driver).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from speechstream import gpe
 from speechstream.chunker import chunk_samples
 from speechstream.config import DecodingConfig
-from speechstream.decoder import drop_slots
+from speechstream.decoder import drop_slots, last_rows
 from speechstream.model import SpeechLLM
 from speechstream.session import Event, StreamingSession, TokenChooser
 
@@ -51,11 +51,12 @@ class BatchDecoder:
                 if request is not None:
                     embeds[b, : request.embeds.shape[0]] = request.embeds
                     kinds[b, : request.embeds.shape[0]] = request.kind
-            logits = self.model.decoder.step(self.state, embeds, kinds)
+            counts = [0 if r is None else s.logit_rows(r) for s, r in zip(self.sessions, requests)]
+            logits = self.model.decoder.step(self.state, embeds, kinds, keep=last_rows(kinds, counts)).split(counts)
             self.steps += 1
             for b, request in enumerate(requests):
                 if request is not None:
-                    events[b] += self.sessions[b].apply(request, logits[b, : request.embeds.shape[0]])
+                    events[b] += self.sessions[b].apply(request, logits[b])
         return events
 
 
@@ -266,16 +267,14 @@ class DynamicBatch:
             if request is not None:
                 embeds[b, : request.embeds.shape[0]] = request.embeds
                 kinds[b, : request.embeds.shape[0]] = request.kind
-        logits = self.model.decoder.step(self.state, embeds, kinds.to(self.state.kinds.device))
+        counts = [0 if r is None else s.logit_rows(r) for s, r in zip(self.sessions, requests)]
+        kinds = kinds.to(self.state.kinds.device)
+        logits = self.model.decoder.step(self.state, embeds, kinds, keep=last_rows(kinds, counts)).split(counts)
         self.steps += 1
         self.requests += len(live)
         self.trim()  # rows that waited this step got padding
         self.step_s += time.perf_counter() - start
-        return {
-            b: self.sessions[b].apply(request, logits[b, : request.embeds.shape[0]])
-            for b, request in enumerate(requests)
-            if request is not None
-        }
+        return {b: self.sessions[b].apply(r, logits[b]) for b, r in enumerate(requests) if r is not None}
 
     def _next_request(self, b: int, session: StreamingSession):
         """The session's next request, on a fresh row whenever its segment has changed (also when a

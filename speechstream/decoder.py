@@ -14,6 +14,11 @@ row ever attends to.
 to earlier target slots) or ``reencode`` (at each read every target token written so
 far is fed again after the new source; the state counts those extra tokens).
 ``none`` is GPE itself and runs exactly the code above.
+
+The output layer is a vocabulary-sized matrix product per row (in SmolLM2-135M about a
+fifth of a row's work), and a streaming caller reads few of its rows: none of a source
+read, only the last row of a target write (its next token). ``step(..., keep=...)`` computes the
+logits of the rows ``keep`` selects (``last_rows`` builds it) and of no others.
 """
 
 from __future__ import annotations
@@ -109,7 +114,16 @@ class GPEDecoder(nn.Module):
         state: DecoderState,
         embeds: torch.Tensor,  # (B, Q, H) new tokens' embeddings, padded per row
         kinds: torch.Tensor,  # (B, Q) gpe.SOURCE / TARGET / PAD per new token
-    ) -> torch.Tensor:  # (B, Q, V) logits of the new rows
+        keep: torch.Tensor | None = None,  # (B, Q) bool: the new rows whose logits are wanted
+    ) -> torch.Tensor:  # (B, Q, V) logits of the new rows; with ``keep``: (N, V) of its N rows
+        """Append the new tokens to the state; return logits of the new rows.
+
+        Without ``keep`` every row's logits come back, (B, Q, V). With ``keep`` only the rows it marks go
+        through the output layer and come back as (N, V), in row-major order (stream 0's rows first); the
+        cache and state are updated exactly as without it, and each kept row equals its all-rows logits.
+        """
+        if keep is not None and (keep.dtype != torch.bool or keep.shape != kinds.shape):
+            raise ValueError(f"keep must be a bool tensor of shape {tuple(kinds.shape)}")
         is_source, is_target = kinds == gpe.SOURCE, kinds == gpe.TARGET
         if state.mode == "interleaved":
             positions = gpe.arrival_positions(state.kinds, kinds)
@@ -120,7 +134,8 @@ class GPEDecoder(nn.Module):
         reencode = gpe.reencode_rows(state.kinds, kinds) if state.mode == "reencode" else None
         mask = gpe.additive(gpe.step_mask(state.mode, state.kinds, kinds), self.dtype).to(embeds.device)
         out = self.llm(
-            inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True
+            inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True,
+            logits_to_keep=0 if keep is None else keep.to(embeds.device),  # 0: all rows
         )
         state.kinds = torch.cat([state.kinds, kinds], dim=1)
         state.next_source_pos = state.next_source_pos + is_source.sum(dim=1)
@@ -157,12 +172,27 @@ class GPEDecoder(nn.Module):
         start = torch.full_like(state.next_target_pos, self.phi)
         positions = gpe.group_positions(state.next_source_pos, start, kinds)
         mask = gpe.additive(gpe.cache_attention_mask(state.kinds, kinds), self.dtype).to(embeds.device)
-        self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True)
+        self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True,
+                 logits_to_keep=torch.zeros_like(kinds, dtype=torch.bool))  # only the cache is wanted: no logits
         state.kinds = torch.cat([state.kinds, kinds], dim=1)
         reencoded = (kinds == gpe.TARGET).sum(dim=1).cpu()
         state.tokens_reencoded += reencoded
         self.reencoded_total += int(reencoded.sum())
         drop_slots(state, (state.kinds != gpe.PAD).any(dim=0))
+
+
+def last_rows(kinds: torch.Tensor, counts) -> torch.Tensor:
+    """(B, Q) bool: in each row b of ``kinds`` (B, Q), its last ``counts[b]`` real (non-padding) slots.
+
+    The ``keep`` of a ``GPEDecoder.step`` whose callers read, per stream, the logits of its request's
+    last ``counts[b]`` rows (0: none; at least the row count: all of them).
+    """
+    counts = torch.as_tensor(counts, dtype=torch.long, device=kinds.device).reshape(-1)
+    if counts.shape[0] != kinds.shape[0]:
+        raise ValueError(f"{counts.shape[0]} counts for {kinds.shape[0]} rows")
+    real = kinds != gpe.PAD
+    at_or_after = real.flip(1).long().cumsum(1).flip(1)  # real slots from each column to the row's end
+    return real & (at_or_after <= counts[:, None])
 
 
 def drop_slots(state: DecoderState, keep: torch.Tensor) -> None:

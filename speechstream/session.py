@@ -43,6 +43,7 @@ from speechstream import gpe
 from speechstream.audio import SAMPLE_RATE, check_finite
 from speechstream.chunker import Chunker
 from speechstream.config import DecodingConfig
+from speechstream.decoder import last_rows
 from speechstream.encoder import EncoderStream
 from speechstream.errors import InputError
 from speechstream.features import LogMelStream
@@ -373,8 +374,16 @@ class StreamingSession:
                     return None
         return None
 
+    def logit_rows(self, request: LLMRequest) -> int:
+        """How many of a request's last rows need logits: the last row of a target write (its next token),
+        none of a source read. With ``record_logits`` every row (the all-rows reference path)."""
+        if self.record_logits:
+            return request.embeds.shape[0]
+        return 1 if request.kind == gpe.TARGET else 0
+
     def apply(self, request: LLMRequest, logits: torch.Tensor) -> list[Event]:
-        """Take the (n, V) logits of a request's rows; for target tokens, emit their text."""
+        """Take the (n, V) logits of a request's last n rows, n >= ``logit_rows(request)`` (a driver computes
+        only those: ``decoder.last_rows``); for target tokens, emit their text."""
         events: list[Event] = self._take_held()
         if request.kind == gpe.SOURCE:
             return events + self._segment_stop()
@@ -429,7 +438,8 @@ class StreamingSession:
                     continue
                 break
             kinds = torch.full((1, request.embeds.shape[0]), request.kind, dtype=torch.long)
-            logits = self.model.decoder.step(self.llm, request.embeds[None], kinds)[0]
+            keep = last_rows(kinds, [self.logit_rows(request)])  # the output layer runs for these rows only
+            logits = self.model.decoder.step(self.llm, request.embeds[None], kinds, keep=keep)
             events += self.apply(request, logits)
         return events + self._partial()
 

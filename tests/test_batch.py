@@ -13,13 +13,17 @@ from tests.conftest import text_favouring_chooser
 
 
 class ScriptedStream:
-    """A stand-in session: feeds a fixed list of requests, records logits; ``segment`` bumps on cue."""
+    """A stand-in session: feeds a fixed list of requests, records logits; ``segment`` bumps on cue.
+
+    It asks for the logits of every row, or with ``last_only`` those a session reads (a write's last row).
+    """
 
     llm = None
 
-    def __init__(self, requests, resets_before=()):
+    def __init__(self, requests, resets_before=(), last_only=False):
         self.requests = list(requests)
         self.resets_before = set(resets_before)  # request indices that start a new segment
+        self.last_only = last_only
         self.served = 0
         self.segment = 0
         self.logits = []
@@ -29,6 +33,11 @@ class ScriptedStream:
         if self.served >= len(self.requests):
             return None
         return self.requests[self.served]
+
+    def logit_rows(self, request):
+        if self.last_only:
+            return 1 if request.kind == gpe.TARGET else 0
+        return request.embeds.shape[0]
 
     def apply(self, request, logits):
         self.logits.append(logits.clone())
@@ -49,7 +58,7 @@ def _script(model, rng, n, segments=0):
 
 
 def _solo_logits(model, stream):
-    """The same requests on a lone state, a new state at each segment start."""
+    """The same requests on a lone state, a new state at each segment start: all rows' logits."""
     state, out = model.decoder.new_state(1), []
     for i, request in enumerate(stream.requests):
         if i in stream.resets_before:
@@ -59,11 +68,23 @@ def _solo_logits(model, stream):
     return out
 
 
+def _max_delta_from_solo(model, stream):
+    """Max |delta| between the logits a batched stream got and the same rows of its solo all-rows logits."""
+    alone = _solo_logits(model, stream)[: len(stream.logits)]
+    assert len(alone) == len(stream.logits)
+    delta = 0.0
+    for request, got, want in zip(stream.requests, stream.logits, alone):
+        n = stream.logit_rows(request)
+        assert got.shape == (n, want.shape[-1])
+        delta = max([delta] + ([(got - want[want.shape[0] - n :]).abs().max().item()] if n else []))
+    return delta
+
+
 @pytest.mark.parametrize("compact_below", [0.5, 1.01])  # 1.01: pack rows whenever any padding is left
 def test_joining_leaving_and_row_resets_keep_each_streams_logits(tiny_model, compact_below):
     rng = np.random.default_rng(0)
-    streams = [ScriptedStream(_script(tiny_model, rng, n), resets) for n, resets in
-               ((30, ()), (12, (5,)), (25, (8, 16)), (7, ()))]
+    streams = [ScriptedStream(_script(tiny_model, rng, n), resets, last_only) for n, resets, last_only in
+               ((30, (), False), (12, (5,), True), (25, (8, 16), True), (7, (), False))]
     batch = DynamicBatch(tiny_model, compact_below=compact_below)
     joins = {0: [0, 1], 4: [2], 9: [3]}  # step -> streams joining before it
     widths = []
@@ -82,9 +103,8 @@ def test_joining_leaving_and_row_resets_keep_each_streams_logits(tiny_model, com
         if compact_below > 1:  # packed: never more columns than the fullest row holds
             assert all(width == fullest for width, fullest in widths)
         for stream in streams:
-            alone = _solo_logits(tiny_model, stream)
-            assert len(stream.logits) == len(alone)
-            assert max((a - b).abs().max().item() for a, b in zip(stream.logits, alone)) < TOLERANCE
+            assert stream.served == len(stream.requests)
+            assert _max_delta_from_solo(tiny_model, stream) < TOLERANCE
 
 
 def test_columns_no_row_needs_are_trimmed(tiny_model):
@@ -104,8 +124,7 @@ def test_columns_no_row_needs_are_trimmed(tiny_model):
     real = int((batch.state.kinds != gpe.PAD).sum())
     assert batch.width <= 2 * real  # padding of departed streams does not pile up
     assert batch.state.cache.layers[0].keys.shape[2] == batch.width
-    alone = _solo_logits(tiny_model, long)[: len(long.logits)]
-    assert max((a - b).abs().max().item() for a, b in zip(long.logits, alone)) < TOLERANCE
+    assert _max_delta_from_solo(tiny_model, long) < TOLERANCE
 
 
 def _batched_sessions(model, decoding, choose, n):

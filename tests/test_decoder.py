@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from speechstream import gpe
+from speechstream.audio import load_audio
 from speechstream.batch import transcribe_batch
 from speechstream.config import DecodingConfig
+from speechstream.decoder import last_rows
 from speechstream.model import ARCHITECTURES, build_model
 from speechstream.policy import WaitK
 from speechstream.session import StreamingSession
@@ -94,3 +96,112 @@ def test_streams_of_different_lengths_decode_in_one_batch(tiny_model):
         assert together.transcript == alone.transcript
         assert (torch.stack(together.logits) - torch.stack(alone.logits)).abs().max() < TOLERANCE
     assert any(s.transcript for s in batched), "the chooser should produce some text"
+
+
+# -- logits of the rows read only -------------------------------------------------------------------
+
+
+S, T, P = gpe.SOURCE, gpe.TARGET, gpe.PAD
+
+
+def test_last_rows_are_each_rows_last_real_slots():
+    kinds = torch.tensor([[S, S, S, P], [T, P, P, P], [T, T, T, T], [P, P, P, P], [S, S, P, P]])
+    keep = last_rows(kinds, [2, 1, 1, 1, 0])
+    assert keep.dtype == torch.bool
+    assert keep.int().tolist() == [[0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0]]
+    assert torch.equal(last_rows(kinds, [9] * 5), kinds != P)  # more than a row holds: all its real slots
+    assert torch.equal(last_rows(torch.tensor([[P, T, P, T]]), [1]), torch.tensor([[False, False, False, True]]))
+    with pytest.raises(ValueError):
+        last_rows(kinds, [1, 1])
+
+
+def _batched_steps(model, seed=0):
+    """Steps of 3 streams, right-padded per stream: (embeds (3, Q, H), kinds (3, Q)) each."""
+    generator = torch.Generator().manual_seed(seed)
+    hidden = model.decoder.llm.get_input_embeddings().weight.shape[1]
+    steps = []
+    for kinds_per_row in [(S, S, S), (T, S, P), (T, T, S), (S, P, T)]:
+        lengths = torch.randint(1, 5, (3,), generator=generator)
+        embeds = torch.zeros(3, int(lengths.max()), hidden)
+        kinds = torch.full((3, int(lengths.max())), P)
+        for b, (kind, n) in enumerate(zip(kinds_per_row, lengths.tolist())):
+            if kind == P:  # this stream waits: padding only
+                continue
+            ids = torch.randint(32, 127, (n,), generator=generator)
+            embeds[b, :n] = model.embed_ids(ids.tolist()) if kind == T else torch.randn(n, hidden, generator=generator)
+            kinds[b, :n] = kind
+        steps.append((embeds, kinds))
+    return steps
+
+
+def test_kept_rows_logits_equal_the_all_rows_logits(arch_model):
+    """``keep`` skips the output layer for the other rows only: kept logits and the cache are unchanged."""
+    decoder = arch_model.decoder
+    generator = torch.Generator().manual_seed(1)
+    every, kept = decoder.new_state(3), decoder.new_state(3)
+    with torch.no_grad():
+        for i, (embeds, kinds) in enumerate(_batched_steps(arch_model)):
+            if i % 2:  # any subset of rows
+                keep = (torch.rand(kinds.shape, generator=generator) < 0.5) & (kinds != P)
+            else:  # each stream's last row (a write's next token)
+                keep = last_rows(kinds, [1, 1, 1])
+            full = decoder.step(every, embeds, kinds)
+            some = decoder.step(kept, embeds, kinds, keep=keep)
+            assert full.shape[:2] == kinds.shape and some.shape == (int(keep.sum()), full.shape[-1])
+            assert (some - full[keep]).abs().max() <= TOLERANCE
+        assert decoder.step(kept, embeds, kinds, keep=torch.zeros_like(keep)).shape == (0, full.shape[-1])
+    assert torch.equal(every.kinds, kept.kinds[:, : every.kinds.shape[1]])
+    for a, b in zip(every.cache.layers, kept.cache.layers):
+        assert torch.equal(a.keys, b.keys[..., : a.keys.shape[-2], :])
+    with pytest.raises(ValueError, match="keep"):
+        decoder.step(kept, embeds, kinds, keep=keep.long())
+
+
+def _output_rows(model):
+    """A counter of the rows that go through the LLM's output layer (a forward hook; remove it after)."""
+    rows = [0]
+    hook = model.decoder.llm.get_output_embeddings().register_forward_hook(
+        lambda _module, args, _out: rows.__setitem__(0, rows[0] + args[0].reshape(-1, args[0].shape[-1]).shape[0])
+    )
+    return rows, hook
+
+
+def _recording(choose, seen):
+    def record(logits):
+        seen.append(logits.clone())
+        return choose(logits)
+
+    return record
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_fast_path_chooses_from_the_all_rows_last_row(tiny_model, batched):
+    """Without ``record_logits`` only each write's last row goes through the output layer, and the chooser
+    sees the last row of the all-rows logits (single stream and batch)."""
+    speech = load_audio("samples/austen-0880.wav")
+    audios = [speech, speech[:20000], (0.1 * np.random.default_rng(3).standard_normal(9000)).astype(np.float32)]
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20)
+    choose = text_favouring_chooser(tiny_model)
+    runs = {}
+    for record in (True, False):
+        seen: list[torch.Tensor] = []
+        rows, hook = _output_rows(tiny_model)
+        try:
+            if batched:
+                sessions = transcribe_batch(tiny_model, audios, decoding, _recording(choose, seen), record)
+            else:
+                sessions = [StreamingSession(tiny_model, decoding, choose=_recording(choose, seen), partials=False)]
+                sessions[0].record_logits = record
+                sessions[0].feed(audios[0])
+                sessions[0].finish()
+        finally:
+            hook.remove()
+        runs[record] = sessions, seen, rows[0]
+    (every, seen_every, rows_every), (fast, seen_fast, rows_fast) = runs[True], runs[False]
+    assert [s.target_ids for s in fast] == [s.target_ids for s in every]
+    assert [s.transcript for s in fast] == [s.transcript for s in every]
+    assert all(s.logits == [] for s in fast)
+    assert len(seen_fast) == len(seen_every) > 10
+    assert max((a - b).abs().max().item() for a, b in zip(seen_fast, seen_every)) <= TOLERANCE
+    assert rows_fast == len(seen_fast)  # one output row per token chosen
+    assert rows_every > sum(len(s.target_ids) for s in every)  # all rows: every target row, the source rows too
