@@ -55,6 +55,7 @@ class LLMConfig:
     phi: int = 0  # first position id of the target group
     lora_rank: int = 0  # LoRA rank of the adapters on the attention projections (0: none)
     lora_alpha: int = 32  # LoRA scaling numerator (scale = alpha / rank)
+    lora_targets: str = "attention"  # "attention": q/k/v/o projections; "all": the MLP projections too
 
 
 @dataclasses.dataclass(frozen=True)

@@ -274,13 +274,24 @@ def merge_lora(llm: nn.Module) -> None:
 
 
 LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj"]}  # attention projections per model type (default q/k/v/o)
+MLP_TARGETS = {"phi3": ["gate_up_proj", "down_proj"]}  # MLP projections per model type (default gate/up/down)
+
+
+def lora_target_modules(model_type: str, targets: str) -> list[str]:
+    """Module names that get LoRA adapters: the attention projections, plus the MLP's for ``targets="all"``."""
+    if targets not in ("attention", "all"):
+        raise InputError(f"lora_targets must be 'attention' or 'all', not {targets!r}")
+    names = LORA_TARGETS.get(model_type, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    if targets == "all":
+        names = names + MLP_TARGETS.get(model_type, ["gate_proj", "up_proj", "down_proj"])
+    return names
 
 
 def add_lora(llm: nn.Module, config: LLMConfig) -> None:
-    """Insert LoRA adapters (peft) into the LLM's attention projections, in place."""
+    """Insert LoRA adapters (peft) into the LLM's projections (``config.lora_targets``), in place."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    targets = LORA_TARGETS.get(llm.config.model_type, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    targets = lora_target_modules(llm.config.model_type, config.lora_targets)
     lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules=targets)
     inject_adapter_in_model(lora, llm)
 

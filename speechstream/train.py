@@ -68,6 +68,7 @@ class TrainConfig:
     save_every: int = 100  # steps between checkpoints
     eval_every: int = 0  # steps between dev evaluations (greedy CTC WER; 0: only at the end)
     eval_utterances: int = 20  # dev utterances per evaluation
+    cache_batch_size: int = 16  # utterances per encoder pass when the feature cache is filled before training
     threads: int = 0  # torch threads per process (0: torch's default)
     init_checkpoint: str | None = None  # trainable weights to start from (e.g. a shipped model's), fresh optimizer
     mask_time: float = 0.0  # SpecAugment on the cached encoder frames: fraction of frames zeroed, in spans
@@ -189,29 +190,50 @@ class FeatureCache:
         self.model = model
         self.chunk_ms = chunk_ms
 
+    def path(self, example: Example) -> Path:
+        return self.folder / f"{example.id}.safetensors"
+
     def frames(self, example: Example) -> tuple[torch.Tensor, list[int], int]:
         """(U, d) frames, the segment frame ends, and the number of samples."""
-        from safetensors.torch import load_file, save_file
+        from safetensors.torch import load_file
 
-        path = self.folder / f"{example.id}.safetensors"
+        path = self.path(example)
         if path.exists():
             stored = load_file(str(path))
             return stored["frames"].float(), stored["frame_ends"].tolist(), int(stored["samples"])
         audio = load_audio(example.audio)
+        return self._encode_and_store([example], [audio])[0]
+
+    def fill(self, examples: list[Example], batch_size: int, progress: bool = False) -> int:
+        """Encode every example not cached yet, ``batch_size`` utterances of similar length per encoder pass
+        (the block-causal mask keeps each item's frames those of a pass of its own); returns how many."""
+        from tqdm import tqdm
+
+        missing = list({e.id: e for e in examples if not self.path(e).exists()}.values())
+        missing.sort(key=lambda e: e.audio.stat().st_size if e.audio.exists() else 0)
+        with tqdm(total=len(missing), disable=not progress or not missing, desc="features", unit="utt") as bar:
+            for start in range(0, len(missing), max(1, batch_size)):
+                group = missing[start : start + max(1, batch_size)]
+                self._encode_and_store(group, [load_audio(e.audio) for e in group])
+                bar.update(len(group))
+        return len(missing)
+
+    def _encode_and_store(self, examples: list[Example], audios: list[np.ndarray]):
+        from safetensors.torch import save_file
+
         with torch.no_grad():
-            encoded = self.model.encode([audio], self.chunk_ms)
-        frames = encoded.frames[0, : encoded.frame_ends[0][-1]].cpu()
-        tmp = path.with_suffix(".tmp")
-        save_file(
-            {
-                "frames": frames.half().contiguous(),
-                "frame_ends": torch.tensor(encoded.frame_ends[0]),
-                "samples": torch.tensor(len(audio)),
-            },
-            str(tmp),
-        )
-        tmp.rename(path)
-        return frames.half().float(), encoded.frame_ends[0], len(audio)
+            encoded = self.model.encode(audios, self.chunk_ms)
+        out = []
+        for b, (example, audio) in enumerate(zip(examples, audios)):
+            ends = encoded.frame_ends[b]
+            frames = encoded.frames[b, : ends[-1]].half().cpu().contiguous()
+            path = self.path(example)
+            tmp = path.with_suffix(".tmp")
+            save_file({"frames": frames, "frame_ends": torch.tensor(ends), "samples": torch.tensor(len(audio))},
+                      str(tmp))
+            tmp.rename(path)
+            out.append((frames.float(), ends, len(audio)))
+        return out
 
 
 class StreamingLoss(nn.Module):
@@ -411,6 +433,9 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         start_step = json.loads(progress_file.read_text())["step"]
     log_path = out_dir / "log.jsonl"
     dev = read_examples(config.dev_manifest, task=config.task)[: config.eval_utterances] if config.dev_manifest else []
+    if accelerator.is_main_process:
+        cache.fill(examples + dev, config.cache_batch_size, progress)
+    accelerator.wait_for_everyone()
     chunk_s = config.chunk_ms / 1000
     bar = tqdm(total=config.steps, initial=start_step, disable=not (progress and accelerator.is_main_process),
                desc="train", unit="step")

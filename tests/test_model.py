@@ -40,6 +40,42 @@ def test_merged_lora_computes_the_same_function(lora_model):
     assert (before - after).abs().max() < 1e-4
 
 
+def test_lora_targets_all_adds_mlp_adapters_that_merge_exactly():
+    config = from_dict(ModelConfig, {**TINY_LORA, "llm": {**TINY_LORA["llm"], "lora_targets": "all"}})
+    model = build_model(config, for_training=True)
+    names = {name.split(".")[-4] for name, _ in model.named_parameters() if "lora_A" in name}
+    assert names == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    torch.manual_seed(4)
+    for name, param in model.named_parameters():
+        if "lora_B" in name and "mlp" in name:
+            param.data.normal_(0, 0.3)
+    audio = (0.1 * np.random.default_rng(1).standard_normal(16000)).astype(np.float32)
+    with torch.no_grad():
+        source = model.source_batch([audio], 640)
+        target = [model.target_sequence([" ab"])]
+        before = model.forward_train(source, target, 1)
+        merge_lora(model.decoder.llm)
+        after = model.forward_train(source, target, 1)
+    assert (before - after).abs().max() < 1e-4
+
+
+def test_attention_only_checkpoint_loads_into_an_all_targets_model(lora_model, tmp_path):
+    path = tmp_path / "attention.safetensors"
+    save_file(trainable_state(lora_model), str(path))
+    config = from_dict(ModelConfig, {**TINY_LORA, "llm": {**TINY_LORA["llm"], "lora_targets": "all"}})
+    wider = build_model(config, for_training=True)
+    load_trainable(wider, path)
+    state = trainable_state(wider)
+    assert torch.equal(state["decoder.llm.model.layers.0.self_attn.q_proj.lora_B.default.weight"],
+                       trainable_state(lora_model)["decoder.llm.model.layers.0.self_attn.q_proj.lora_B.default.weight"])
+
+
+def test_unknown_lora_targets_are_refused():
+    config = from_dict(ModelConfig, {**TINY_LORA, "llm": {**TINY_LORA["llm"], "lora_targets": "mlp"}})
+    with pytest.raises(InputError, match="lora_targets"):
+        build_model(config, for_training=True)
+
+
 def test_trainable_checkpoint_round_trip(lora_model, tmp_path):
     state = trainable_state(lora_model)
     assert any(k.startswith("projector.") for k in state) and "ctc_blank" in state

@@ -200,3 +200,22 @@ def test_each_phase_has_its_own_schedule():
     assert phase_learning_rate_factor(100, config) == pytest.approx(0.1)  # the joint phase warms up again
     assert phase_learning_rate_factor(109, config) == pytest.approx(1.0)
     assert phase_learning_rate_factor(299, config) == pytest.approx(learning_rate_factor(199, 10, 200))
+
+
+def test_batched_feature_fill_equals_one_utterance_at_a_time(tmp_path):
+    from speechstream.config import ModelConfig, from_dict
+    from speechstream.model import build_model
+    from speechstream.train import FeatureCache, read_examples
+
+    torch.manual_seed(0)
+    model = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
+    examples = read_examples(str(ROOT / "samples" / "manifest.jsonl"))[:4]
+    single = FeatureCache(tmp_path / "single", model, 640)
+    batched = FeatureCache(tmp_path / "batched", model, 640)
+    assert batched.fill(examples, batch_size=3) == len(examples)
+    assert batched.fill(examples, batch_size=3) == 0  # everything cached: nothing encoded again
+    for example in examples:
+        frames_a, ends_a, samples_a = single.frames(example)
+        frames_b, ends_b, samples_b = batched.frames(example)
+        assert ends_a == ends_b and samples_a == samples_b
+        assert torch.allclose(frames_a, frames_b, atol=2e-3, rtol=2e-3), example.id
