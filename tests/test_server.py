@@ -106,6 +106,17 @@ async def health(http, url) -> dict:
         return await response.json()
 
 
+async def settled_health(http, url, tries: int = 50) -> dict:
+    """/health once the worker has dropped every finished stream (it does so on its own thread, a moment
+    after the connections close), or the last reading after ``tries`` polls 0.1 s apart."""
+    for _ in range(tries):
+        state = await health(http, url)
+        if state["sessions"] == 0 and state["batch"] == 0:
+            return state
+        await asyncio.sleep(0.1)
+    return state
+
+
 # -- fast: the tiny model -----------------------------------------------------------------------------
 
 
@@ -141,7 +152,7 @@ def test_eight_concurrent_streams_each_get_their_solo_transcript(tiny_model):
             results = await asyncio.gather(*[
                 stream(http, url, p, r, frame_bytes=640 * (i + 1)) for i, (p, r) in enumerate(zip(pcms, rates))
             ])
-            return results, await health(http, url)
+            return results, await settled_health(http, url)
 
     results, after = asyncio.run(scenario())
     for events, pcm, rate, text in zip(results, pcms, rates, expected):
@@ -281,12 +292,7 @@ def test_protocol_errors_get_an_error_event_and_a_close(tiny_model, frames, cont
                         assert contains in events[-1]["message"]
                 else:
                     await expect_error(ws, contains)
-            for _ in range(50):
-                state = await health(http, url)
-                if state["sessions"] == 0 and state["batch"] == 0:
-                    return state
-                await asyncio.sleep(0.1)
-            return state
+            return await settled_health(http, url)
 
     state = asyncio.run(scenario())
     assert state["status"] == "ok" and state["sessions"] == 0 and state["batch"] == 0
