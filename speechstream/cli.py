@@ -37,6 +37,10 @@ def _decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate)")
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
                         "none (GPE), interleaved, source-sees-target or reencode; see docs/METHOD.md")
+    parser.add_argument("--ctc-weight", type=float, default=defaults.ctc_weight,
+                        help="joint CTC decoding: weight of the model's CTC head against the LLM, 0-1 (0: off)")
+    parser.add_argument("--ctc-candidates", type=int, default=defaults.ctc_candidates,
+                        help="joint CTC decoding: the LLM's best text tokens re-ranked at each step")
 
 
 def _serve_args(parser: argparse.ArgumentParser) -> None:
@@ -140,9 +144,14 @@ def _decoding_config(args: argparse.Namespace):
         raise InputError(f"unknown ablation {args.ablation!r} (known: {', '.join(ABLATIONS)})")
     if args.k < 1:
         raise InputError("--k must be at least 1")
+    if not 0.0 <= args.ctc_weight < 1.0:
+        raise InputError("--ctc-weight must be at least 0 and below 1")
+    if args.ctc_candidates < 1:
+        raise InputError("--ctc-candidates must be at least 1")
     return DecodingConfig(
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
         device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
+        ctc_weight=args.ctc_weight, ctc_candidates=args.ctc_candidates,
     )
 
 

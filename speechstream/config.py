@@ -103,6 +103,8 @@ class DecodingConfig:
     vad: bool = False  # long sessions: Silero VAD pauses end a segment; the front end and LLM cache then restart
     vad_min_silence_ms: int = 600  # with vad: the pause (ms) that ends a segment
     context_tokens: int = 0  # with vad: last committed text tokens fed after the next segment's header (0: none)
+    ctc_weight: float = 0.0  # joint CTC decoding (speechstream.ctc): weight of the CTC head's prefix scores (0: off)
+    ctc_candidates: int = 8  # joint CTC decoding: the LLM's best text tokens re-ranked at each step
 
 
 def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:

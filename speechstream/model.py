@@ -147,6 +147,7 @@ class SpeechLLM(nn.Module):
         self.projector = Projector(config.encoder.d_model, hidden, config.projector.stack, config.projector.output_scale)
         self.decoder = GPEDecoder(llm, config.llm.phi)
         self.ctc_blank = nn.Parameter(0.02 * torch.randn(hidden))  # CTC blank vector (auxiliary training loss)
+        self.ctc_classes: torch.Tensor | None = None  # token ids the CTC head was trained over (None: all)
         prompt = config.prompt
         self.prefix_ids = self._ids(prompt.source_prefix)  # source group, before the speech
         self.suffix_ids = self._ids(prompt.source_suffix)  # source group, read at the end of the audio
@@ -155,6 +156,15 @@ class SpeechLLM(nn.Module):
         self.eos_id = tokenizer.convert_tokens_to_ids(prompt.eos_token)
         added_special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
         self.special_ids = frozenset(tokenizer.all_special_ids) | added_special | {self.eoc_id, self.eos_id}
+
+    def writable(self) -> torch.Tensor:
+        """(V,) bool over the LLM's embedding rows: the tokens a session may write (text, end-of-chunk and end;
+        never prompt-format special tokens or padding rows of the table past the tokenizer)."""
+        vocab = self.decoder.llm.get_input_embeddings().weight.shape[0]
+        allowed = torch.ones(vocab, dtype=torch.bool)
+        allowed[[i for i in self.special_ids if i < vocab and i not in (self.eoc_id, self.eos_id)]] = False
+        allowed[len(self.tokenizer) :] = False
+        return allowed
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
@@ -296,13 +306,19 @@ def add_lora(llm: nn.Module, config: LLMConfig) -> None:
     inject_adapter_in_model(lora, llm)
 
 
+CTC_CLASSES = "ctc_classes"  # checkpoint entry: the token ids of the CTC head's classes (int64), when a subset
+
+
 def trainable_state(model: SpeechLLM) -> dict[str, torch.Tensor]:
-    """The weights training changes: projector, CTC blank and LoRA adapters."""
-    return {
+    """The weights training changes: projector, CTC blank and LoRA adapters (and the CTC class ids)."""
+    state = {
         name: tensor.detach().cpu().contiguous()
         for name, tensor in model.state_dict().items()
         if name.startswith("projector.") or name == "ctc_blank" or "lora_" in name
     }
+    if model.ctc_classes is not None:
+        state[CTC_CLASSES] = model.ctc_classes.detach().cpu().long().contiguous()
+    return state
 
 
 def load_trainable(model: SpeechLLM, path: Path) -> None:
@@ -312,6 +328,13 @@ def load_trainable(model: SpeechLLM, path: Path) -> None:
     if not path.is_file():
         raise InputError(f"{path}: checkpoint not found")
     state = load_file(str(path))
+    classes = state.pop(CTC_CLASSES, None)
+    if classes is not None:
+        vocab = model.decoder.llm.get_input_embeddings().weight.shape[0]
+        if classes.dim() != 1 or classes.is_floating_point() or len(classes) == 0 or int(classes.max()) >= vocab \
+                or int(classes.min()) < 0:
+            raise InputError(f"{path}: {CTC_CLASSES} is not a list of token ids of this LLM")
+        model.ctc_classes = classes.long()
     own = model.state_dict()
     unknown = [name for name in state if name not in own]
     wrong = [name for name in state if name in own and own[name].shape != state[name].shape]

@@ -43,6 +43,7 @@ from speechstream import gpe
 from speechstream.audio import SAMPLE_RATE, check_finite
 from speechstream.chunker import Chunker
 from speechstream.config import DecodingConfig
+from speechstream.ctc import JointCTC
 from speechstream.decoder import last_rows
 from speechstream.encoder import EncoderStream
 from speechstream.errors import InputError
@@ -95,6 +96,7 @@ class _Unit:
     stats: UnitStats
     last: bool = False  # the last unit of its segment (its audio tail and the end-of-source marker)
     segment: int = 0  # the segment it belongs to
+    ctc: np.ndarray | None = None  # joint CTC decoding: the CTC head's log-probabilities of its speech tokens
 
 
 TokenChooser = Callable[[torch.Tensor], int]  # (V,) logits of the last fed row -> next token
@@ -103,10 +105,7 @@ RECENT_TOKENS = 32  # target tokens a policy sees (for its repetition guard)
 
 def greedy_chooser(model: SpeechLLM) -> TokenChooser:
     """Greedy choice that never writes prompt-format special tokens (only text, end-of-chunk, end)."""
-    vocab = model.decoder.llm.get_input_embeddings().weight.shape[0]
-    banned = torch.zeros(vocab, dtype=torch.bool)
-    banned[[i for i in model.special_ids if i < vocab and i not in (model.eoc_id, model.eos_id)]] = True
-    banned[len(model.tokenizer) :] = True  # embedding rows past the tokenizer (padding of the table)
+    banned = ~model.writable()
 
     def choose(logits: torch.Tensor) -> int:
         return int(torch.argmax(logits.masked_fill(banned.to(logits.device), float("-inf"))))
@@ -132,7 +131,11 @@ class StreamingSession:
         self.policy = policy or make_policy(
             decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats
         )
+        if choose is not None and decoding.ctc_weight > 0:
+            raise ValueError("joint CTC decoding (ctc_weight > 0) chooses the tokens itself: pass no choose")
         self.choose = choose or greedy_chooser(model)
+        # joint CTC decoding: the CTC head's prefix scores re-rank the LLM's best next tokens
+        self.joint = JointCTC(model, decoding.ctc_weight, decoding.ctc_candidates) if decoding.ctc_weight > 0 else None
         self.partials = partials
         self.chunker = Chunker(decoding.chunk_ms)
         self.mel = LogMelStream()
@@ -305,7 +308,8 @@ class StreamingSession:
         source_s = self._samples_in / SAMPLE_RATE if final else chunk_end / SAMPLE_RATE
         stats = UnitStats(encoder_frames=frames.shape[0], source_tokens=embeds.shape[0])
         self.stats.append(stats)
-        self.units.append(_Unit(embeds, source_s, stats, last=final, segment=self._front_segment))
+        ctc = self.joint.log_probs(tokens) if self.joint is not None else None
+        self.units.append(_Unit(embeds, source_s, stats, last=final, segment=self._front_segment, ctc=ctc))
 
     @property
     def _source_done(self) -> bool:
@@ -324,6 +328,8 @@ class StreamingSession:
         n = self.decoding.context_tokens
         self._context_ids = self.text.ids[-n:] if n > 0 else []
         self.text.start_segment()
+        if self.joint is not None:
+            self.joint.reset()
         if self.llm is not None:
             self.llm = self._new_llm_state()
         self._units_read = 0
@@ -359,6 +365,8 @@ class StreamingSession:
                 self._source_s = unit.source_s
                 self._reads_since_prediction += 1
                 self._tokens_since_read = 0
+                if self.joint is not None:
+                    self.joint.add_frames(unit.ctc)
                 if unit.embeds.shape[0]:
                     return LLMRequest(unit.embeds, gpe.SOURCE)
             elif isinstance(action, Write):
@@ -393,7 +401,12 @@ class StreamingSession:
         self.target_ids += tokens
         self._tokens_since_read += len(tokens)
         self.stats[self._stats_base + max(self._units_read - 1, 0)].target_tokens += len(tokens)
-        self._pending = self.choose(logits[-1])
+        if self.joint is not None:
+            for token in tokens if request.is_text else []:
+                self.joint.add_text(token)
+            self._pending = self.joint.choose(logits[-1], self._source_done)
+        else:
+            self._pending = self.choose(logits[-1])
         self._reads_since_prediction = 0
         for token in tokens if request.is_text else []:
             if token in self.model.special_ids:

@@ -421,6 +421,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     base_lrs = [g["lr"] for g in groups]
     examples = read_examples(config.train_manifest, config.max_audio_s, config.task)
     ctc_classes = ctc_class_ids(model, examples, config)
+    model.ctc_classes = ctc_classes  # saved with the checkpoints: joint CTC decoding scores these classes
     objective = StreamingLoss(model, config.ctc_weight, ctc_classes)
     objective, optimizer = accelerator.prepare(objective, optimizer)
     cache = FeatureCache(out_dir / "features", model, config.chunk_ms)

@@ -35,14 +35,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--manifest", required=True)
-    parser.add_argument("--recipe", required=True, help="the training recipe (its ctc_vocab and train_manifest)")
+    parser.add_argument("--recipe", required=True, help="the training recipe (its ctc_vocab and train_manifest), "
+                        "for checkpoints that do not carry their ctc_classes")
     parser.add_argument("--chunk-ms", type=int, default=640)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(2)
     model = load_model(args.model)
-    recipe = load_train_config(args.recipe, [])
-    classes = ctc_class_ids(model, read_examples(recipe.train_manifest, recipe.max_audio_s), recipe)
+    classes = model.ctc_classes  # the checkpoint's CTC classes; older checkpoints: derived from the recipe
+    if classes is None:
+        recipe = load_train_config(args.recipe, [])
+        classes = ctc_class_ids(model, read_examples(recipe.train_manifest, recipe.max_audio_s), recipe)
     hypotheses, references = [], []
     with torch.no_grad():
         for utterance in read_manifest(args.manifest):

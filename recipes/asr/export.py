@@ -3,7 +3,9 @@
     python recipes/asr/export.py runs/smollm2-whisper-base models/smollm2-whisper-base
 
 Copies the run's trainable weights (projector, CTC blank, LoRA) as float16 safetensors
-next to the model's config.yaml and points the config's ``checkpoint`` at them.
+next to the model's config.yaml and points the config's ``checkpoint`` at them. The CTC head's
+class ids (``ctc_classes``, for joint CTC decoding) are copied as they are; a run saved before
+checkpoints carried them gets them from its recipe (``--recipe``: the same ``ctc_vocab`` and manifest).
 """
 
 from __future__ import annotations
@@ -12,18 +14,35 @@ import argparse
 import json
 from pathlib import Path
 
+import sys
+
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
+
+from speechstream.model import CTC_CLASSES  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="training output folder (holds trainable.safetensors)")
     parser.add_argument("model", type=Path, help="model folder under models/ (holds config.yaml)")
+    parser.add_argument("--recipe", help="the run's training recipe: derive ctc_classes when the run lacks them")
     args = parser.parse_args()
     state = load_file(str(args.run / "trainable.safetensors"))
-    half = {name: tensor.to(torch.float16).contiguous() for name, tensor in state.items()}
+    if CTC_CLASSES not in state and args.recipe:
+        from speechstream.model import load_model
+        from speechstream.train import ctc_class_ids, load_train_config, read_examples
+
+        recipe = load_train_config(args.recipe, [])
+        model = load_model(str(args.model))
+        classes = ctc_class_ids(model, read_examples(recipe.train_manifest, recipe.max_audio_s, recipe.task), recipe)
+        if classes is not None:
+            state[CTC_CLASSES] = classes
+    half = {name: tensor.to(torch.float16).contiguous() if tensor.is_floating_point() else tensor.contiguous()
+            for name, tensor in state.items()}
     target = args.model / "trainable.safetensors"
     progress = json.loads((args.run / "progress.json").read_text())
     save_file(half, str(target), metadata={"step": str(progress["step"])})

@@ -1,0 +1,195 @@
+"""Joint CTC decoding: the auxiliary CTC head's prefix scores fused with the LLM's next-token scores.
+
+The models carry a CTC head over the projector's output (``SpeechLLM.ctc_logits``), trained beside the LM
+loss. While the session writes greedily, ``CTCPrefixScorer`` keeps the CTC forward variables of the text
+written so far over the speech tokens read so far (both only grow, so every update is incremental), and
+``fuse`` re-ranks the LLM's best few next tokens by
+
+    (1 - w) * log p_LLM(c | ...) + w * (log psi(g + c) - log psi(g))
+
+where ``g`` is the text so far and ``psi(h)`` is the CTC probability that the speech read so far begins
+with ``h`` (the prefix score of joint CTC/attention decoding, Watanabe et al. 2017). The end-of-chunk token
+stays the LLM's decision (it encodes the wait-k lag, which CTC knows nothing of); the end of the text, once
+all audio is read, compares ``log p_CTC(g complete)`` the same way. Everything is in float64 log space.
+
+Conventions: ``lp`` rows are per-frame log-probabilities over the CTC classes with the blank last; arrays
+over time have a leading virtual frame 0 (before any speech), so ``r[t]`` covers the first ``t`` frames.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+NEG = -math.inf
+FLOOR = -1e4  # log-probabilities below this are clipped (exp(-1e4) is zero in float64 anyway)
+
+
+def _log_recursion(feed: np.ndarray, emit: np.ndarray) -> np.ndarray:
+    """x[0] = -inf, x[t] = logaddexp(x[t-1], feed[t-1]) + emit[t-1] for t = 1..T (T = len(emit)).
+
+    Closed form, without a Python loop: x[t] = C[t] + logsumexp_{s<t}(feed[s] - C[s]), C the cumulative sum of
+    ``emit`` (C[0] = 0), through torch's stable cumulative log-sum-exp.
+    """
+    count = len(emit)
+    out = np.full(count + 1, NEG)
+    if count == 0:
+        return out
+    cum = np.concatenate([[0.0], np.cumsum(emit)])
+    acc = torch.logcumsumexp(torch.from_numpy(feed[:count] - cum[:count]), dim=0).numpy()
+    out[1:] = np.where(np.isfinite(acc), acc + cum[1:], NEG)
+    return out
+
+
+def extend_prefix(r_n: np.ndarray, r_b: np.ndarray, last: int | None, label: int, lp: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Forward variables of prefix ``g + label`` from those of ``g`` (``last``: g's last label, None if empty),
+    over the frames of ``lp`` (T, C + 1). Returns (r_n, r_b) of length T + 1: the probability that the first
+    t frames emit exactly the new prefix, ending in its last label (n) or in a blank (b)."""
+    phi = r_b if label == last else np.logaddexp(r_b, r_n)  # paths that may emit ``label`` next
+    n = _log_recursion(phi, lp[:, label])
+    b = _log_recursion(n, lp[:, -1])
+    return n, b
+
+
+def prefix_scores(r_n: np.ndarray, r_b: np.ndarray, last: int | None, labels: np.ndarray, lp: np.ndarray
+                  ) -> np.ndarray:
+    """log psi(g + c) for each class in ``labels``: the probability that the frames of ``lp`` begin with the
+    prefix g + c (c's first frame somewhere in them, anything after)."""
+    if lp.shape[0] == 0:
+        return np.full(len(labels), NEG)
+    both = np.logaddexp(r_b, r_n)[:-1, None]  # phi at frames t - 1 = 0..T-1
+    phi = np.where(labels[None, :] == last, r_b[:-1, None], both)
+    terms = phi + lp[:, labels]
+    return np.logaddexp.reduce(terms, axis=0)
+
+
+class CTCPrefixScorer:
+    """CTC prefix scores of one growing hypothesis over a growing sequence of frames.
+
+    ``add_frames`` appends frames (log-probs), ``append`` adds a label to the hypothesis, ``scores`` gives
+    log psi(g + c) - log psi(g) for candidate labels, ``end_score`` log p(g complete) - log psi(g).
+    """
+
+    def __init__(self, num_classes: int):
+        self.blank = num_classes  # column of the blank (classes 0..num_classes-1 come first)
+        self.lp = np.zeros((0, num_classes + 1))
+        self.labels: list[int] = []
+        self.r_n = np.array([NEG])  # the current prefix, over 0..T frames
+        self.r_b = np.array([0.0])  # the empty prefix is complete before any frame
+        self.col_n = np.array([NEG])  # every prefix length l = 0..L at the last frame
+        self.col_b = np.array([0.0])
+        self.psi = 0.0  # log psi of the current prefix (0: the empty prefix)
+
+    @property
+    def frames(self) -> int:
+        return self.lp.shape[0]
+
+    def add_frames(self, lp: np.ndarray) -> None:
+        """Append (m, C + 1) frame log-probabilities; all prefixes of the hypothesis move forward together."""
+        lp = np.maximum(np.asarray(lp, dtype=np.float64), FLOOR)  # no -inf: the recursions subtract sums
+        labels = np.array(self.labels, dtype=np.int64)
+        same = np.zeros(len(labels), dtype=bool)
+        if len(labels) > 1:
+            same[1:] = labels[1:] == labels[:-1]
+        n, b = self.col_n, self.col_b
+        r_n, r_b = [], []  # the current prefix at the new frames
+        psi = self.psi
+        for row in lp:
+            # phi for prefix length l >= 1: paths of length l - 1 that may emit label l next
+            phi = np.where(same, b[:-1], np.logaddexp(b[:-1], n[:-1]))
+            if len(labels):
+                psi = np.logaddexp(psi, phi[-1] + row[labels[-1]])
+            new_n = np.concatenate([[NEG], np.logaddexp(n[1:], phi) + row[labels]])
+            new_b = np.logaddexp(b, n) + row[self.blank]
+            n, b = new_n, new_b
+            r_n.append(n[-1])
+            r_b.append(b[-1])
+        self.col_n, self.col_b = n, b
+        self.r_n, self.r_b = np.append(self.r_n, r_n), np.append(self.r_b, r_b)
+        self.psi = float(psi)
+        self.lp = np.concatenate([self.lp, lp])
+
+    def append(self, label: int) -> None:
+        """Add ``label`` (a class index) to the hypothesis."""
+        last = self.labels[-1] if self.labels else None
+        self.psi = float(prefix_scores(self.r_n, self.r_b, last, np.array([label]), self.lp)[0]) if self.frames \
+            else NEG
+        self.r_n, self.r_b = extend_prefix(self.r_n, self.r_b, last, label, self.lp)
+        self.labels.append(label)
+        self.col_n = np.append(self.col_n, self.r_n[-1])
+        self.col_b = np.append(self.col_b, self.r_b[-1])
+
+    def scores(self, labels: np.ndarray) -> np.ndarray:
+        """log psi(g + c) - log psi(g) for each class index in ``labels``."""
+        last = self.labels[-1] if self.labels else None
+        return prefix_scores(self.r_n, self.r_b, last, np.asarray(labels, dtype=np.int64), self.lp) - self.psi
+
+    def end_score(self) -> float:
+        """log p(the frames so far emit exactly g) - log psi(g)."""
+        return float(np.logaddexp(self.r_n[-1], self.r_b[-1])) - self.psi
+
+
+def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScorer, class_of: torch.Tensor,
+         weight: float, candidates: int, eoc_id: int, eos_id: int, source_done: bool) -> int:
+    """The next token: the LLM's greedy choice, or among its ``candidates`` best text tokens the best fused one.
+
+    ``allowed``: (V,) bool, tokens the session may write; ``class_of``: (V,) CTC class of each token id (-1:
+    not a CTC class). End-of-chunk and (before the end of the audio) end-of-text stay the LLM's choices.
+    """
+    logp = torch.log_softmax(llm_logits.float(), dim=-1).masked_fill(~allowed, NEG)
+    top = int(torch.argmax(logp))
+    if scorer.frames == 0 or not math.isfinite(scorer.psi) or top == eoc_id or (top == eos_id and not source_done):
+        return top  # (psi(g) = 0: the CTC head finds the text so far impossible, e.g. more tokens than frames)
+    text = logp.clone()
+    text[[eoc_id, eos_id]] = NEG
+    ids = torch.topk(text, candidates).indices
+    ids = ids[(class_of[ids] >= 0) & torch.isfinite(text[ids])]
+    if len(ids) == 0:
+        return top
+    fused = (1 - weight) * text[ids].double().numpy() + weight * scorer.scores(class_of[ids].numpy())
+    best = int(np.argmax(fused))
+    if top == eos_id and (1 - weight) * float(logp[eos_id]) + weight * scorer.end_score() >= fused[best]:
+        return top
+    return int(ids[best])
+
+
+class JointCTC:
+    """One stream's joint CTC decoding: the model's CTC classes and a prefix scorer for the current segment."""
+
+    def __init__(self, model, weight: float, candidates: int):
+        self.model = model
+        self.weight = weight
+        self.candidates = candidates
+        vocab = model.decoder.llm.get_input_embeddings().weight.shape[0]
+        self.classes = model.ctc_classes if model.ctc_classes is not None else torch.arange(vocab)
+        self.class_of = torch.full((vocab,), -1, dtype=torch.long)
+        self.class_of[self.classes] = torch.arange(len(self.classes))
+        self.allowed = model.writable()
+        self.reset()
+
+    def reset(self) -> None:
+        """A new segment: no frames, no text."""
+        self.scorer = CTCPrefixScorer(len(self.classes))
+
+    @torch.no_grad()
+    def log_probs(self, speech: torch.Tensor) -> np.ndarray:
+        """(n, H) projector outputs -> (n, C + 1) CTC log-probabilities (blank last), float64."""
+        rows = self.model.decoder.llm.get_input_embeddings().weight
+        logits = self.model.ctc_logits(speech.to(rows.dtype), self.classes)
+        return torch.log_softmax(logits.double(), dim=-1).cpu().numpy()
+
+    def add_frames(self, log_probs: np.ndarray) -> None:
+        self.scorer.add_frames(log_probs)
+
+    def add_text(self, token: int) -> None:
+        """A text token was written: extend the hypothesis (tokens outside the CTC classes are skipped)."""
+        label = int(self.class_of[token])
+        if label >= 0 and token not in self.model.special_ids:
+            self.scorer.append(label)
+
+    def choose(self, logits: torch.Tensor, source_done: bool) -> int:
+        return fuse(logits.cpu(), self.allowed, self.scorer, self.class_of, self.weight, self.candidates,
+                    self.model.eoc_id, self.model.eos_id, source_done)

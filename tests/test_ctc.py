@@ -1,0 +1,175 @@
+"""Joint CTC decoding: prefix scores against brute-force path enumeration, incremental updates, fusion."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from speechstream.ctc import CTCPrefixScorer, fuse
+
+
+def random_lp(frames: int, classes: int, seed: int) -> np.ndarray:
+    logits = np.random.default_rng(seed).normal(scale=2.0, size=(frames, classes + 1))
+    return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+
+
+def collapse(path: tuple[int, ...], blank: int) -> tuple[int, ...]:
+    out = []
+    for i, s in enumerate(path):
+        if s != blank and (i == 0 or s != path[i - 1]):
+            out.append(s)
+    return tuple(out)
+
+
+def brute(lp: np.ndarray, prefix: tuple[int, ...], exact: bool) -> float:
+    """log of the total probability of paths whose collapsed labels start with (or, exact, equal) ``prefix``."""
+    blank = lp.shape[1] - 1
+    total = 0.0
+    for path in itertools.product(range(lp.shape[1]), repeat=lp.shape[0]):
+        labels = collapse(path, blank)
+        if (labels == prefix) if exact else (labels[: len(prefix)] == prefix):
+            total += np.exp(sum(lp[t, s] for t, s in enumerate(path)))
+    return np.log(total) if total > 0 else -np.inf
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("prefix", [(), (0,), (1, 1), (0, 1, 0)])
+def test_prefix_and_end_scores_equal_path_enumeration(seed, prefix):
+    lp = random_lp(5, 2, seed)
+    scorer = CTCPrefixScorer(2)
+    scorer.add_frames(lp)
+    for label in prefix:
+        scorer.append(label)
+    psi = brute(lp, prefix, exact=False)
+    assert scorer.psi == pytest.approx(psi if prefix else 0.0, abs=1e-9)
+    for c in (0, 1):
+        assert scorer.scores(np.array([c]))[0] + scorer.psi == pytest.approx(brute(lp, prefix + (c,), False), abs=1e-9)
+    assert scorer.end_score() + scorer.psi == pytest.approx(brute(lp, prefix, exact=True), abs=1e-9)
+
+
+@pytest.mark.parametrize("split", [0, 1, 3, 6])
+def test_frames_arriving_in_pieces_and_labels_in_between_give_the_same_scores(split):
+    lp = random_lp(6, 3, 7)
+    labels = [2, 0, 0, 1]
+    whole = CTCPrefixScorer(3)
+    whole.add_frames(lp)
+    for label in labels:
+        whole.append(label)
+    pieces = CTCPrefixScorer(3)
+    pieces.add_frames(lp[:split])
+    for label in labels[:2]:  # labels appended while only part of the frames exist (even none)
+        pieces.append(label)
+    middle = max(split, 4)
+    pieces.add_frames(lp[split:middle])
+    pieces.append(labels[2])
+    pieces.add_frames(lp[middle:])
+    pieces.append(labels[3])
+    candidates = np.arange(3)
+    np.testing.assert_allclose(pieces.scores(candidates), whole.scores(candidates), atol=1e-9)
+    assert pieces.end_score() == pytest.approx(whole.end_score(), abs=1e-9)
+    np.testing.assert_allclose(pieces.r_n, whole.r_n, atol=1e-9)
+
+
+def test_long_streams_stay_finite():
+    lp = random_lp(3000, 50, 1)
+    scorer = CTCPrefixScorer(50)
+    scorer.add_frames(lp)
+    best = lp.argmax(1)
+    for label in [int(s) for i, s in enumerate(best) if s != 50 and (i == 0 or s != best[i - 1])][:400]:
+        scorer.append(label)
+    assert np.isfinite(scorer.scores(np.arange(50))).all() and np.isfinite(scorer.end_score())
+
+
+def fuse_case(llm: list[float], weight: float, source_done: bool = True):
+    """Vocabulary: 0 eoc, 1 eos, 2..4 text tokens (CTC classes 0..2); the speech clearly says class 1 (id 3)."""
+    lp = np.log(np.array([[0.05, 0.9, 0.02, 0.03], [0.02, 0.03, 0.02, 0.93]]))
+    scorer = CTCPrefixScorer(3)
+    scorer.add_frames(lp)
+    class_of = torch.tensor([-1, -1, 0, 1, 2])
+    allowed = torch.ones(5, dtype=torch.bool)
+    return fuse(torch.tensor(llm), allowed, scorer, class_of, weight, 3, 0, 1, source_done)
+
+
+def test_fusion_lets_ctc_overrule_a_weak_llm_preference_and_weight_zero_is_greedy():
+    llm = [0.0, 0.0, 2.2, 2.0, 0.0]  # the LLM slightly prefers id 2
+    assert fuse_case(llm, 0.0) == 2
+    assert fuse_case(llm, 0.5) == 3
+    assert fuse_case([5.0, 0.0, 2.2, 2.0, 0.0], 0.5) == 0  # end of chunk stays the LLM's choice
+    assert fuse_case([0.0, 5.0, 2.2, 2.0, 0.0], 0.5, source_done=False) == 1
+    # at the end of the audio, "end of text" competes with what the CTC still hears
+    assert fuse_case([0.0, 2.5, 2.2, 2.0, 0.0], 0.5, source_done=True) == 3
+
+
+def _noise(seed: int, n: int) -> np.ndarray:
+    return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
+
+
+def _joint_session(model, decoding, audio, step):
+    from speechstream.session import StreamingSession
+
+    session = StreamingSession(model, decoding, partials=False)
+    with torch.no_grad():
+        for start in range(0, len(audio), step):
+            session.feed(audio[start : start + step])
+        session.finish()
+    return session
+
+
+def test_joint_sessions_do_not_depend_on_buffer_sizes_and_a_vanishing_weight_is_greedy(tiny_model):
+    from speechstream.config import DecodingConfig
+
+    audio = _noise(3, 30000)
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
+    whole = _joint_session(tiny_model, decoding, audio, len(audio))
+    pieces = _joint_session(tiny_model, decoding, audio, 1234)
+    assert whole.target_ids == pieces.target_ids and whole.joint.scorer.frames == pieces.joint.scorer.frames > 0
+    greedy = _joint_session(tiny_model, DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6,
+                                                       max_tail_tokens=20), audio, 4000)
+    faint = _joint_session(tiny_model, DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6,
+                                                      max_tail_tokens=20, ctc_weight=1e-12), audio, 4000)
+    assert faint.target_ids == greedy.target_ids
+    assert whole.target_ids != greedy.target_ids  # the CTC head (random, here) does change the choices
+
+
+def test_batched_joint_sessions_equal_solo_ones(tiny_model):
+    from speechstream.batch import transcribe_batch
+    from speechstream.config import DecodingConfig
+
+    audios = [_noise(s, n) for s, n in ((4, 9000), (5, 26000), (6, 15000))]
+    decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=5, max_tail_tokens=12, ctc_weight=0.4)
+    together = transcribe_batch(tiny_model, audios, decoding)
+    for audio, session in zip(audios, together):
+        alone = _joint_session(tiny_model, decoding, audio, 5120)
+        assert session.target_ids == alone.target_ids and session.transcript == alone.transcript
+
+
+def test_a_custom_chooser_and_joint_decoding_do_not_mix(tiny_model):
+    from speechstream.config import DecodingConfig
+    from speechstream.session import StreamingSession
+
+    with pytest.raises(ValueError, match="joint CTC"):
+        StreamingSession(tiny_model, DecodingConfig(ctc_weight=0.3), choose=lambda logits: 0)
+
+
+def test_checkpoints_carry_the_ctc_classes_and_reject_wrong_ones(tiny_model, tmp_path):
+    from safetensors.torch import save_file
+
+    from speechstream.errors import InputError
+    from speechstream.model import CTC_CLASSES, load_trainable, trainable_state
+
+    vocab = tiny_model.decoder.llm.get_input_embeddings().weight.shape[0]
+    try:
+        tiny_model.ctc_classes = torch.tensor([5, 9, 40])
+        state = trainable_state(tiny_model)
+        assert state[CTC_CLASSES].tolist() == [5, 9, 40]
+        tiny_model.ctc_classes = None
+        save_file(state, str(tmp_path / "good.safetensors"))
+        load_trainable(tiny_model, tmp_path / "good.safetensors")
+        assert tiny_model.ctc_classes.tolist() == [5, 9, 40]
+        for bad in (torch.tensor([1.0, 2.0]), torch.tensor([3, vocab]), torch.tensor([-1, 2])):
+            save_file({**state, CTC_CLASSES: bad}, str(tmp_path / "bad.safetensors"))
+            with pytest.raises(InputError, match=CTC_CLASSES):
+                load_trainable(tiny_model, tmp_path / "bad.safetensors")
+    finally:
+        tiny_model.ctc_classes = None
