@@ -1,6 +1,6 @@
 """Stage 4 of the ASR recipe: write the model card from the run and the evaluation outputs.
 
-    python recipes/asr/model_card.py --model smollm2-whisper-base --run runs/smollm2-whisper-base \
+    python recipes/asr/model_card.py --model smollm2-whisper-base --run runs/smollm2-whisper-base-more \
         --eval runs/eval-smollm2-whisper-base
 
 Every figure in the card is read from files the recipe wrote (log.jsonl, stats.json,
@@ -15,10 +15,13 @@ from pathlib import Path
 
 ROWS = [  # (eval folder, what it measures)
     ("real-640ms", "this model, streaming, 640 ms chunks, wait-2"),
+    ("real-640ms-joint", "the same, joint CTC decoding (`--ctc-weight {w}`)"),
     ("real-offline", "this model, offline (the whole clip as one chunk)"),
     ("real-whisper-base", "Whisper base offline (transformers greedy), reference line"),
     ("heldout-640ms", "this model, streaming 640 ms, held-out synthetic voices and sentences"),
+    ("heldout-640ms-joint", "the same held-out set, joint CTC decoding (`--ctc-weight {w}`)"),
 ]
+RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more"]  # the training stages, in order
 
 
 def fmt(scores: dict, key: str, digits: int = 1) -> str:
@@ -31,13 +34,13 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument("--eval", type=Path, required=True)
-    parser.add_argument("--data", type=Path, nargs="+", default=[Path("data/synth-main"), Path("data/synth-b")],
+    parser.add_argument("--data", type=Path, nargs="+",
+                        default=[Path("data/synth-main"), Path("data/synth-b"), Path("data/synth-c")],
                         help="synthetic sets trained on; the first one's held-out set is the one evaluated")
     args = parser.parse_args()
     log = [json.loads(line) for line in (args.run / "log.jsonl").read_text().splitlines() if line.strip()]
     last = [row for row in log if "loss" in row][-1]
     stats = [json.loads((d / "stats.json").read_text()) for d in args.data if (d / "stats.json").exists()]
-    recipe = Path("recipes/asr") / f"{args.model}.yaml"
     lines = [
         f"# {args.model}",
         "",
@@ -49,18 +52,23 @@ def main() -> None:
         "",
         "## Training",
         "",
-        f"- recipe: `recipes/asr/{args.model}.yaml`, run by `recipes/asr/run.sh`",
-        f"- steps: {last['step']} (log: last k={last.get('k')}, elapsed {last.get('elapsed_s')} s of the final run segment)",
+        "- recipes, in order, run by `recipes/asr/run.sh`: "
+        + ", then ".join(f"`recipes/asr/{name}.yaml`" for name in RECIPES),
+        f"- steps of the last stage: {last['step']} (log: last k={last.get('k')}, elapsed {last.get('elapsed_s')} s "
+        "of its final run segment)",
         f"- final training losses: LM {last.get('lm', float('nan')):.3f}, token accuracy "
         f"{last.get('accuracy', float('nan')):.3f}, CTC {last.get('ctc', float('nan')):.3f}",
     ]
-    if recipe.exists():
-        import yaml
+    import yaml
 
-        r = yaml.safe_load(recipe.read_text())
-        lines.append(f"- schedule: {r.get('ctc_only_steps', 0)} CTC-only projector steps (batch "
+    for name in RECIPES:
+        r = yaml.safe_load((Path("recipes/asr") / f"{name}.yaml").read_text())
+        start = "from its `init_checkpoint`, " if r.get("init_checkpoint") else ""
+        lines.append(f"- `{name}`: {start}{r.get('ctc_only_steps', 0)} CTC-only projector steps (batch "
                      f"{r.get('ctc_only_batch_size') or r.get('batch_size')}), then LM + {r.get('ctc_weight')} x CTC "
-                     f"to step {r.get('steps')} (batch {r.get('batch_size')}), wait-k drawn from {r.get('k_choices')}")
+                     f"to step {r.get('steps')} (batch {r.get('batch_size')}, learning rates {r.get('lr_projector')} "
+                     f"projector / {r.get('lr_lora')} LoRA), wait-k drawn from {r.get('k_choices')}, over "
+                     f"`{r.get('train_manifest')}`")
     if stats:
         hours = sum(s.get("hours", {}).get("train", 0) for s in stats)
         utts = sum(s.get("utterances", {}).get("train", 0) for s in stats)
@@ -84,6 +92,8 @@ def main() -> None:
         if not path.exists():
             continue
         s = json.loads(path.read_text())
+        config = json.loads((path.parent / "config.json").read_text()) if (path.parent / "config.json").exists() else {}
+        label = label.format(w=config.get("decoding", {}).get("ctc_weight"))
         lines.append(
             f"| {label} | {fmt(s, 'WER')} | {fmt(s, 'WER_normalized')} | {fmt(s, 'AL', 0)} | {fmt(s, 'LAAL', 0)} | "
             f"{fmt(s, 'StartOffset', 0)} | {fmt(s, 'EndOffset', 0)} | {fmt(s, 'AL_CA', 0)} | {fmt(s, 'RTF', 2)} |"
