@@ -25,6 +25,9 @@ import torch
 
 NEG = -math.inf
 FLOOR = -1e4  # log-probabilities below this are clipped (exp(-1e4) is zero in float64 anyway)
+# Once all the audio is read, a text with this many labels more than the CTC head's own best path ends (chosen on
+# held-out synthetic speech among 0, 2 and 4; without the rule a joint text can loop on after the speech).
+TAIL_MARGIN = 0
 
 
 def _log_recursion(feed: np.ndarray, emit: np.ndarray) -> np.ndarray:
@@ -127,6 +130,11 @@ class CTCPrefixScorer:
         last = self.labels[-1] if self.labels else None
         return prefix_scores(self.r_n, self.r_b, last, np.asarray(labels, dtype=np.int64), self.lp) - self.psi
 
+    def best_path_length(self) -> int:
+        """Labels on the CTC head's own best path over the frames so far (frame argmax, repeats merged, no blanks)."""
+        path = self.lp.argmax(axis=1)
+        return int(np.sum((path != self.blank) & np.concatenate([[True], path[1:] != path[:-1]])))
+
     def end_score(self) -> float:
         """log p(the frames so far emit exactly g) - log psi(g)."""
         return float(np.logaddexp(self.r_n[-1], self.r_b[-1])) - self.psi
@@ -137,12 +145,18 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
     """The next token: the LLM's greedy choice, or among its ``candidates`` best text tokens the best fused one.
 
     ``allowed``: (V,) bool, tokens the session may write; ``class_of``: (V,) CTC class of each token id (-1:
-    not a CTC class). End-of-chunk and (before the end of the audio) end-of-text stay the LLM's choices.
+    not a CTC class). End-of-chunk and (before the end of the audio) end-of-text stay the LLM's choices. Once
+    all the audio is read, the text ends when it has as many labels as the CTC head's own best path (plus
+    ``TAIL_MARGIN``) or when the head finds it impossible (psi(g) = 0: more labels than the frames can emit):
+    whatever followed would be a loop or invention.
     """
     logp = torch.log_softmax(llm_logits.float(), dim=-1).masked_fill(~allowed, NEG)
     top = int(torch.argmax(logp))
+    if source_done and scorer.frames and (not math.isfinite(scorer.psi)
+                                          or len(scorer.labels) >= scorer.best_path_length() + TAIL_MARGIN):
+        return eos_id  # all the speech is read and the text is longer than the CTC head hears: it overran
     if scorer.frames == 0 or not math.isfinite(scorer.psi) or top == eoc_id or (top == eos_id and not source_done):
-        return top  # (psi(g) = 0: the CTC head finds the text so far impossible, e.g. more tokens than frames)
+        return top  # (psi(g) = 0 before the end: the text ran ahead of the speech read so far)
     text = logp.clone()
     text[[eoc_id, eos_id]] = NEG
     ids = torch.topk(text, candidates).indices

@@ -45,7 +45,7 @@ class StreamView:
     recent: tuple[int, ...] = ()  # the last target tokens fed, oldest first, pending excluded
 
 
-def repeats_at_end(tokens: tuple[int, ...], min_repeats: int, max_period: int = 8) -> bool:
+def repeats_at_end(tokens: tuple[int, ...], min_repeats: int, max_period: int = 12) -> bool:
     """True when the sequence ends with some block of 1..max_period tokens repeated min_repeats times in a row."""
     for period in range(1, max_period + 1):
         span = period * min_repeats
@@ -71,8 +71,8 @@ class WaitK(Policy):
     followed by zero, one or several words. ``max_tokens`` forces a read when a chunk's
     writing runs long; ``max_tail_tokens`` stops writing after the end of the audio.
     An end-of-transcript prediction before the audio has ended is taken as end of chunk.
-    Repetition guard: when the pending token would make the text end in a block repeated
-    ``max_repeats`` times, the writer stops writing this chunk (reads on, or ends after the
+    Repetition guard: when the pending token would make the text (end-of-chunk tokens left out)
+    end in a block of up to 12 tokens repeated ``max_repeats`` times, the writer stops writing this chunk (reads on, or ends after the
     audio) instead of committing a hallucinated loop; 0 disables it.
     """
 
@@ -87,7 +87,8 @@ class WaitK(Policy):
     def _looping(self, view: StreamView) -> bool:
         if not self.max_repeats or view.pending in (None, view.eoc_id, view.eos_id):
             return False
-        return repeats_at_end(view.recent + (view.pending,), self.max_repeats)
+        text = tuple(token for token in view.recent if token != view.eoc_id)  # a loop may span chunk ends
+        return repeats_at_end(text + (view.pending,), self.max_repeats)
 
     def decide(self, view: StreamView) -> Action:
         if view.units_read < self.k and not view.source_done:

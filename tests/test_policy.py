@@ -60,3 +60,17 @@ def test_repetition_guard_reads_on_or_stops():
     assert policy.decide(view(recent=looping, source_done=True)) == Stop()
     assert policy.decide(view(recent=(WORD, 3))) == Write()
     assert WaitK(1, max_repeats=0).decide(view(recent=looping)) == Write()
+
+
+def test_the_repetition_guard_sees_loops_across_chunk_ends_up_to_twelve_tokens():
+    from speechstream.policy import repeats_at_end
+
+    block = tuple(range(1, 13))  # twelve distinct tokens
+    assert repeats_at_end(block * 3 + block[:-1] + (12,), 4)
+    assert not repeats_at_end((0,) + tuple(range(1, 14)) * 4, 4)  # period 13: beyond the guard
+    # "but you can <eoc> do everything <eoc> your country . <eoc>" three times, then the fourth "but you can ... ."
+    said = (20, 21, 22, EOC, 23, 24, EOC, 25, 26, 27, EOC)
+    recent = said * 3 + said[:-2]
+    policy = WaitK(1, max_repeats=4)
+    assert policy.decide(view(recent=recent, pending=27, source_done=True)) == Stop()
+    assert policy.decide(view(recent=recent, pending=26, source_done=True)) == Write()
