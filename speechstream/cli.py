@@ -38,7 +38,8 @@ def _decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
                         "none (GPE), interleaved, source-sees-target or reencode; see docs/METHOD.md")
     parser.add_argument("--ctc-weight", type=float, default=defaults.ctc_weight,
-                        help="joint CTC decoding: weight of the model's CTC head against the LLM, 0-1 (0: off)")
+                        help="joint CTC decoding: weight of the model's CTC head against the LLM, 0-1 "
+                        "(0: off; default: the model's own, ctc_weight in its config.yaml)")
     parser.add_argument("--ctc-candidates", type=int, default=defaults.ctc_candidates,
                         help="joint CTC decoding: the LLM's best text tokens re-ranked at each step")
 
@@ -144,7 +145,7 @@ def _decoding_config(args: argparse.Namespace):
         raise InputError(f"unknown ablation {args.ablation!r} (known: {', '.join(ABLATIONS)})")
     if args.k < 1:
         raise InputError("--k must be at least 1")
-    if not 0.0 <= args.ctc_weight < 1.0:
+    if args.ctc_weight is not None and not 0.0 <= args.ctc_weight < 1.0:
         raise InputError("--ctc-weight must be at least 0 and below 1")
     if args.ctc_candidates < 1:
         raise InputError("--ctc-candidates must be at least 1")

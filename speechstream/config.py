@@ -81,6 +81,7 @@ class ModelConfig:
     llm: LLMConfig = LLMConfig()
     prompt: PromptConfig = PromptConfig()
     checkpoint: str | None = None  # safetensors with trained projector/adapter weights, relative to the config
+    ctc_weight: float = 0.0  # the joint CTC decoding weight used when decoding does not set one (needs a CTC head)
 
 
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.
@@ -103,8 +104,16 @@ class DecodingConfig:
     vad: bool = False  # long sessions: Silero VAD pauses end a segment; the front end and LLM cache then restart
     vad_min_silence_ms: int = 600  # with vad: the pause (ms) that ends a segment
     context_tokens: int = 0  # with vad: last committed text tokens fed after the next segment's header (0: none)
-    ctc_weight: float = 0.0  # joint CTC decoding (speechstream.ctc): weight of the CTC head's prefix scores (0: off)
-    ctc_candidates: int = 8  # joint CTC decoding: the LLM's best text tokens re-ranked at each step
+    # joint CTC decoding (speechstream.ctc): weight of the CTC head's prefix scores; 0: off, None: the model's own
+    ctc_weight: float | None = None
+    ctc_candidates: int = 32  # joint CTC decoding: the LLM's best text tokens re-ranked at each step
+
+
+def with_model_defaults(decoding: DecodingConfig, model: ModelConfig) -> DecodingConfig:
+    """``decoding`` with the options it leaves to the model (None) taken from the model's config."""
+    if decoding.ctc_weight is None:
+        return dataclasses.replace(decoding, ctc_weight=model.ctc_weight)
+    return decoding
 
 
 def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
@@ -148,4 +157,7 @@ def load_model_config(path: Path) -> ModelConfig:
         raise InputError(f"{path}: cannot read model config ({error})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: a model config must be a mapping")
-    return from_dict(ModelConfig, data)
+    config = from_dict(ModelConfig, data)
+    if not 0.0 <= config.ctc_weight < 1.0:
+        raise InputError(f"{path}: ctc_weight must be at least 0 and below 1")
+    return config

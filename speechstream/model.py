@@ -27,6 +27,7 @@ from speechstream.text import byte_tokenizer
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"  # model configs shipped with the project
 TRANSLATION_MODEL = "smollm2-whisper-base-es-en"  # Spanish speech -> English text (recipes/st/)
+ASR_MODEL = "smollm2-whisper-base"  # English speech -> English text (recipes/asr/)
 
 
 def _trained(name: str) -> bool:
@@ -41,10 +42,10 @@ def _trained(name: str) -> bool:
     return bool(checkpoint) and (path.parent / checkpoint).is_file()
 
 
-# Used when no --model is given. Translate: the Spanish->English model once recipes/st/ has exported a trained
-# checkpoint into it; until then the untrained tiny-random test model.
+# Used when no --model is given: the task's shipped model once its recipe has exported a trained checkpoint
+# into it; until then the untrained tiny-random test model.
 DEFAULT_MODELS = {
-    "asr": "tiny-random",
+    "asr": ASR_MODEL if _trained(ASR_MODEL) else "tiny-random",
     "translate": TRANSLATION_MODEL if _trained(TRANSLATION_MODEL) else "tiny-random",
 }
 ARCHITECTURES = ("llama", "qwen2", "gemma2", "phi3")  # LLM families the GPE decoder is verified on

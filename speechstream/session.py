@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -42,7 +42,7 @@ import torch
 from speechstream import gpe
 from speechstream.audio import SAMPLE_RATE, check_finite
 from speechstream.chunker import Chunker
-from speechstream.config import DecodingConfig
+from speechstream.config import DecodingConfig, with_model_defaults
 from speechstream.ctc import JointCTC
 from speechstream.decoder import last_rows
 from speechstream.encoder import EncoderStream
@@ -100,7 +100,7 @@ class _Unit:
 
 
 TokenChooser = Callable[[torch.Tensor], int]  # (V,) logits of the last fed row -> next token
-RECENT_TOKENS = 32  # target tokens a policy sees (for its repetition guard)
+RECENT_TOKENS = 64  # target tokens a policy sees (for its repetition guard: 4 repeats of 12 and the chunk ends)
 
 
 def greedy_chooser(model: SpeechLLM) -> TokenChooser:
@@ -127,6 +127,9 @@ class StreamingSession:
     ):
         """``own_llm=False`` leaves the LLM to an outside driver that batches several sessions."""
         self.model = model
+        if choose is not None and decoding.ctc_weight is None:
+            decoding = replace(decoding, ctc_weight=0.0)  # the caller's chooser, not the model's default
+        decoding = with_model_defaults(decoding, model.config)
         self.decoding = decoding
         self.policy = policy or make_policy(
             decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats

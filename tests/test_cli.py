@@ -1,4 +1,4 @@
-"""The command line, in process with the shipped tiny model: exit codes, one-line errors, output formats."""
+"""The command line, in process with the tiny test model as its default: exit codes, one-line errors, output formats."""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ def write_wav(path: Path, seconds: float = 0.8, rate: int = 16000, seed: int = 0
     samples = 0.1 * rng.standard_normal(n) + 0.3 * np.sin(2 * np.pi * 220 * t)
     soundfile.write(path, samples.astype(np.float32), rate, **kwargs)
     return path
+
+
+@pytest.fixture(autouse=True)
+def tiny_default(monkeypatch):
+    """These tests run the default model of the command line as the tiny test model (fast, seeded)."""
+    from speechstream import model
+
+    monkeypatch.setitem(model.DEFAULT_MODELS, "asr", "tiny-random")
 
 
 @pytest.fixture

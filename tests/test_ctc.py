@@ -173,3 +173,68 @@ def test_checkpoints_carry_the_ctc_classes_and_reject_wrong_ones(tiny_model, tmp
                 load_trainable(tiny_model, tmp_path / "bad.safetensors")
     finally:
         tiny_model.ctc_classes = None
+
+
+def test_decoding_leaves_the_weight_to_the_model_unless_it_sets_one(tiny_model, tmp_path):
+    import dataclasses
+
+    from speechstream.config import DecodingConfig, load_model_config, with_model_defaults
+    from speechstream.errors import InputError
+    from speechstream.session import StreamingSession
+
+    weighted = dataclasses.replace(tiny_model.config, ctc_weight=0.4)
+    assert with_model_defaults(DecodingConfig(), weighted).ctc_weight == 0.4
+    assert with_model_defaults(DecodingConfig(ctc_weight=0.0), weighted).ctc_weight == 0.0
+    assert with_model_defaults(DecodingConfig(), tiny_model.config).ctc_weight == 0.0
+    original = tiny_model.config
+    try:
+        tiny_model.config = weighted
+        assert StreamingSession(tiny_model).joint.weight == 0.4
+        assert StreamingSession(tiny_model, DecodingConfig(ctc_weight=0.0)).joint is None
+        assert StreamingSession(tiny_model, choose=lambda logits: 0).joint is None  # a caller's chooser decides
+    finally:
+        tiny_model.config = original
+    path = tmp_path / "config.yaml"
+    path.write_text("ctc_weight: 1.0\n")
+    with pytest.raises(InputError, match="ctc_weight"):
+        load_model_config(path)
+
+
+def test_best_path_length_merges_repeats_and_drops_blanks():
+    lp = np.log(np.full((7, 3), 0.1))
+    for t, c in enumerate([0, 0, 2, 0, 1, 1, 2]):  # class 2 is the blank: labels 0, 0, 1
+        lp[t, c] = np.log(0.8)
+    scorer = CTCPrefixScorer(2)
+    scorer.add_frames(lp[:3])
+    assert scorer.best_path_length() == 1
+    scorer.add_frames(lp[3:])
+    assert scorer.best_path_length() == 3
+
+
+def test_at_the_end_of_the_audio_a_text_longer_than_the_ctc_hears_ends():
+    from speechstream.ctc import TAIL_MARGIN
+
+    frames = 2 * TAIL_MARGIN + 4
+    lp = np.log(np.full((frames, 4), 0.02))
+    lp[0, 1] = lp[1:, 3] = np.log(0.94)  # the CTC hears one label (class 1), then blanks
+    class_of = torch.tensor([-1, -1, 0, 1, 2])
+    allowed = torch.ones(5, dtype=torch.bool)
+    llm = torch.tensor([0.0, -5.0, 3.0, 2.0, 0.0])  # the LLM wants more text
+
+    def scorer_with(labels):
+        scorer = CTCPrefixScorer(3)
+        scorer.add_frames(lp)
+        for label in labels:
+            scorer.append(label)
+        return scorer
+
+    assert scorer_with([]).best_path_length() == 1
+    just_below = scorer_with([1, 0, 2, 0, 2, 0][:TAIL_MARGIN])
+    assert fuse(llm, allowed, just_below, class_of, 0.5, 3, 0, 1, source_done=True) != 1
+    over = scorer_with([1, 0, 2, 0, 2, 0, 2][: 1 + TAIL_MARGIN])
+    assert np.isfinite(over.psi)
+    assert fuse(llm, allowed, over, class_of, 0.5, 3, 0, 1, source_done=True) == 1
+    assert fuse(llm, allowed, over, class_of, 0.5, 3, 0, 1, source_done=False) != 1  # mid-stream: not ended
+    impossible = scorer_with([1, 0] * frames)  # more labels than frames: psi = 0
+    assert not np.isfinite(impossible.psi)
+    assert fuse(llm, allowed, impossible, class_of, 0.5, 3, 0, 1, source_done=True) == 1

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from speechstream.baselines import BASELINES, check_baseline, load_system, system_options  # noqa: F401 (CLI)
-from speechstream.config import DecodingConfig
+from speechstream.config import DecodingConfig, load_model_config, with_model_defaults
 from speechstream.errors import InputError
 from speechstream.eval.latency import COMPUTATION_AWARE_SUFFIX, LATENCY_METRICS, corpus_latency, split_units
 from speechstream.manifest import Utterance, read_manifest
@@ -83,6 +83,10 @@ def evaluate(
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise InputError(f"{out_dir}: cannot create the output folder ({error.strerror or error})") from None
+    if baseline == "gpe":  # the options left to the model (None), as the session will resolve them
+        from speechstream.model import model_config_path
+
+        decoding = with_model_defaults(decoding, load_model_config(model_config_path(model)))
     config = {
         "model": model,
         "task": task,
@@ -262,7 +266,8 @@ def _check_or_write_config(out_dir: Path, config: dict, resuming: bool) -> None:
             raise InputError(f"{path}: cannot read the previous run's options ({error})") from None
         old, new = _flatten(previous), _flatten(config)
         if config["baseline"] == "gpe":  # a decoding option added since that run, at its default, changes nothing
-            defaults = _flatten({"decoding": dataclasses.asdict(DecodingConfig())})
+            # (runs from before joint CTC decoding decoded greedily: ctc_weight 0)
+            defaults = _flatten({"decoding": dataclasses.asdict(DecodingConfig(ctc_weight=0.0))})
             old.update({key: value for key, value in defaults.items() if key not in old and new.get(key) == value})
         keys = sorted((old.keys() | new.keys()) - {"manifest"})
         changed = [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]

@@ -237,8 +237,13 @@ def test_resume_with_other_options_is_refused(finished_run, tmp_path, word_sessi
     other = DecodingConfig(chunk_ms=320, max_tail_tokens=24)
     with pytest.raises(InputError, match=r"made with other options \(decoding.chunk_ms 640 -> 320\)"):
         evaluate(manifest, out, "tiny-random", other, "asr", progress=False)
-    with pytest.raises(InputError, match="model 'tiny-random' -> 'elsewhere'"):
-        evaluate(manifest, out, "elsewhere", DECODING, "asr", progress=False)
+    elsewhere = tmp_path / "elsewhere"  # the same model under another name
+    elsewhere.mkdir()
+    (elsewhere / "config.yaml").write_bytes((ROOT / "models" / "tiny-random" / "config.yaml").read_bytes())
+    with pytest.raises(InputError, match=f"model 'tiny-random' -> '{elsewhere}'"):
+        evaluate(manifest, out, str(elsewhere), DECODING, "asr", progress=False)
+    with pytest.raises(InputError, match="unknown model 'nowhere'"):
+        evaluate(manifest, out, "nowhere", DECODING, "asr", progress=False)
     assert not word_sessions
 
 
@@ -322,7 +327,7 @@ def test_kill_9_then_rerun_finishes_every_id_once(tmp_path):
     """
     manifest = write_manifest(tmp_path / "data", [1.0] * 6)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "speechstream", "eval", str(manifest), "--out", str(out)]
+    command = [sys.executable, "-m", "speechstream", "eval", str(manifest), "--out", str(out), "--model", "tiny-random"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as one_torch_thread: same speed, same numerics
     log = out / INSTANCES_FILE
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -26,8 +26,8 @@ def test_translate_default_needs_a_trained_checkpoint(tmp_path, monkeypatch):
     assert not model_module._trained("absent")
 
 
-def test_translate_default_is_tiny_random_until_trained():
-    trained = model_module._trained(model_module.TRANSLATION_MODEL)
-    expected = model_module.TRANSLATION_MODEL if trained else "tiny-random"
-    assert model_module.DEFAULT_MODELS["translate"] == expected
-    assert model_module.DEFAULT_MODELS["asr"] == "tiny-random"
+def test_each_task_defaults_to_its_model_once_trained_else_tiny_random():
+    for task, name in (("translate", model_module.TRANSLATION_MODEL), ("asr", model_module.ASR_MODEL)):
+        expected = name if model_module._trained(name) else "tiny-random"
+        assert model_module.DEFAULT_MODELS[task] == expected
+    assert model_module.DEFAULT_MODELS["asr"] == "smollm2-whisper-base"  # its checkpoint ships in models/
