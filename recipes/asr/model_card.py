@@ -13,14 +13,15 @@ import argparse
 import json
 from pathlib import Path
 
-ROWS = [  # (eval folder, what it measures)
-    ("real-640ms", "this model, streaming, 640 ms chunks, wait-2"),
-    ("real-640ms-joint", "the same, joint CTC decoding (`--ctc-weight {w}`)"),
-    ("real-offline", "this model, offline (the whole clip as one chunk)"),
+ROWS = [  # (eval folder, what it measures); {w}: the joint CTC weight the run decoded with
+    ("real-640ms", "this model, streaming, 640 ms chunks, wait-2, default decoding (joint CTC, weight {w})"),
+    ("real-640ms-greedy", "the same, greedy decoding (`--ctc-weight 0`)"),
+    ("real-offline", "this model, offline (the whole clip as one chunk), default decoding"),
     ("real-whisper-base", "Whisper base offline (transformers greedy), reference line"),
-    ("heldout-640ms", "this model, streaming 640 ms, held-out synthetic voices and sentences"),
-    ("heldout-640ms-joint", "the same held-out set, joint CTC decoding (`--ctc-weight {w}`)"),
+    ("heldout-640ms", "this model, streaming 640 ms, held-out synthetic voices and sentences, default decoding"),
+    ("heldout-640ms-greedy", "the same held-out set, greedy decoding"),
 ]
+DEV_PREFIX = "dev-w"  # dev-w<weight>: the joint CTC weights tried on data/dev/heldout.jsonl
 RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more"]  # the training stages, in order
 
 
@@ -98,6 +99,15 @@ def main() -> None:
             f"| {label} | {fmt(s, 'WER')} | {fmt(s, 'WER_normalized')} | {fmt(s, 'AL', 0)} | {fmt(s, 'LAAL', 0)} | "
             f"{fmt(s, 'StartOffset', 0)} | {fmt(s, 'EndOffset', 0)} | {fmt(s, 'AL_CA', 0)} | {fmt(s, 'RTF', 2)} |"
         )
+    dev = sorted(args.eval.glob(f"{DEV_PREFIX}*/scores.json"), key=lambda p: float(p.parent.name[len(DEV_PREFIX):]))
+    if dev:
+        lines += ["", "Joint CTC weight (`ctc_weight` in config.yaml), tried on `data/dev/heldout.jsonl` (held-out "
+                  "synthetic voices and sentences, its own seed) at 640 ms, wait-2:", "",
+                  "| weight | WER norm. | AL | RTF |", "|---|---|---|---|"]
+        for path in dev:
+            s = json.loads(path.read_text())
+            lines.append(f"| {path.parent.name[len(DEV_PREFIX):]} | {fmt(s, 'WER_normalized')} | {fmt(s, 'AL', 0)} | "
+                         f"{fmt(s, 'RTF', 2)} |")
     probe = args.eval / "real-ctc.json"
     if probe.exists():
         ctc = json.loads(probe.read_text())

@@ -2,12 +2,13 @@
 # The English ASR recipe, stage by stage. Every stage is seeded and resumable:
 # rerun the script (or one stage) after an interruption and it continues.
 #   recipes/asr/run.sh [first_stage] [last_stage]
-#   stage 0: synthesize training and held-out speech      -> data/synth-{main,b,c}/, data/asr-train{,-large}.jsonl
+#   stage 0: synthesize training and held-out speech      -> data/synth-{main,b,c}/, data/asr-train{,-large}.jsonl,
+#            and a dev set of held-out voices and sentences -> data/dev/heldout.jsonl
 #   stage 1: train projector + LoRA (GPE wait-k mask)      -> runs/smollm2-whisper-base/ (5.4 h, 2400 steps),
 #            then continue on all three sets                -> runs/smollm2-whisper-base-more/ (13.4 h, 1300 steps)
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/
-#   stage 3: evaluate (real clips streaming and offline, greedy and joint CTC, Whisper base offline,
-#            held-out synthetic, the CTC head alone as a diagnostic), model card
+#   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
+#            and greedy decoding, Whisper base offline, held-out synthetic, the CTC head alone), model card
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 first=${1:-0}; last=${2:-3}
@@ -15,7 +16,7 @@ SS=.venv/bin/speechstream
 PY=.venv/bin/python
 MODEL=smollm2-whisper-base
 RUN=runs/$MODEL-more
-CTC_WEIGHT=0.3  # joint CTC decoding weight reported beside greedy (best of 0.3/0.5/0.7 on data/synth-c/dev40.jsonl)
+DEV_WEIGHTS="0 0.3 0.4 0.5"  # joint CTC weights tried on data/dev (the model's config.yaml names the one it uses)
 export HF_HUB_OFFLINE=1
 
 if [ "$first" -le 0 ] && [ "$last" -ge 0 ]; then
@@ -26,13 +27,8 @@ if [ "$first" -le 0 ] && [ "$last" -ge 0 ]; then
     --out data/asr-train.jsonl
   $PY recipes/data/prepare_jsonl.py data/synth-main/train.jsonl data/synth-b/train.jsonl \
     data/synth-c/train.jsonl --prefix-ids --out data/asr-train-large.jsonl
-  # the dev set that chose CTC_WEIGHT: 40 seeded lines of synth-c's held-out voices and sentences
-  $PY - <<'PY'
-import random
-rows = [line for line in open("data/synth-c/heldout.jsonl") if line.strip()]
-random.Random(0).shuffle(rows)
-open("data/synth-c/dev40.jsonl", "w").write("".join(rows[:40]))
-PY
+  # the dev set that chose the model's joint CTC weight: held-out voices and sentences only, its own seed
+  $PY recipes/asr/prepare_synthetic.py --out data/dev --hours 0.01 --heldout-hours 0.05 --seed 3 --workers 2
 fi
 if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   $SS fetch whisper-base smollm2-135m-instruct
@@ -46,14 +42,17 @@ if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
 fi
 if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
   out=runs/eval-$MODEL
+  for w in $DEV_WEIGHTS; do
+    $SS eval data/dev/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight $w --out $out/dev-w$w
+  done
+  # the model's default decoding (joint CTC at its config's ctc_weight) and greedy beside it
   $SS eval samples/manifest.jsonl --model $MODEL --chunk-ms 640 --k 2 --out $out/real-640ms
-  $SS eval samples/manifest.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight $CTC_WEIGHT \
-    --out $out/real-640ms-joint
+  $SS eval samples/manifest.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight 0 --out $out/real-640ms-greedy
   $SS eval samples/manifest.jsonl --model $MODEL --chunk-ms 30000 --k 1 --out $out/real-offline
   $SS eval samples/manifest.jsonl --baseline whisper-offline --baseline-model whisper-base --out $out/real-whisper-base
   $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --out $out/heldout-640ms
-  $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight $CTC_WEIGHT \
-    --out $out/heldout-640ms-joint
+  $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight 0 \
+    --out $out/heldout-640ms-greedy
   $PY recipes/asr/ctc_probe.py --model $MODEL --manifest samples/manifest.jsonl \
     --recipe recipes/asr/$MODEL-more.yaml --out $out/real-ctc.json
   $PY recipes/asr/model_card.py --model $MODEL --run $RUN --eval $out

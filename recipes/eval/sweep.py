@@ -13,6 +13,8 @@ Points (``--quick`` keeps fewer):
 
 - GPE, wait-k over chunks: k in {1, 2, 3, 4} x chunk_ms in {320, 640, 1280} (quick: k in {1, 2} x {640, 1280});
 - the ablations of ``--ablation`` (interleaved, source-sees-target, reencode) at 640 ms, k = 2;
+- where the model decodes with joint CTC by default (``ctc_weight`` in its config.yaml), greedy decoding
+  (``--ctc-weight 0``) at 640 ms, k = 2 beside it; every other GPE point decodes as the model does by default;
 - baselines: ``whisper-offline`` and ``whisper-la2`` (each when ``speechstream.baselines.BASELINES`` has it),
   with their default models.
 
@@ -70,6 +72,7 @@ class Point:
     chunk_ms: int | None = None  # gpe only
     k: int | None = None  # gpe only
     ablation: str = "none"  # gpe only
+    greedy: bool = False  # gpe only: --ctc-weight 0 (else the model's default decoding)
 
     def eval_args(self, model: str, manifest: str, out: Path) -> list[str]:
         """The ``speechstream eval`` arguments of this point."""
@@ -78,20 +81,37 @@ class Point:
             args += ["--model", model, "--chunk-ms", str(self.chunk_ms), "--k", str(self.k)]
             if self.ablation != "none":
                 args += ["--ablation", self.ablation]
+            if self.greedy:
+                args += ["--ctc-weight", "0"]
         else:
             args += ["--baseline", self.system]
         return args
 
 
-def gpe_point(chunk_ms: int, k: int, ablation: str = "none") -> Point:
-    suffix = "" if ablation == "none" else f"-{ablation}"
-    return Point(f"gpe-c{chunk_ms}-k{k}{suffix}", "gpe", chunk_ms, k, ablation)
+def gpe_point(chunk_ms: int, k: int, ablation: str = "none", greedy: bool = False) -> Point:
+    suffix = ("" if ablation == "none" else f"-{ablation}") + ("-greedy" if greedy else "")
+    return Point(f"gpe-c{chunk_ms}-k{k}{suffix}", "gpe", chunk_ms, k, ablation, greedy)
 
 
-def plan(quick: bool = False, baselines: tuple[str, ...] | None = None) -> list[Point]:
-    """The points of the sweep, in the order they run. ``baselines`` None: every sweep baseline the package has."""
+def model_ctc_weight(model: str) -> float:
+    """The joint CTC weight ``model`` decodes with by default (its config.yaml); 0 when it has no config."""
+    from speechstream.config import load_model_config
+    from speechstream.errors import InputError
+    from speechstream.model import model_config_path
+
+    try:
+        return load_model_config(model_config_path(model)).ctc_weight
+    except InputError:  # not a model (eval says so, point by point)
+        return 0.0
+
+
+def plan(quick: bool = False, baselines: tuple[str, ...] | None = None, ctc_weight: float = 0.0) -> list[Point]:
+    """The points of the sweep, in the order they run. ``baselines`` None: every sweep baseline the package has;
+    ``ctc_weight``: the model's default joint CTC weight (above 0: a greedy point is added for comparison)."""
     ks, chunks = (QUICK_KS, QUICK_CHUNKS) if quick else (KS, CHUNKS)
     points = [gpe_point(chunk_ms, k) for chunk_ms in chunks for k in ks]
+    if ctc_weight > 0:
+        points.append(gpe_point(ABLATION_CHUNK_MS, ABLATION_K, greedy=True))
     points += [gpe_point(ABLATION_CHUNK_MS, ABLATION_K, ablation) for ablation in ABLATIONS if ablation != "none"]
     if baselines is None:
         baselines = tuple(name for name in SWEEP_BASELINES if name in BASELINES)
@@ -120,12 +140,12 @@ def manifest_ids(manifest: Path) -> list[str]:
     return ids
 
 
-def is_done(point: Point, out: Path, model: str, manifest: Path, count: int) -> bool:
+def is_done(point: Point, out: Path, model: str, manifest: Path, count: int, ctc_weight: float = 0.0) -> bool:
     """True when ``out/<point>`` holds scores of every utterance, made for this model, manifest and setting."""
     run = read_run(out / point.name)
     if run is None or run.scores.get("num_instances") != count:
         return False
-    return run.manifest == str(manifest.absolute()) and classify(run, model) == point
+    return run.manifest == str(manifest.absolute()) and classify(run, model, ctc_weight) == point
 
 
 def run_point(point: Point, model: str, manifest: Path, out: Path, threads: int | None = None) -> int:
@@ -173,25 +193,30 @@ def read_run(folder: Path) -> Run | None:
     return Run(folder.name, config, scores)
 
 
-def classify(run: Run, model: str) -> Point | None:
-    """The point a run is, from its config.json; None for a GPE run of another model."""
+def classify(run: Run, model: str, ctc_weight: float = 0.0) -> Point | None:
+    """The point a run is, from its config.json; None for a GPE run of another model or of a joint CTC weight
+    other than the model's default (``ctc_weight``) and 0 (greedy)."""
     baseline = run.config.get("baseline", "gpe")
     if baseline != "gpe":
         return Point(baseline, baseline)
     if run.config.get("model") != model:
         return None
     decoding = run.config.get("decoding", {})
-    return gpe_point(decoding.get("chunk_ms"), decoding.get("k"), decoding.get("ablation", "none"))
+    weight = decoding.get("ctc_weight") or 0.0  # runs from before joint CTC decoding were greedy
+    if weight != ctc_weight and weight != 0.0:
+        return None
+    return gpe_point(decoding.get("chunk_ms"), decoding.get("k"), decoding.get("ablation", "none"),
+                     greedy=weight != ctc_weight)
 
 
-def collect(out: Path, model: str, manifest: Path) -> list[Row]:
+def collect(out: Path, model: str, manifest: Path, ctc_weight: float = 0.0) -> list[Row]:
     """Rows of every ``out/*/scores.json`` made on ``manifest``: GPE runs of ``model`` and the baselines."""
     rows = []
     for folder in sorted(out.glob("*/")) if out.is_dir() else []:
         run = read_run(folder)
         if run is None or run.manifest != str(manifest.absolute()):
             continue
-        point = classify(run, model)
+        point = classify(run, model, ctc_weight)
         if point is not None:
             rows.append(Row(point, run))
     return rows
@@ -227,7 +252,7 @@ def _table(title: str, rows: list[list[str]], columns: list[str]) -> list[str]:
 
 
 def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: int, audio_s: float | None,
-                     command: str, date: str, missing: list[Point]) -> str:
+                     command: str, date: str, missing: list[Point], ctc_weight: float = 0.0) -> str:
     """RESULTS.md: the command, model, data and date, then one table per kind of point."""
     metric, title = quality_metric(rows)
     columns = [title, *(f"{name} (ms)" for name in LATENCY_COLUMNS), "RTF"]
@@ -242,7 +267,9 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         "```",
         "",
         f"- date: {date}",
-        f"- GPE model: `{model}`",
+        f"- GPE model: `{model}`, decoding as it does by default: "
+        + (f"joint CTC decoding, weight {ctc_weight:g} (`ctc_weight` in its config.yaml)" if ctc_weight > 0
+           else "greedy"),
         f"- data: `{manifest}` ({utterances} utterance{'s' if utterances != 1 else ''}{audio})",
         "- quality: " + ("BLEU (higher is better)" if metric == "BLEU" else
                          "normalised WER (%, lower is better; both sides through "
@@ -253,12 +280,24 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         "- every number comes from the `scores.json` of the folder named in the first column "
         "(`speechstream eval --out`); `-`: undefined (no utterance produced a word, so there is no latency)",
     ]
-    grid = sorted((r for r in rows if r.point.system == "gpe" and r.point.ablation == "none"),
+    grid = sorted((r for r in rows if r.point.system == "gpe" and r.point.ablation == "none" and not r.point.greedy),
                   key=lambda r: (r.point.chunk_ms, r.point.k))
     if grid:
         lines += ["", "## GPE, wait-k over chunks", ""]
         lines += _table("chunk (ms), k", [[f"{r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)",
                                           *_cells(r, metric)] for r in grid], columns)
+    greedy = sorted((r for r in rows if r.point.greedy), key=lambda r: (r.point.chunk_ms, r.point.k, r.point.ablation))
+    if greedy:
+        pairs = []
+        for r in greedy:
+            joint = next((g for g in grid if (g.point.chunk_ms, g.point.k) == (r.point.chunk_ms, r.point.k)), None)
+            pairs += [[f"joint CTC {ctc_weight:g}, {joint.point.chunk_ms} ms, k={joint.point.k} (`{joint.run.folder}`)",
+                       *_cells(joint, metric)]] if joint else []
+            pairs.append([f"greedy, {r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)", *_cells(r, metric)])
+        lines += ["", "## Joint CTC decoding against greedy", "",
+                  "The model's CTC head re-ranks the LLM's best next tokens (`--ctc-weight`, `speechstream/ctc.py`); "
+                  "greedy takes the LLM's own best token (`--ctc-weight 0`).", ""]
+        lines += _table("decoding", pairs, columns)
     ablations = [r for r in rows if r.point.system == "gpe" and r.point.ablation != "none"]
     if ablations:
         reference = next((r for r in grid if (r.point.chunk_ms, r.point.k) == (ABLATION_CHUNK_MS, ABLATION_K)), None)
@@ -308,7 +347,7 @@ def plot(rows: list[Row], path: Path, model: str) -> None:
         return None if al is None or quality is None else (al, quality)
 
     figure, axes = plt.subplots(figsize=(7.5, 5))
-    grid = [r for r in rows if r.point.system == "gpe" and r.point.ablation == "none" and xy(r)]
+    grid = [r for r in rows if r.point.system == "gpe" and r.point.ablation == "none" and not r.point.greedy and xy(r)]
     for chunk_ms in sorted({r.point.chunk_ms for r in grid}):
         line = sorted((r for r in grid if r.point.chunk_ms == chunk_ms), key=lambda r: r.point.k)
         points = [xy(r) for r in line]
@@ -317,11 +356,11 @@ def plot(rows: list[Row], path: Path, model: str) -> None:
             axes.annotate(f"k={r.point.k}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     markers = iter("sD^vP*Xhp<>")
     for r in rows:
-        if r.point.system == "gpe" and r.point.ablation == "none" or not xy(r):
+        if r in grid or not xy(r):
             continue
         x, y = xy(r)
-        label = (f"{r.point.ablation} ({r.point.chunk_ms} ms, k={r.point.k})" if r.point.system == "gpe"
-                 else r.point.system)
+        kind = "greedy" if r.point.greedy else r.point.ablation
+        label = f"{kind} ({r.point.chunk_ms} ms, k={r.point.k})" if r.point.system == "gpe" else r.point.system
         color = "tab:red" if r.point.system == "gpe" else "black"  # ablations red, baselines black
         axes.scatter([x], [y], marker=next(markers, "o"), s=60, color=color, label=label, zorder=3)
         axes.annotate(label, (x, y), textcoords="offset points", xytext=(5, -10), fontsize=8)
@@ -355,15 +394,16 @@ def total_audio_s(out: Path, rows: list[Row]) -> float | None:
 
 
 def write_report(out: Path, report_dir: Path, model: str, manifest: Path, command: str,
-                 planned: list[Point], date: str | None = None) -> list[Row]:
+                 planned: list[Point], date: str | None = None, ctc_weight: float = 0.0) -> list[Row]:
     """Read every scores.json under ``out``; write RESULTS.md and quality_latency.png into ``report_dir``."""
     count = len(manifest_ids(manifest))
-    rows = collect(out, model, manifest)
+    rows = collect(out, model, manifest, ctc_weight)
     have = {row.point for row in rows}
     missing = [point for point in planned if point not in have]
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     report_dir.mkdir(parents=True, exist_ok=True)
-    text = results_markdown(rows, model, manifest, count, total_audio_s(out, rows), command, date, missing)
+    text = results_markdown(rows, model, manifest, count, total_audio_s(out, rows), command, date, missing,
+                            ctc_weight)
     (report_dir / RESULTS_FILE).write_text(text, encoding="utf-8")
     plot(rows, report_dir / PLOT_FILE, model)
     return rows
@@ -404,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         if not manifest.is_file():
             raise SweepError(f"{manifest}: no such manifest")
         count = len(manifest_ids(manifest))
-        points = plan(args.quick, parse_baselines(args.baselines))
+        ctc_weight = model_ctc_weight(args.model)
+        points = plan(args.quick, parse_baselines(args.baselines), ctc_weight)
     except SweepError as error:
         print(f"sweep: error: {error}", file=sys.stderr)
         return 2
@@ -412,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     if not args.report_only:
         for point in points:
-            if is_done(point, out, args.model, manifest, count):
+            if is_done(point, out, args.model, manifest, count, ctc_weight):
                 print(f"sweep: {point.name}: done", file=sys.stderr)
                 continue
             status = run_point(point, args.model, manifest, out, args.threads)
@@ -421,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(point.name)
     script = os.path.relpath(__file__) if Path(__file__).is_absolute() else __file__
     command = os.environ.get("SWEEP_COMMAND") or shlex.join([".venv/bin/python", script, *argv])  # run.sh sets it
-    rows = write_report(out, Path(args.report_dir), args.model, manifest, command, points)
+    rows = write_report(out, Path(args.report_dir), args.model, manifest, command, points, ctc_weight=ctc_weight)
     print(f"sweep: {len(rows)} results -> {Path(args.report_dir) / RESULTS_FILE}, {Path(args.report_dir) / PLOT_FILE}",
           file=sys.stderr)
     if failed:
