@@ -162,3 +162,31 @@ def test_report_only_writes_the_command_line(sweep, tmp_path, monkeypatch):
     monkeypatch.setenv("SWEEP_COMMAND", "recipes/eval/run.sh --quick")  # what run.sh passes down
     assert sweep.main(args) == 0
     assert "```sh\nrecipes/eval/run.sh --quick\n```" in (tmp_path / "rep" / "RESULTS.md").read_text()
+
+
+def test_a_joint_decoding_model_gets_a_greedy_point_beside_it(sweep, tmp_path):
+    assert not any(p.greedy for p in sweep.plan(baselines=()))
+    points = sweep.plan(baselines=(), ctc_weight=0.4)
+    (greedy,) = [p for p in points if p.greedy]
+    assert greedy.name == "gpe-c640-k2-greedy" and greedy.eval_args("m", "d", Path("o"))[-2:] == ["--ctc-weight", "0"]
+    manifest = _manifest(tmp_path)
+    out = tmp_path / "out"
+    _fake_run(out, "gpe-c640-k2", manifest, wer=60.0, extra=None)
+    _fake_run(out, "gpe-c640-k2-greedy", manifest, wer=80.0)
+    _fake_run(out, "gpe-c640-k2-w03", manifest, wer=70.0)
+    for name, weight in (("gpe-c640-k2", 0.4), ("gpe-c640-k2-greedy", 0.0), ("gpe-c640-k2-w03", 0.3)):
+        config = json.loads((out / name / "config.json").read_text())
+        config["decoding"]["ctc_weight"] = weight
+        (out / name / "config.json").write_text(json.dumps(config))
+    assert sweep.is_done(greedy, out, "m", manifest, 2, ctc_weight=0.4)
+    assert sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, 2, ctc_weight=0.4)
+    assert not sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, 2, ctc_weight=0.5)  # not the default
+    rows = sweep.write_report(out, tmp_path / "rep", "m", manifest, "cmd", points, date="d", ctc_weight=0.4)
+    assert sorted(r.run.folder for r in rows) == ["gpe-c640-k2", "gpe-c640-k2-greedy"]  # weight 0.3: no point
+    text = (tmp_path / "rep" / "RESULTS.md").read_text()
+    assert "joint CTC decoding, weight 0.4" in text
+    section = text.split("## Joint CTC decoding against greedy")[1]
+    assert section.index("| joint CTC 0.4, 640 ms, k=2 (`gpe-c640-k2`) | 60.0 |") < section.index(
+        "| greedy, 640 ms, k=2 (`gpe-c640-k2-greedy`) | 80.0 |")
+    grid = text.split("## GPE, wait-k over chunks")[1].split("##")[0]
+    assert "greedy" not in grid
