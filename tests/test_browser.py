@@ -1,10 +1,10 @@
 """The live page in headless Chromium: its fake microphone plays samples/jfk.wav into the real server.
 
 Chromium is driven over the DevTools protocol (a few lines of CDP over aiohttp's WebSocket
-client). The English checkpoint does not transcribe correctly yet, so the checks are about the
-plumbing: the page shows exactly the text the server sent for its stream; the audio the server
+client). The page shows exactly the text the server sent for its stream; the audio the server
 received is the WAV (cross-correlation, allowing the fake device's start offset and its looping);
-and a lone session on that received audio writes the same transcript.
+a lone session on that received audio writes the same transcript; and at least 30 % of the page's words (52-68 % measured) are
+words of the clip. The English checkpoint does not transcribe exactly yet, so no more is asked.
 """
 
 import asyncio
@@ -28,6 +28,7 @@ from speechstream.audio import load_audio
 
 ROOT = Path(__file__).resolve().parent.parent
 WAV = ROOT / "samples" / "jfk.wav"
+JFK_TEXT = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 MODEL = "smollm2-whisper-base"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = [
@@ -173,7 +174,15 @@ def test_the_live_page_streams_the_fake_microphone_and_shows_the_servers_text(tm
         session.feed(received)
         session.finish()
     assert session.transcript == sent[-1]["text"]
-    assert session.transcript.strip(), "the English model writes words (wrong ones, for now)"
+    print(f"page text: {page_text!r}")
+    # 4. the words are those of the clip, in part: the model is far from exact (its MODEL_CARD.md), and the fake
+    # device starts the clip at some offset, so no word order is checked; two runs here: 16 and 21 of 31 page words
+    from speechstream.eval.quality import normalize_english
+
+    spoken = set(normalize_english(JFK_TEXT).split())
+    shown = normalize_english(page_text).split()
+    heard = sum(word in spoken for word in shown)
+    assert shown and heard >= 0.3 * len(shown), f"only {heard} of {len(shown)} page words are in the clip"
 
 
 async def drive_page(devtools_port: int, server_port: int) -> tuple[str, list[dict]]:
