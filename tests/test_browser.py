@@ -3,8 +3,9 @@
 Chromium is driven over the DevTools protocol (a few lines of CDP over aiohttp's WebSocket
 client). The page shows exactly the text the server sent for its stream; the audio the server
 received is the WAV (cross-correlation, allowing the fake device's start offset and its looping);
-a lone session on that received audio writes the same transcript; and at least 30 % of the page's words (52-68 % measured) are
-words of the clip. The English checkpoint does not transcribe exactly yet, so no more is asked.
+a lone session on that received audio writes the same transcript; and at least 30 % of the page's
+words (52-68 % measured) are words of the clip. The English checkpoint does not transcribe exactly
+yet, so no more is asked.
 """
 
 import asyncio
