@@ -78,7 +78,10 @@ class CTCPrefixScorer:
 
     def __init__(self, num_classes: int):
         self.blank = num_classes  # column of the blank (classes 0..num_classes-1 come first)
-        self.lp = np.zeros((0, num_classes + 1))
+        self._lp = np.zeros((16, num_classes + 1))  # frame log-probabilities; rows past ``frames`` are spare room
+        self._frames = 0
+        self._best_labels = 0  # labels on the head's own best path (frame argmax, repeats merged, no blanks)
+        self._best_last = -1  # the argmax class of the last frame (-1: none yet)
         self.labels: list[int] = []
         self.r_n = np.array([NEG])  # the current prefix, over 0..T frames
         self.r_b = np.array([0.0])  # the empty prefix is complete before any frame
@@ -88,7 +91,28 @@ class CTCPrefixScorer:
 
     @property
     def frames(self) -> int:
-        return self.lp.shape[0]
+        return self._frames
+
+    @property
+    def lp(self) -> np.ndarray:
+        """(frames, C + 1) log-probabilities of the frames so far (a view)."""
+        return self._lp[: self._frames]
+
+    def _store(self, lp: np.ndarray) -> None:
+        """Append rows, doubling the buffer when full (no copy of every earlier frame at each read)."""
+        if len(lp) == 0:
+            return
+        need = self._frames + len(lp)
+        if need > len(self._lp):
+            grown = np.empty((max(need, 2 * len(self._lp)), self._lp.shape[1]))
+            grown[: self._frames] = self._lp[: self._frames]
+            self._lp = grown
+        self._lp[self._frames : need] = lp
+        self._frames = need
+        path = lp.argmax(axis=1)
+        starts = path != np.concatenate([[self._best_last], path[:-1]])
+        self._best_labels += int(np.sum(starts & (path != self.blank)))
+        self._best_last = int(path[-1])
 
     def add_frames(self, lp: np.ndarray) -> None:
         """Append (m, C + 1) frame log-probabilities; all prefixes of the hypothesis move forward together."""
@@ -113,7 +137,7 @@ class CTCPrefixScorer:
         self.col_n, self.col_b = n, b
         self.r_n, self.r_b = np.append(self.r_n, r_n), np.append(self.r_b, r_b)
         self.psi = float(psi)
-        self.lp = np.concatenate([self.lp, lp])
+        self._store(lp)
 
     def append(self, label: int) -> None:
         """Add ``label`` (a class index) to the hypothesis."""
@@ -132,8 +156,7 @@ class CTCPrefixScorer:
 
     def best_path_length(self) -> int:
         """Labels on the CTC head's own best path over the frames so far (frame argmax, repeats merged, no blanks)."""
-        path = self.lp.argmax(axis=1)
-        return int(np.sum((path != self.blank) & np.concatenate([[True], path[1:] != path[:-1]])))
+        return self._best_labels
 
     def end_score(self) -> float:
         """log p(the frames so far emit exactly g) - log psi(g)."""

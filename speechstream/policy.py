@@ -72,8 +72,9 @@ class WaitK(Policy):
     writing runs long; ``max_tail_tokens`` stops writing after the end of the audio.
     An end-of-transcript prediction before the audio has ended is taken as end of chunk.
     Repetition guard: when the pending token would make the text (end-of-chunk tokens left out)
-    end in a block of up to 12 tokens repeated ``max_repeats`` times, the writer stops writing this chunk (reads on, or ends after the
-    audio) instead of committing a hallucinated loop; 0 disables it.
+    end in a block of up to 12 tokens repeated ``max_repeats`` times, the writer stops writing
+    this chunk (reads on, or ends after the audio) instead of committing a hallucinated loop;
+    0 disables it.
     """
 
     def __init__(self, k: int, max_tokens: int = 24, max_tail_tokens: int = 200, max_repeats: int = 4):

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import torch
 import yaml
