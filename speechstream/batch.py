@@ -190,11 +190,13 @@ class DynamicBatch:
     def leave(self, session: StreamingSession) -> None:
         """Drop a stream's row (finished, cancelled or disconnected); trim what no row needs."""
         b = self._row(session)
+        if len(self.sessions) == 1:  # start over: nothing to keep (the state first, so that a reader on
+            self.state = self.model.decoder.new_state(0)  # another thread that sees no stream sees no columns)
+            self.sessions.clear()
+            self._segments.clear()
+            return
         del self.sessions[b]
         del self._segments[b]
-        if not self.sessions:  # start over: nothing to keep
-            self.state = self.model.decoder.new_state(0)
-            return
         keep = torch.tensor([i for i in range(self.state.batch_size) if i != b], dtype=torch.long)
         self.state.kinds = self.state.kinds[keep]
         for name in self._row_fields():
