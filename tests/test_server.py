@@ -225,12 +225,7 @@ def test_a_client_killed_mid_stream_leaves_the_server_and_other_streams_intact(t
             client.wait()
             killed.set()
             results = await asyncio.gather(*tasks)
-            for _ in range(100):  # the server notices the reset connection
-                after = await health(http, url)
-                if after["sessions"] == 0 and after["batch"] == 0:
-                    break
-                await asyncio.sleep(0.1)
-            return during, results, after
+            return during, results, await settled_health(http, url, tries=100)  # once it notices the reset
 
     during, results, after = asyncio.run(scenario())
     assert during["sessions"] == 4
@@ -427,12 +422,7 @@ def test_eight_clients_with_the_english_model_get_their_solo_transcripts_despite
             client.wait()
             results = await asyncio.gather(*tasks)
             wall = time.perf_counter() - begin
-            for _ in range(100):
-                state = await health(http, url)
-                if state["sessions"] == 0:
-                    break
-                await asyncio.sleep(0.1)
-            return results, wall, state
+            return results, wall, await settled_health(http, url, tries=100)
 
     results, wall, state = asyncio.run(scenario())
     audio_s = sum(len(a) for a in audios) / 16000
