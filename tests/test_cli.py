@@ -38,6 +38,7 @@ def tiny_default(monkeypatch):
     from speechstream import model
 
     monkeypatch.setitem(model.DEFAULT_MODELS, "asr", "tiny-random")
+    monkeypatch.setitem(model.DEFAULT_MODELS, "translate", "tiny-random")
 
 
 @pytest.fixture

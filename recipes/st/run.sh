@@ -7,7 +7,7 @@
 #   stage 2: train projector + LoRA from the English model's weights (GPE wait-k mask)        -> runs/smollm2-whisper-base-es-en/
 #   stage 3: export the trained weights into the model (it then becomes the translate default) -> models/smollm2-whisper-base-es-en/
 #   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency)        -> runs/eval-smollm2-whisper-base-es-en/
-# HOURS (default 2.0) and WORKERS (default 2) size stage 1. Stages 0 and 1 are one script (prepare_st.py); stage 0
+# HOURS (default 8.0), HELDOUT_HOURS (default 0.1) and WORKERS (default 2) size stage 1. Stages 0 and 1 are one script (prepare_st.py); stage 0
 # stops it after the text and the plan (--text-only), stage 1 runs it through (the text and plan are kept).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,15 +17,16 @@ PY=.venv/bin/python
 MODEL=smollm2-whisper-base-es-en
 RUN=runs/$MODEL
 DATA=data/st-main
-HOURS=${HOURS:-2.0}
+HOURS=${HOURS:-8.0}
+HELDOUT_HOURS=${HELDOUT_HOURS:-0.1}
 WORKERS=${WORKERS:-2}
 export HF_HUB_OFFLINE=1
 
 if [ "$first" -le 0 ] && [ "$last" -ge 0 ]; then
-  $PY recipes/st/prepare_st.py --out $DATA --hours "$HOURS" --seed 0 --workers "$WORKERS" --text-only
+  $PY recipes/st/prepare_st.py --out $DATA --hours "$HOURS" --heldout-hours "$HELDOUT_HOURS" --seed 0 --workers "$WORKERS" --text-only
 fi
 if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
-  $PY recipes/st/prepare_st.py --out $DATA --hours "$HOURS" --seed 0 --workers "$WORKERS"
+  $PY recipes/st/prepare_st.py --out $DATA --hours "$HOURS" --heldout-hours "$HELDOUT_HOURS" --seed 0 --workers "$WORKERS"
 fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
   $SS fetch whisper-base smollm2-135m-instruct

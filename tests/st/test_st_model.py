@@ -31,3 +31,4 @@ def test_each_task_defaults_to_its_model_once_trained_else_tiny_random():
         expected = name if model_module._trained(name) else "tiny-random"
         assert model_module.DEFAULT_MODELS[task] == expected
     assert model_module.DEFAULT_MODELS["asr"] == "smollm2-whisper-base"  # its checkpoint ships in models/
+    assert model_module.DEFAULT_MODELS["translate"] == "smollm2-whisper-base-es-en"  # and so does this one's
