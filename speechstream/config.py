@@ -82,6 +82,9 @@ class ModelConfig:
     prompt: PromptConfig = PromptConfig()
     checkpoint: str | None = None  # safetensors with trained projector/adapter weights, relative to the config
     ctc_weight: float = 0.0  # the joint CTC decoding weight used when decoding does not set one (needs a CTC head)
+    # whether the CTC head's labels are the output text (ASR). A translation model's head transcribes the source
+    # language, so joint CTC decoding would push source-language words into the output: it is refused.
+    ctc_is_output: bool = True
 
 
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.
@@ -113,6 +116,9 @@ def with_model_defaults(decoding: DecodingConfig, model: ModelConfig) -> Decodin
     """``decoding`` with the options it leaves to the model (None) taken from the model's config."""
     if decoding.ctc_weight is None:
         return dataclasses.replace(decoding, ctc_weight=model.ctc_weight)
+    if decoding.ctc_weight > 0 and not model.ctc_is_output:
+        raise InputError(f"model {model.name}: its CTC head transcribes the source language, not the output text, "
+                         "so joint CTC decoding cannot be used (--ctc-weight 0)")
     return decoding
 
 
@@ -160,4 +166,6 @@ def load_model_config(path: Path) -> ModelConfig:
     config = from_dict(ModelConfig, data)
     if not 0.0 <= config.ctc_weight < 1.0:
         raise InputError(f"{path}: ctc_weight must be at least 0 and below 1")
+    if config.ctc_weight > 0 and not config.ctc_is_output:
+        raise InputError(f"{path}: ctc_weight must be 0 when ctc_is_output is false")
     return config

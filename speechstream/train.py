@@ -291,13 +291,14 @@ class StreamingLoss(nn.Module):
 
 def ctc_class_ids(model: SpeechLLM, examples: list[Example], config: TrainConfig) -> torch.Tensor | None:
     """The token ids the CTC loss scores (``ctc_vocab``): None for the whole vocabulary, else the sorted
-    ids of every training CTC text."""
+    ids of every training CTC text, together with the classes the model already scores (a continuation
+    from ``init_checkpoint`` keeps those of the run it continues)."""
     if config.ctc_vocab == "full":
         return None
     if config.ctc_vocab != "train":
         raise InputError(f"ctc_vocab must be 'full' or 'train', not {config.ctc_vocab!r}")
     chunk_s = config.chunk_ms / 1000
-    ids: set[int] = set()
+    ids: set[int] = set() if model.ctc_classes is None else set(model.ctc_classes.tolist())
     for example in examples:
         _, ctc_text = example_pieces(example, chunk_s, 1, config)
         ids.update(model._ids(ctc_text))

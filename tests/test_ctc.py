@@ -200,6 +200,25 @@ def test_decoding_leaves_the_weight_to_the_model_unless_it_sets_one(tiny_model, 
         load_model_config(path)
 
 
+def test_a_translation_model_refuses_joint_ctc_decoding(tiny_model, tmp_path):
+    """The translate model's CTC head transcribes the Spanish: joint CTC would mix it into the English."""
+    from speechstream.config import DecodingConfig, load_model_config, with_model_defaults
+    from speechstream.errors import InputError
+    from speechstream.model import model_config_path
+
+    shipped = load_model_config(model_config_path("smollm2-whisper-base-es-en"))
+    assert not shipped.ctc_is_output and shipped.ctc_weight == 0.0
+    assert with_model_defaults(DecodingConfig(), shipped).ctc_weight == 0.0
+    assert with_model_defaults(DecodingConfig(ctc_weight=0.0), shipped).ctc_weight == 0.0
+    with pytest.raises(InputError, match="source language"):
+        with_model_defaults(DecodingConfig(ctc_weight=0.4), shipped)
+    assert with_model_defaults(DecodingConfig(ctc_weight=0.4), tiny_model.config).ctc_weight == 0.4
+    path = tmp_path / "config.yaml"
+    path.write_text("ctc_weight: 0.3\nctc_is_output: false\n")
+    with pytest.raises(InputError, match="ctc_is_output"):
+        load_model_config(path)
+
+
 def test_best_path_length_merges_repeats_and_drops_blanks():
     lp = np.log(np.full((7, 3), 0.1))
     for t, c in enumerate([0, 0, 2, 0, 1, 1, 2]):  # class 2 is the blank: labels 0, 0, 1
