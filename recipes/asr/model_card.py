@@ -36,8 +36,9 @@ def main() -> None:
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument("--eval", type=Path, required=True)
     parser.add_argument("--data", type=Path, nargs="+",
-                        default=[Path("data/synth-main"), Path("data/synth-b"), Path("data/synth-c")],
-                        help="synthetic sets trained on; the first one's held-out set is the one evaluated")
+                        default=[Path("data/synth-main"), Path("data/synth-c")],
+                        help="synthetic sets the last stage trained on; the first one's held-out set is the one "
+                        "evaluated")
     args = parser.parse_args()
     log = [json.loads(line) for line in (args.run / "log.jsonl").read_text().splitlines() if line.strip()]
     last = [row for row in log if "loss" in row][-1]
@@ -73,7 +74,8 @@ def main() -> None:
     if stats:
         hours = sum(s.get("hours", {}).get("train", 0) for s in stats)
         utts = sum(s.get("utterances", {}).get("train", 0) for s in stats)
-        lines.append(f"- data: synthetic speech, {hours:.2f} h / {utts} utterances in {len(stats)} sets "
+        lines.append(f"- data of the last stage: synthetic speech, {hours:.2f} h / {utts} utterances in "
+                     f"{len(stats)} sets "
                      f"(Piper, espeak-ng and flite voices, augmented); held-out: "
                      f"{stats[0].get('utterances', {}).get('heldout', 0)} utterances of sentences and voices "
                      "never trained on")
@@ -114,7 +116,7 @@ def main() -> None:
         lines += ["", f"Diagnostic, not a decoding mode: greedy decoding of the auxiliary CTC head alone on the same real "
                   f"clips (640 ms block-causal encoder) gives WER {ctc['WER_normalized']:.1f} % normalized "
                   f"(`recipes/asr/ctc_probe.py`): what the speech tokens carry before the LLM reads them."]
-    lines += ["", "Training curve: `loss.png` (copied from the run).", ""]
+    lines += ["", "Training curve of the last stage: `loss.png` (copied from its run).", ""]
     (Path("models") / args.model / "MODEL_CARD.md").write_text("\n".join(lines))
     png = args.run / "loss.png"
     if png.exists():

@@ -2,10 +2,10 @@
 # The English ASR recipe, stage by stage. Every stage is seeded and resumable:
 # rerun the script (or one stage) after an interruption and it continues.
 #   recipes/asr/run.sh [first_stage] [last_stage]
-#   stage 0: synthesize training and held-out speech      -> data/synth-{main,b,c}/, data/asr-train{,-large}.jsonl,
+#   stage 0: synthesize training and held-out speech      -> data/synth-{main,b,c}/, data/asr-train{,-more}.jsonl,
 #            and a dev set of held-out voices and sentences -> data/dev/heldout.jsonl
 #   stage 1: train projector + LoRA (GPE wait-k mask)      -> runs/smollm2-whisper-base/ (5.4 h, 2400 steps),
-#            then continue on all three sets                -> runs/smollm2-whisper-base-more/ (13.4 h, 1300 steps)
+#            then continue on synth-main and synth-c         -> runs/smollm2-whisper-base-more/ (9.5 h, 1300 steps)
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
 #            and greedy decoding, Whisper base offline, held-out synthetic, the CTC head alone), model card
@@ -25,8 +25,8 @@ if [ "$first" -le 0 ] && [ "$last" -ge 0 ]; then
   $PY recipes/asr/prepare_synthetic.py --out data/synth-c --hours 8 --seed 2 --workers 2
   $PY recipes/data/prepare_jsonl.py data/synth-main/train.jsonl data/synth-b/train.jsonl --prefix-ids \
     --out data/asr-train.jsonl
-  $PY recipes/data/prepare_jsonl.py data/synth-main/train.jsonl data/synth-b/train.jsonl \
-    data/synth-c/train.jsonl --prefix-ids --out data/asr-train-large.jsonl
+  $PY recipes/data/prepare_jsonl.py data/synth-main/train.jsonl data/synth-c/train.jsonl --prefix-ids \
+    --out data/asr-train-more.jsonl
   # the dev set that chose the model's joint CTC weight: held-out voices and sentences only, its own seed
   $PY recipes/asr/prepare_synthetic.py --out data/dev --hours 0.01 --heldout-hours 0.05 --seed 3 --workers 2
 fi
@@ -34,7 +34,9 @@ if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   $SS fetch whisper-base smollm2-135m-instruct
   $SS train recipes/asr/$MODEL.yaml
   # the continuation reads the first run's feature cache (same encoder, same chunks) and adds synth-c's
-  mkdir -p $RUN/features && ln -sfn "$(pwd)/runs/$MODEL/features/chunk640" $RUN/features/chunk640
+  if [ -d runs/$MODEL/features/chunk640 ] && [ ! -e $RUN/features/chunk640 ]; then
+    mkdir -p $RUN/features && ln -sfn "$(pwd)/runs/$MODEL/features/chunk640" $RUN/features/chunk640
+  fi
   $SS train recipes/asr/$MODEL-more.yaml
 fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
