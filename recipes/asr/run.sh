@@ -16,7 +16,7 @@ SS=.venv/bin/speechstream
 PY=.venv/bin/python
 MODEL=smollm2-whisper-base
 RUN=runs/$MODEL-more
-DEV_WEIGHTS="0 0.3 0.4 0.5"  # joint CTC weights tried on data/dev (the model's config.yaml names the one it uses)
+DEV_WEIGHTS="0 0.3 0.4 0.5 0.6 0.7 0.8 0.9"  # joint CTC weights tried on data/dev (the model's config.yaml names the one it uses)
 export HF_HUB_OFFLINE=1
 
 if [ "$first" -le 0 ] && [ "$last" -ge 0 ]; then
