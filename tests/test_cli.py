@@ -146,6 +146,18 @@ def test_bad_usage(capsys, tmp_path, clip, argv, match):
     assert_one_error(code, err, match=match)
 
 
+def test_joint_ctc_with_the_translation_model_is_refused(capsys, tmp_path, clip):
+    """The es-en model's CTC head transcribes the Spanish (ctc_is_output: false): --ctc-weight > 0 is refused
+    before anything is decoded, and nothing is written."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "translation": "hello"}) + "\n")
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "eval", manifest, "--model", "smollm2-whisper-base-es-en", "--task", "translate",
+                       "--source-lang", "es", "--target-lang", "en", "--ctc-weight", "0.4", "--out", out)
+    assert_one_error(code, err, match="transcribes the source language")
+    assert not (out / "instances.log").exists()
+
+
 def test_a_bad_file_does_not_stop_the_next(capsys, tmp_path, clip):
     bad = tmp_path / "bad.wav"
     bad.write_text("RIFF but not really")
