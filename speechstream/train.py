@@ -60,7 +60,9 @@ class TrainConfig:
     ctc_weight: float = 0.5  # weight of the auxiliary CTC loss
     ctc_only_steps: int = 0  # first steps train the projector with CTC alone (no LLM forward: cheap alignment)
     ctc_only_batch_size: int = 0  # utterances per CTC-only step (0: batch_size); those steps are cheap
-    ctc_vocab: str = "full"  # "train": CTC classes are only the token ids of the training texts (10x cheaper)
+    # "train": CTC classes are only the token ids of the training texts (10x cheaper); "train+init": those and the
+    # classes of init_checkpoint (a continuation of the same task keeps what it scored)
+    ctc_vocab: str = "full"
     word_margin_s: float = 0.1  # a word is written after the chunk covering its end + this margin
     max_audio_s: float = 15.0  # longer utterances are skipped
     seed: int = 0
@@ -291,14 +293,16 @@ class StreamingLoss(nn.Module):
 
 def ctc_class_ids(model: SpeechLLM, examples: list[Example], config: TrainConfig) -> torch.Tensor | None:
     """The token ids the CTC loss scores (``ctc_vocab``): None for the whole vocabulary, else the sorted
-    ids of every training CTC text, together with the classes the model already scores (a continuation
-    from ``init_checkpoint`` keeps those of the run it continues)."""
+    ids of every training CTC text; with "train+init" also the classes the model was loaded with (those of
+    ``init_checkpoint``: a continuation of the same task keeps what the run it continues scored)."""
     if config.ctc_vocab == "full":
         return None
-    if config.ctc_vocab != "train":
-        raise InputError(f"ctc_vocab must be 'full' or 'train', not {config.ctc_vocab!r}")
+    if config.ctc_vocab not in ("train", "train+init"):
+        raise InputError(f"ctc_vocab must be 'full', 'train' or 'train+init', not {config.ctc_vocab!r}")
     chunk_s = config.chunk_ms / 1000
-    ids: set[int] = set() if model.ctc_classes is None else set(model.ctc_classes.tolist())
+    ids: set[int] = set()
+    if config.ctc_vocab == "train+init" and model.ctc_classes is not None:
+        ids.update(model.ctc_classes.tolist())
     for example in examples:
         _, ctc_text = example_pieces(example, chunk_s, 1, config)
         ids.update(model._ids(ctc_text))

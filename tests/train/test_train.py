@@ -131,8 +131,10 @@ def test_ctc_over_the_training_vocabulary(tmp_path):
     expected = sorted({t for e in examples for t in model._ids("".join(" " + w for w in e.text.split()))})
     assert classes.tolist() == expected and len(expected) < model.decoder.llm.get_input_embeddings().weight.shape[0]
     assert ctc_class_ids(model, examples, load_train_config(str(recipe), ["ctc_vocab=full"])) is None
-    model.ctc_classes = torch.tensor([1, 2, 3])  # a continuation keeps the classes of the run it continues
-    assert ctc_class_ids(model, examples, config).tolist() == sorted(set(expected) | {1, 2, 3})
+    model.ctc_classes = torch.tensor([1, 2, 3])  # as loaded from an init_checkpoint
+    assert ctc_class_ids(model, examples, config).tolist() == expected  # "train": the training texts' alone
+    continued = ctc_class_ids(model, examples, load_train_config(str(recipe), ["ctc_vocab=train+init"]))
+    assert continued.tolist() == sorted(set(expected) | {1, 2, 3})  # a continuation keeps what it scored
     model.ctc_classes = None
     speech = torch.randn(2, 7, 64)
     full = model.ctc_logits(speech)
