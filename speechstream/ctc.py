@@ -28,6 +28,10 @@ FLOOR = -1e4  # log-probabilities below this are clipped (exp(-1e4) is zero in f
 # Once all the audio is read, a text with this many labels more than the CTC head's own best path ends (chosen on
 # held-out synthetic speech among 0, 2 and 4; without the rule a joint text can loop on after the speech).
 TAIL_MARGIN = 0
+# ... and a text this many labels or more short of that best path does not end yet: where the LLM would stop
+# (or write only end-of-chunk tokens) with words the head still hears unwritten, the best fused text token is
+# written instead (a lost tail otherwise; the LLM can fall silent mid-stream and never catch up).
+SHORT_MARGIN = 2
 
 
 def _log_recursion(feed: np.ndarray, emit: np.ndarray) -> np.ndarray:
@@ -171,15 +175,19 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
     not a CTC class). End-of-chunk and (before the end of the audio) end-of-text stay the LLM's choices. Once
     all the audio is read, the text ends when it has as many labels as the CTC head's own best path (plus
     ``TAIL_MARGIN``) or when the head finds it impossible (psi(g) = 0: more labels than the frames can emit):
-    whatever followed would be a loop or invention.
+    whatever followed would be a loop or invention; and while it is ``SHORT_MARGIN`` or more labels short of
+    that path, the best fused text token overrides the LLM's end-of-chunk or end-of-text.
     """
     logp = torch.log_softmax(llm_logits.float(), dim=-1).masked_fill(~allowed, NEG)
     top = int(torch.argmax(logp))
     if source_done and scorer.frames and (not math.isfinite(scorer.psi)
                                           or len(scorer.labels) >= scorer.best_path_length() + TAIL_MARGIN):
         return eos_id  # all the speech is read and the text is longer than the CTC head hears: it overran
-    if scorer.frames == 0 or not math.isfinite(scorer.psi) or top == eoc_id or (top == eos_id and not source_done):
+    if scorer.frames == 0 or not math.isfinite(scorer.psi):
         return top  # (psi(g) = 0 before the end: the text ran ahead of the speech read so far)
+    short = source_done and len(scorer.labels) + SHORT_MARGIN <= scorer.best_path_length()
+    if not short and (top == eoc_id or (top == eos_id and not source_done)):
+        return top
     text = logp.clone()
     text[[eoc_id, eos_id]] = NEG
     ids = torch.topk(text, candidates).indices
@@ -188,7 +196,7 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
         return top
     fused = (1 - weight) * text[ids].double().numpy() + weight * scorer.scores(class_of[ids].numpy())
     best = int(np.argmax(fused))
-    if top == eos_id and (1 - weight) * float(logp[eos_id]) + weight * scorer.end_score() >= fused[best]:
+    if top == eos_id and not short and (1 - weight) * float(logp[eos_id]) + weight * scorer.end_score() >= fused[best]:
         return top
     return int(ids[best])
 

@@ -116,8 +116,12 @@ def _joint_session(model, decoding, audio, step):
     return session
 
 
-def test_joint_sessions_do_not_depend_on_buffer_sizes_and_a_vanishing_weight_is_greedy(tiny_model):
+def test_joint_sessions_do_not_depend_on_buffer_sizes_and_a_vanishing_weight_is_greedy(tiny_model, monkeypatch):
     from speechstream.config import DecodingConfig
+
+    # the rule that a text well short of the CTC head's path does not end holds at any weight: off here, so that
+    # a vanishing weight leaves exactly the LLM's choices (its own test is below)
+    monkeypatch.setattr("speechstream.ctc.SHORT_MARGIN", 10**9)
 
     audio = _noise(3, 30000)
     decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
@@ -230,6 +234,15 @@ def test_best_path_length_merges_repeats_and_drops_blanks():
     assert scorer.best_path_length() == 3
 
 
+def _scorer(lp: np.ndarray, labels: list[int]) -> CTCPrefixScorer:
+    """A scorer over 3 classes (blank last) that has read ``lp`` and written ``labels``."""
+    scorer = CTCPrefixScorer(3)
+    scorer.add_frames(lp)
+    for label in labels:
+        scorer.append(label)
+    return scorer
+
+
 def test_at_the_end_of_the_audio_a_text_longer_than_the_ctc_hears_ends():
     from speechstream.ctc import TAIL_MARGIN
 
@@ -241,11 +254,7 @@ def test_at_the_end_of_the_audio_a_text_longer_than_the_ctc_hears_ends():
     llm = torch.tensor([0.0, -5.0, 3.0, 2.0, 0.0])  # the LLM wants more text
 
     def scorer_with(labels):
-        scorer = CTCPrefixScorer(3)
-        scorer.add_frames(lp)
-        for label in labels:
-            scorer.append(label)
-        return scorer
+        return _scorer(lp, labels)
 
     assert scorer_with([]).best_path_length() == 1
     just_below = scorer_with([1, 0, 2, 0, 2, 0][:TAIL_MARGIN])
@@ -257,3 +266,29 @@ def test_at_the_end_of_the_audio_a_text_longer_than_the_ctc_hears_ends():
     impossible = scorer_with([1, 0] * frames)  # more labels than frames: psi = 0
     assert not np.isfinite(impossible.psi)
     assert fuse(llm, allowed, impossible, class_of, 0.5, 3, 0, 1, source_done=True) == 1
+
+
+def test_at_the_end_of_the_audio_a_text_well_short_of_what_the_ctc_hears_does_not_end():
+    from speechstream.ctc import SHORT_MARGIN
+
+    lp = np.log(np.full((6, 4), 0.02))
+    for t, c in enumerate([0, 3, 1, 3, 2, 3]):  # the CTC hears classes 0, 1, 2 (class 3 is the blank)
+        lp[t, c] = np.log(0.94)
+    class_of = torch.tensor([-1, -1, 0, 1, 2])
+    allowed = torch.ones(5, dtype=torch.bool)
+    wants_to_end = torch.tensor([0.0, 6.0, 1.0, 1.0, 1.0])
+    wants_to_wait = torch.tensor([6.0, 0.0, 1.0, 1.0, 1.0])
+
+    def scorer_with(labels):
+        return _scorer(lp, labels)
+
+    assert scorer_with([]).best_path_length() == 3 >= SHORT_MARGIN + 1
+    empty = scorer_with([])
+    # nothing written yet, all audio read: the text goes on with what the CTC hears first (class 0, token 2)
+    assert fuse(wants_to_end, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=True) == 2
+    assert fuse(wants_to_wait, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=True) == 2
+    # mid-stream the LLM's end of chunk stands (wait-k decides when words are due)
+    assert fuse(wants_to_wait, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=False) == 0
+    # within the margin of the head's path, the LLM's end of chunk stands at the end of the audio too
+    near = scorer_with([0, 1, 2][: 3 - SHORT_MARGIN + 1])
+    assert fuse(wants_to_wait, allowed, near, class_of, 0.5, 3, 0, 1, source_done=True) == 0

@@ -1,6 +1,6 @@
 """Stage 4 of the ASR recipe: write the model card from the run and the evaluation outputs.
 
-    python recipes/asr/model_card.py --model smollm2-whisper-base --run runs/smollm2-whisper-base-more \
+    python recipes/asr/model_card.py --model smollm2-whisper-base --run runs/smollm2-whisper-base-1c \
         --eval runs/eval-smollm2-whisper-base
 
 Every figure in the card is read from files the recipe wrote (log.jsonl, stats.json,
@@ -22,7 +22,7 @@ ROWS = [  # (eval folder, what it measures); {w}: the joint CTC weight the run d
     ("heldout-640ms-greedy", "the same held-out set, greedy decoding"),
 ]
 DEV_PREFIX = "dev-w"  # dev-w<weight>: the joint CTC weights tried on data/dev/heldout.jsonl
-RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more"]  # the training stages, in order
+RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more", "smollm2-whisper-base-1c"]  # the training stages, in order
 
 
 def fmt(scores: dict, key: str, digits: int = 1) -> str:
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument("--eval", type=Path, required=True)
     parser.add_argument("--data", type=Path, nargs="+",
-                        default=[Path("data/synth-main"), Path("data/synth-c")],
+                        default=[Path("data/synth-main"), Path("data/synth-c"), Path("data/synth-d")],
                         help="synthetic sets the last stage trained on; the first one's held-out set is the one "
                         "evaluated")
     args = parser.parse_args()

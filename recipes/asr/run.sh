@@ -2,10 +2,11 @@
 # The English ASR recipe, stage by stage. Every stage is seeded and resumable:
 # rerun the script (or one stage) after an interruption and it continues.
 #   recipes/asr/run.sh [first_stage] [last_stage]
-#   stage 0: synthesize training and held-out speech      -> data/synth-{main,b,c}/, data/asr-train{,-more}.jsonl,
+#   stage 0: synthesize training and held-out speech      -> data/synth-{main,b,c,d}/, data/asr-train{,-more,-1c}.jsonl,
 #            and a dev set of held-out voices and sentences -> data/dev/heldout.jsonl
 #   stage 1: train projector + LoRA (GPE wait-k mask)      -> runs/smollm2-whisper-base/ (5.4 h, 2400 steps),
-#            then continue on synth-main and synth-c         -> runs/smollm2-whisper-base-more/ (9.5 h, 1300 steps)
+#            then continue on synth-main and synth-c         -> runs/smollm2-whisper-base-more/ (9.2 h, 1300 steps)
+#            then on synth-main, synth-c and synth-d         -> runs/smollm2-whisper-base-1c/ (17 h, 1200 steps)
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
 #            and greedy decoding, Whisper base offline, held-out synthetic, the CTC head alone), model card
@@ -15,7 +16,7 @@ first=${1:-0}; last=${2:-3}
 SS=.venv/bin/speechstream
 PY=.venv/bin/python
 MODEL=smollm2-whisper-base
-RUN=runs/$MODEL-more
+RUN=runs/$MODEL-1c
 DEV_WEIGHTS="0 0.3 0.4 0.5 0.6 0.7 0.8 0.9"  # joint CTC weights tried on data/dev (the model's config.yaml names the one it uses)
 export HF_HUB_OFFLINE=1
 
@@ -23,24 +24,32 @@ if [ "$first" -le 0 ] && [ "$last" -ge 0 ]; then
   $PY recipes/asr/prepare_synthetic.py --out data/synth-main --hours 1.5 --seed 0 --workers 2
   $PY recipes/asr/prepare_synthetic.py --out data/synth-b --hours 4 --seed 1 --workers 2
   $PY recipes/asr/prepare_synthetic.py --out data/synth-c --hours 8 --seed 2 --workers 2
+  $PY recipes/asr/prepare_synthetic.py --out data/synth-d --hours 8 --seed 4 --workers 2
   $PY recipes/data/prepare_jsonl.py data/synth-main/train.jsonl data/synth-b/train.jsonl --prefix-ids \
     --out data/asr-train.jsonl
   $PY recipes/data/prepare_jsonl.py data/synth-main/train.jsonl data/synth-c/train.jsonl --prefix-ids \
     --out data/asr-train-more.jsonl
+  $PY recipes/data/prepare_jsonl.py data/synth-main/train.jsonl data/synth-c/train.jsonl data/synth-d/train.jsonl \
+    --prefix-ids --out data/asr-train-1c.jsonl
   # the dev set that chose the model's joint CTC weight: held-out voices and sentences only, its own seed
   $PY recipes/asr/prepare_synthetic.py --out data/dev --hours 0.01 --heldout-hours 0.05 --seed 3 --workers 2
 fi
 if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   $SS fetch whisper-base smollm2-135m-instruct
   $SS train recipes/asr/$MODEL.yaml
-  # the continuation reads the first run's feature cache (same encoder, same chunks) and adds synth-c's
-  if [ -d runs/$MODEL/features/chunk640 ] && [ ! -e $RUN/features/chunk640 ]; then
-    mkdir -p $RUN/features && ln -sfn "$(pwd)/runs/$MODEL/features/chunk640" $RUN/features/chunk640
-  fi
+  # each continuation reads the previous run's feature cache (same encoder, same chunks) and adds its new set's
+  share_features() {
+    if [ -d "$1/features/chunk640" ] && [ ! -e "$2/features/chunk640" ]; then
+      mkdir -p "$2/features" && ln -sfn "$(cd "$1/features" && pwd -P)/chunk640" "$2/features/chunk640"
+    fi
+  }
+  share_features runs/$MODEL runs/$MODEL-more
   $SS train recipes/asr/$MODEL-more.yaml
+  share_features runs/$MODEL-more $RUN
+  $SS train recipes/asr/$MODEL-1c.yaml
 fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
-  $PY recipes/asr/export.py "$RUN" models/$MODEL --recipe recipes/asr/$MODEL-more.yaml
+  $PY recipes/asr/export.py "$RUN" models/$MODEL --recipe recipes/asr/$MODEL-1c.yaml
 fi
 if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
   out=runs/eval-$MODEL
@@ -56,6 +65,6 @@ if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
   $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight 0 \
     --out $out/heldout-640ms-greedy
   $PY recipes/asr/ctc_probe.py --model $MODEL --manifest samples/manifest.jsonl \
-    --recipe recipes/asr/$MODEL-more.yaml --out $out/real-ctc.json
+    --recipe recipes/asr/$MODEL-1c.yaml --out $out/real-ctc.json
   $PY recipes/asr/model_card.py --model $MODEL --run $RUN --eval $out
 fi
