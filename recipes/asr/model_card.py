@@ -22,7 +22,8 @@ ROWS = [  # (eval folder, what it measures); {w}: the joint CTC weight the run d
     ("heldout-640ms-greedy", "the same held-out set, greedy decoding"),
 ]
 DEV_PREFIX = "dev-w"  # dev-w<weight>: the joint CTC weights tried on data/dev/heldout.jsonl
-RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more", "smollm2-whisper-base-1c"]  # the training stages, in order
+# the training stages, in order
+RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more", "smollm2-whisper-base-1c"]
 
 
 def fmt(scores: dict, key: str, digits: int = 1) -> str:
@@ -113,8 +114,8 @@ def main() -> None:
     probe = args.eval / "real-ctc.json"
     if probe.exists():
         ctc = json.loads(probe.read_text())
-        lines += ["", f"Diagnostic, not a decoding mode: greedy decoding of the auxiliary CTC head alone on the same real "
-                  f"clips (640 ms block-causal encoder) gives WER {ctc['WER_normalized']:.1f} % normalized "
+        lines += ["", "Diagnostic, not a decoding mode: greedy decoding of the auxiliary CTC head alone on the same "
+                  f"real clips (640 ms block-causal encoder) gives WER {ctc['WER_normalized']:.1f} % normalized "
                   f"(`recipes/asr/ctc_probe.py`): what the speech tokens carry before the LLM reads them."]
     lines += ["", "Training curve of the last stage: `loss.png` (copied from its run).", ""]
     (Path("models") / args.model / "MODEL_CARD.md").write_text("\n".join(lines))
