@@ -210,16 +210,38 @@ class SpeechLLM(nn.Module):
         """Training-side source: every item's prompt, speech tokens and read units in one pass."""
         return self.source_from_frames(self.encode(audios, chunk_ms))
 
-    def ctc_logits(self, speech: torch.Tensor, classes: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, N, V + 1) CTC scores of speech tokens against the LLM's token embeddings plus a blank (last);
-        with ``classes`` (token ids), (B, N, len(classes) + 1) against those rows only. The speech tokens
-        are taken before the projector's ``output_scale`` (which only sets what the LLM reads)."""
-        speech = speech / self.projector.output_scale
+    def ctc_table(self, classes: torch.Tensor | None = None) -> torch.Tensor:
+        """(C + 1, H) the CTC head's class vectors: the LLM's token embeddings (``classes`` rows, or all) and the
+        blank last."""
         rows = self.decoder.llm.get_input_embeddings().weight
         if classes is not None:
             rows = rows[classes.to(rows.device)]
-        table = torch.cat([rows, self.ctc_blank[None]], dim=0)
+        return torch.cat([rows, self.ctc_blank[None]], dim=0)
+
+    def ctc_logits(self, speech: torch.Tensor, classes: torch.Tensor | None = None,
+                   table: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N, V + 1) CTC scores of speech tokens against the LLM's token embeddings plus a blank (last);
+        with ``classes`` (token ids), (B, N, len(classes) + 1) against those rows only; with ``table``, against
+        a ``ctc_table`` built before (decoding reuses one instead of gathering the rows at every read). The
+        speech tokens are taken before the projector's ``output_scale`` (which only sets what the LLM reads)."""
+        speech = speech / self.projector.output_scale
+        if table is None:
+            table = self.ctc_table(classes)
         return speech @ table.T
+
+    @torch.no_grad()
+    def decoding_ctc_table(self) -> torch.Tensor:
+        """``ctc_table(ctc_classes)`` for decoding, built once and shared by every stream of this model; built
+        again when the classes, the blank or the embeddings change (a checkpoint loaded into them)."""
+        rows = self.decoder.llm.get_input_embeddings().weight
+        classes = self.ctc_classes
+        key = (None if classes is None else classes._version, self.ctc_blank._version, rows._version,
+               rows.data_ptr(), rows.dtype)
+        cached = getattr(self, "_decoding_ctc_table", None)  # (classes, key, table): holds the classes tensor,
+        if cached is None or cached[0] is not classes or cached[1] != key:  # so ``is`` cannot meet a reused id
+            cached = (classes, key, self.ctc_table(classes).detach())
+            self._decoding_ctc_table = cached
+        return cached[2]
 
     def target_sequence(self, chunk_texts: list[str]) -> list[int]:
         """Target ids: header, the words of each segment separated by end-of-chunk tokens, end marker."""

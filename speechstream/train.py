@@ -33,7 +33,7 @@ from torch import nn
 from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import from_dict, load_model_config
 from speechstream.errors import InputError
-from speechstream.model import (EncodedBatch, SpeechLLM, build_model, load_model, model_config_path,
+from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
                                 trainable_state)
 from speechstream.schedule import segment_frame_ends
 from speechstream.targets import TimedWord, chunk_texts, translation_chunk_texts
@@ -79,6 +79,9 @@ class TrainConfig:
     fresh: bool = False  # start from freshly initialised weights even where the model config names a checkpoint
     task: str = "asr"  # "translate": the LM target is each line's ``translation``, placed proportionally
     lag_words: int = 1  # translate: a target word also waits for this many more source words (targets.py)
+    # which LLM projections get LoRA adapters ("attention" or "all"); "": as the model config says (a recipe of an
+    # earlier stage names the adapters it trained, so it reruns the same even after the model config grew more)
+    lora_targets: str = ""
 
 
 @dataclass(frozen=True)
@@ -310,11 +313,15 @@ def ctc_class_ids(model: SpeechLLM, examples: list[Example], config: TrainConfig
 
 
 def training_model(config: TrainConfig, device: str) -> SpeechLLM:
-    """The model to train: as its config says (with its shipped checkpoint), or freshly initialised."""
-    if not config.fresh:
-        return load_model(config.model, device, for_training=True)
+    """The model to train: as its config says (with its shipped checkpoint), or freshly initialised; with the
+    recipe's ``lora_targets`` where it names them."""
     path = model_config_path(config.model)
-    model_config = dataclasses.replace(load_model_config(path), checkpoint=None)
+    model_config = load_model_config(path)
+    if config.lora_targets:
+        model_config = dataclasses.replace(model_config,
+                                           llm=dataclasses.replace(model_config.llm, lora_targets=config.lora_targets))
+    if config.fresh:
+        model_config = dataclasses.replace(model_config, checkpoint=None)
     return build_model(model_config, path.parent, for_training=True).to(device)
 
 

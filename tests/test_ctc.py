@@ -268,14 +268,19 @@ def test_at_the_end_of_the_audio_a_text_longer_than_the_ctc_hears_ends():
     assert fuse(llm, allowed, impossible, class_of, 0.5, 3, 0, 1, source_done=True) == 1
 
 
-def test_at_the_end_of_the_audio_a_text_well_short_of_what_the_ctc_hears_does_not_end():
-    from speechstream.ctc import SHORT_MARGIN
-
+def _three_labels_heard() -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """Six frames in which the CTC head hears classes 0, 1, 2 (class 3 is the blank), the token -> class map
+    (tokens 0 and 1 are end-of-chunk and end-of-text, outside the classes) and every token allowed."""
     lp = np.log(np.full((6, 4), 0.02))
-    for t, c in enumerate([0, 3, 1, 3, 2, 3]):  # the CTC hears classes 0, 1, 2 (class 3 is the blank)
+    for t, c in enumerate([0, 3, 1, 3, 2, 3]):
         lp[t, c] = np.log(0.94)
-    class_of = torch.tensor([-1, -1, 0, 1, 2])
-    allowed = torch.ones(5, dtype=torch.bool)
+    return lp, torch.tensor([-1, -1, 0, 1, 2]), torch.ones(5, dtype=torch.bool)
+
+
+def test_at_the_end_of_the_audio_a_text_well_short_of_what_the_ctc_hears_does_not_end():
+    from speechstream.ctc import EOC_RUN, SHORT_MARGIN
+
+    lp, class_of, allowed = _three_labels_heard()
     wants_to_end = torch.tensor([0.0, 6.0, 1.0, 1.0, 1.0])
     wants_to_wait = torch.tensor([6.0, 0.0, 1.0, 1.0, 1.0])
 
@@ -286,9 +291,35 @@ def test_at_the_end_of_the_audio_a_text_well_short_of_what_the_ctc_hears_does_no
     empty = scorer_with([])
     # nothing written yet, all audio read: the text goes on with what the CTC hears first (class 0, token 2)
     assert fuse(wants_to_end, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=True) == 2
-    assert fuse(wants_to_wait, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=True) == 2
+    assert fuse(wants_to_wait, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=True, eoc_run=EOC_RUN - 1) == 2
     # mid-stream the LLM's end of chunk stands (wait-k decides when words are due)
     assert fuse(wants_to_wait, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=False) == 0
     # within the margin of the head's path, the LLM's end of chunk stands at the end of the audio too
     near = scorer_with([0, 1, 2][: 3 - SHORT_MARGIN + 1])
     assert fuse(wants_to_wait, allowed, near, class_of, 0.5, 3, 0, 1, source_done=True) == 0
+
+
+@pytest.mark.parametrize("eoc_run", [1, 2, 3])
+def test_at_the_end_of_the_audio_only_a_run_of_end_of_chunk_tokens_is_replaced(monkeypatch, eoc_run):
+    monkeypatch.setattr("speechstream.ctc.EOC_RUN", eoc_run)
+    lp, class_of, allowed = _three_labels_heard()
+    wants_to_wait = torch.tensor([6.0, 0.0, 1.0, 1.0, 1.0])
+    empty = _scorer(lp, [])
+    for before in range(4):  # end-of-chunk tokens already at the end of the text
+        chosen = fuse(wants_to_wait, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=True, eoc_run=before)
+        assert chosen == (2 if before + 1 >= eoc_run else 0), before
+
+
+def test_a_stream_counts_the_end_of_chunk_tokens_at_the_end_of_its_text(tiny_model):
+    from speechstream.ctc import JointCTC
+
+    joint = JointCTC(tiny_model, 0.4, 8)
+    word = next(i for i in range(300) if i not in tiny_model.special_ids)
+    runs = []
+    for token in (word, tiny_model.eoc_id, tiny_model.eoc_id, word, tiny_model.eoc_id):
+        joint.add_text(token)
+        runs.append(joint.eoc_run)
+    assert runs == [0, 1, 2, 0, 1]
+    assert joint.scorer.labels == [int(joint.class_of[word])] * 2  # end-of-chunk tokens are not CTC labels
+    joint.reset()
+    assert joint.eoc_run == 0 and joint.scorer.labels == []

@@ -133,3 +133,21 @@ def test_projector_output_scale_sets_what_the_llm_reads_not_the_ctc_scores():
         a, b = plain.projector(frames), scaled.projector(frames)
         assert torch.allclose(b, 0.1 * a, atol=1e-6)
         assert torch.allclose(scaled.ctc_logits(b), plain.ctc_logits(a), atol=1e-4)
+
+
+def test_decoding_ctc_table_is_built_once_and_again_when_the_checkpoint_changes(tmp_path):
+    model = build_model(from_dict(ModelConfig, TINY_LORA))
+    model.ctc_classes = torch.tensor([5, 9, 2])
+    table = model.decoding_ctc_table()
+    assert torch.equal(table, model.ctc_table(model.ctc_classes))
+    assert model.decoding_ctc_table() is table  # shared, not gathered again at every read
+    speech = torch.randn(1, 3, table.shape[1])
+    assert torch.allclose(model.ctc_logits(speech, table=table), model.ctc_logits(speech, model.ctc_classes))
+    state = trainable_state(model)
+    state["ctc_blank"] = torch.ones_like(state["ctc_blank"])
+    save_file(state, str(tmp_path / "new.safetensors"))
+    load_trainable(model, tmp_path / "new.safetensors")  # new weights and classes
+    rebuilt = model.decoding_ctc_table()
+    assert rebuilt is not table and torch.equal(rebuilt[-1], torch.ones_like(rebuilt[-1]))
+    model.ctc_classes = None
+    assert model.decoding_ctc_table().shape[0] == model.decoder.llm.get_input_embeddings().weight.shape[0] + 1

@@ -1,6 +1,6 @@
 """Stage 4 of the ASR recipe: write the model card from the run and the evaluation outputs.
 
-    python recipes/asr/model_card.py --model smollm2-whisper-base --run runs/smollm2-whisper-base-1c \
+    python recipes/asr/model_card.py --model smollm2-whisper-base --run runs/smollm2-whisper-base-1d \
         --eval runs/eval-smollm2-whisper-base
 
 Every figure in the card is read from files the recipe wrote (log.jsonl, stats.json,
@@ -23,7 +23,8 @@ ROWS = [  # (eval folder, what it measures); {w}: the joint CTC weight the run d
 ]
 DEV_PREFIX = "dev-w"  # dev-w<weight>: the joint CTC weights tried on data/dev/heldout.jsonl
 # the training stages, in order
-RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more", "smollm2-whisper-base-1c"]
+RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more", "smollm2-whisper-base-1c",
+           "smollm2-whisper-base-1d"]
 
 
 def fmt(scores: dict, key: str, digits: int = 1) -> str:
@@ -48,8 +49,9 @@ def main() -> None:
         f"# {args.model}",
         "",
         "English streaming ASR: Whisper base encoder (frozen, block-causal over 640 ms chunks) -> projector",
-        "(8 frames per token) -> SmolLM2-135M-Instruct with LoRA r=16, written with group position encoding",
-        "and wait-k over chunks with an end-of-chunk token. Base weights: `speechstream fetch`",
+        "(8 frames per token) -> SmolLM2-135M-Instruct with LoRA r=16 (attention and MLP projections), written",
+        "with group position encoding and wait-k over chunks with an end-of-chunk token. Base weights:",
+        "`speechstream fetch`",
         "(OpenAI Whisper, MIT; SmolLM2, Apache-2.0). This folder ships only the trained projector, CTC blank",
         "and LoRA weights (`trainable.safetensors`, float16).",
         "",

@@ -7,6 +7,7 @@
 #   stage 1: train projector + LoRA (GPE wait-k mask)      -> runs/smollm2-whisper-base/ (5.4 h, 2400 steps),
 #            then continue on synth-main and synth-c         -> runs/smollm2-whisper-base-more/ (9.2 h, 1300 steps)
 #            then on synth-main, synth-c and synth-d         -> runs/smollm2-whisper-base-1c/ (17 h, 1200 steps)
+#            then the same 17 h with MLP adapters added      -> runs/smollm2-whisper-base-1d/ (17 h, 1800 steps)
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
 #            and greedy decoding, Whisper base offline, held-out synthetic, the CTC head alone), model card
@@ -16,7 +17,7 @@ first=${1:-0}; last=${2:-3}
 SS=.venv/bin/speechstream
 PY=.venv/bin/python
 MODEL=smollm2-whisper-base
-RUN=runs/$MODEL-1c
+RUN=runs/$MODEL-1d
 DEV_WEIGHTS="0 0.3 0.4 0.5 0.6 0.7 0.8 0.9"  # joint CTC weights tried on data/dev (the model's config.yaml names the one it uses)
 export HF_HUB_OFFLINE=1
 
@@ -45,11 +46,13 @@ if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   }
   share_features runs/$MODEL runs/$MODEL-more
   $SS train recipes/asr/$MODEL-more.yaml
-  share_features runs/$MODEL-more $RUN
+  share_features runs/$MODEL-more runs/$MODEL-1c
   $SS train recipes/asr/$MODEL-1c.yaml
+  share_features runs/$MODEL-1c $RUN
+  $SS train recipes/asr/$MODEL-1d.yaml
 fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
-  $PY recipes/asr/export.py "$RUN" models/$MODEL --recipe recipes/asr/$MODEL-1c.yaml
+  $PY recipes/asr/export.py "$RUN" models/$MODEL --recipe recipes/asr/$MODEL-1d.yaml
 fi
 if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
   out=runs/eval-$MODEL
@@ -65,6 +68,6 @@ if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
   $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight 0 \
     --out $out/heldout-640ms-greedy
   $PY recipes/asr/ctc_probe.py --model $MODEL --manifest samples/manifest.jsonl \
-    --recipe recipes/asr/$MODEL-1c.yaml --out $out/real-ctc.json
+    --recipe recipes/asr/$MODEL-1d.yaml --out $out/real-ctc.json
   $PY recipes/asr/model_card.py --model $MODEL --run $RUN --eval $out
 fi

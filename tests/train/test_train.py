@@ -224,3 +224,24 @@ def test_batched_feature_fill_equals_one_utterance_at_a_time(tmp_path):
         frames_b, ends_b, samples_b = batched.frames(example)
         assert ends_a == ends_b and samples_a == samples_b
         assert torch.allclose(frames_a, frames_b, atol=2e-3, rtol=2e-3), example.id
+
+
+def test_recipe_lora_targets_add_mlp_adapters_to_an_attention_only_checkpoint(tmp_path):
+    (tmp_path / "a").mkdir()
+    train(load_train_config(str(write_recipe(tmp_path / "a", steps=2)), []), progress=False)
+    attention = load_file(str(tmp_path / "a" / "run" / "trainable.safetensors"))
+    assert not any("gate_proj" in key for key in attention)
+    (tmp_path / "b").mkdir()
+    recipe = write_recipe(tmp_path / "b", steps=1, lr_projector=0.0, lr_lora=0.0, lora_targets="all",
+                          init_checkpoint=str(tmp_path / "a" / "run" / "trainable.safetensors"))
+    train(load_train_config(str(recipe), []), progress=False)
+    grown = load_file(str(tmp_path / "b" / "run" / "trainable.safetensors"))
+    assert all(torch.equal(attention[key], grown[key]) for key in attention)
+    mlp = [key for key in grown if "gate_proj" in key or "up_proj" in key or "down_proj" in key]
+    assert mlp and all(not grown[key].any() for key in mlp if "lora_B" in key)  # new adapters start at zero
+    (tmp_path / "c").mkdir()
+    model = TINY_LORA | {"llm": TINY_LORA["llm"] | {"lora_targets": "all"}}
+    recipe = write_recipe(tmp_path / "c", steps=1, lora_targets="attention")
+    (tmp_path / "c" / "model.yaml").write_text(yaml.safe_dump(model))
+    train(load_train_config(str(recipe), []), progress=False)
+    assert not any("gate_proj" in key for key in load_file(str(tmp_path / "c" / "run" / "trainable.safetensors")))
