@@ -245,3 +245,18 @@ def test_recipe_lora_targets_add_mlp_adapters_to_an_attention_only_checkpoint(tm
     (tmp_path / "c" / "model.yaml").write_text(yaml.safe_dump(model))
     train(load_train_config(str(recipe), []), progress=False)
     assert not any("gate_proj" in key for key in load_file(str(tmp_path / "c" / "run" / "trainable.safetensors")))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_shipped_recipes_load_and_chain(path):
+    """Every recipe under recipes/ parses (no unknown keys), names a model folder that ships, writes its own
+    output folder, and starts from the model's base weights, another recipe's output or a shipped checkpoint."""
+    recipes = {p: load_train_config(str(p), []) for p in (ROOT / "recipes").glob("*/*.yaml")}
+    config = recipes[path]
+    assert (ROOT / "models" / config.model / "config.yaml").is_file()
+    assert config.lora_targets in ("", "attention", "all")
+    outputs = [Path(other.out_dir) for other in recipes.values()]
+    assert outputs.count(Path(config.out_dir)) == 1, f"{config.out_dir} is written by two recipes"
+    if config.init_checkpoint:
+        shipped = (ROOT / config.init_checkpoint).is_file() and config.init_checkpoint.startswith("models/")
+        assert shipped or Path(config.init_checkpoint).parent in outputs, f"{config.init_checkpoint}: nothing writes it"
