@@ -247,11 +247,14 @@ def test_recipe_lora_targets_add_mlp_adapters_to_an_attention_only_checkpoint(tm
     assert not any("gate_proj" in key for key in load_file(str(tmp_path / "c" / "run" / "trainable.safetensors")))
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.name}")
+RECIPES = sorted((ROOT / "recipes").glob("*/*.yaml"))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_shipped_recipes_load_and_chain(path):
     """Every recipe under recipes/ parses (no unknown keys), names a model folder that ships, writes its own
     output folder, and starts from the model's base weights, another recipe's output or a shipped checkpoint."""
-    recipes = {p: load_train_config(str(p), []) for p in (ROOT / "recipes").glob("*/*.yaml")}
+    recipes = {p: load_train_config(str(p), []) for p in RECIPES}
     config = recipes[path]
     assert (ROOT / "models" / config.model / "config.yaml").is_file()
     assert config.lora_targets in ("", "attention", "all")
