@@ -370,6 +370,14 @@ def learning_rate_factor(step: int, warmup: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def truncate_log(log_path: Path, step: int) -> None:
+    """Drop the log rows written after the last checkpoint, so a resumed run logs each step once."""
+    lines = [line for line in log_path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    if len(kept) < len(lines):
+        log_path.write_text("".join(line + "\n" for line in kept))
+
+
 def plot_losses(log_path: Path, out_path: Path) -> None:
     import matplotlib
 
@@ -445,6 +453,8 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         accelerator.load_state(str(state_dir))
         start_step = json.loads(progress_file.read_text())["step"]
     log_path = out_dir / "log.jsonl"
+    if accelerator.is_main_process and log_path.exists():
+        truncate_log(log_path, start_step)
     dev = read_examples(config.dev_manifest, task=config.task)[: config.eval_utterances] if config.dev_manifest else []
     if accelerator.is_main_process:
         cache.fill(examples + dev, config.cache_batch_size, progress)

@@ -67,7 +67,12 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     resumed = write_recipe(resumed_dir)
     train(load_train_config(str(resumed), []), progress=False, stop_after=3)
     assert json.loads((resumed_dir / "run" / "progress.json").read_text())["step"] == 3
+    with (resumed_dir / "run" / "log.jsonl").open("a") as log:  # a row logged after the checkpoint, then a crash
+        log.write(json.dumps({"step": 4, "loss": 1.0}) + "\n")
     train(load_train_config(str(resumed), []), progress=False)
+    steps = [[json.loads(line)["step"] for line in (folder / "run" / "log.jsonl").read_text().splitlines()]
+             for folder in (tmp_path / "a", resumed_dir)]
+    assert steps[0] == steps[1] and len(steps[0]) == len(set(steps[0])) > 1
     a = load_file(str(tmp_path / "a" / "run" / "trainable.safetensors"))
     b = load_file(str(resumed_dir / "run" / "trainable.safetensors"))
     assert a.keys() == b.keys() and any("lora_" in key for key in a)
