@@ -9,7 +9,8 @@
 #            then on synth-main, synth-c and synth-d         -> runs/smollm2-whisper-base-1c/ (17 h, 1200 steps)
 #            then the same 17 h with MLP adapters added      -> runs/smollm2-whisper-base-1d/ (17 h, 1800 steps)
 #            (smollm2-whisper-base-1e.yaml, 2000 more steps over the same 17 h, was tried and is not run: its
-#            dev WER was no better; MODEL_CARD.md)
+#            dev WER was no better; smollm2-whisper-base-1f.yaml, 1800 steps over 8 h of new speech, was tried
+#            and is not run either: mixed and within noise; MODEL_CARD.md)
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
 #            and greedy decoding, Whisper base offline, held-out synthetic, the CTC head alone), model card
