@@ -28,6 +28,9 @@ class EncoderConfig:
     num_mel_bins: int = 80  # input features per frame
     max_source_positions: int = 1500  # rows of the sinusoidal position table (30 s)
     left_frames: int | None = 500  # encoder frames of left context each block sees (None: unbounded)
+    # encoder frames (20 ms each) past a block's end that the block also sees; the block is emitted that much later
+    # (0: no right context beyond the stem's own look-ahead)
+    lookahead_frames: int = 0
     weights: str | None = None  # Whisper checkpoint (asset name, HF directory or hub id); None: random init
 
 

@@ -8,6 +8,10 @@ directly. Two things differ from Whisper's forward, identically in batch and str
   attend to each other and to at most ``left_frames`` earlier frames, never to later
   segments. The stream keeps a per-layer key/value cache of those ``left_frames``
   frames, so each chunk costs the same however long the stream has run.
+* optional right context (``lookahead_frames``, as in Emformer): segment j also sees the
+  next ``lookahead_frames`` frames. Those are computed as copies that only segment j
+  attends to and are thrown away; the next segment computes them again as its own
+  frames, so what the cache keeps never depends on how far the stream has read.
 
 Positions past the 1500-row table continue Whisper's sinusoid formula.
 """
@@ -74,15 +78,39 @@ class EncoderLayer(nn.Module):
 
 def block_attention_mask(segment_ends: list[int], left_frames: int | None, total: int) -> torch.Tensor:
     """(total, total) bool: frame u of segment j attends frames [start_j - left_frames, end_j)."""
-    mask = torch.zeros(total, total, dtype=torch.bool)
+    return block_layout(segment_ends, left_frames, 0, total)[1]
+
+
+def block_layout(segment_ends: list[int], left_frames: int | None, lookahead: int,
+                 total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows one item's layers compute and who attends to whom.
+
+    Returns ``(index, mask)``: ``index`` (R,) the frame each row holds -- the ``total`` frames
+    themselves, then for each non-empty segment but the last a copy of the ``lookahead`` frames
+    after it -- and ``mask`` (R, R) bool, True = attend. Frame u of segment j and the copies of
+    segment j attend frames [start_j - left_frames, end_j) and those copies; frames past the
+    item's last segment end attend to themselves only (their outputs are ignored).
+    """
+    n_valid = min(segment_ends[-1], total) if segment_ends else 0
+    index = list(range(total))
+    blocks = []  # (main start, main end, copy start, copy end) in rows
     start = 0
-    for end in segment_ends:
+    for j, end in enumerate(segment_ends):
         end = min(end, total)
         if end > start:
-            lo = 0 if left_frames is None else max(0, start - left_frames)
-            mask[start:end, lo:end] = True
+            copies = range(end, min(end + lookahead, n_valid)) if j < len(segment_ends) - 1 else range(0)
+            blocks.append((start, end, len(index), len(index) + len(copies)))
+            index.extend(copies)
         start = max(start, end)
-    return mask
+    mask = torch.zeros(len(index), len(index), dtype=torch.bool)
+    for lo_main, end, lo_copy, hi_copy in blocks:
+        lo = 0 if left_frames is None else max(0, lo_main - left_frames)
+        for rows in (slice(lo_main, end), slice(lo_copy, hi_copy)):
+            mask[rows, lo:end] = True
+            mask[rows, lo_copy:hi_copy] = True
+    idx = torch.arange(n_valid, total)
+    mask[idx, idx] = True
+    return torch.tensor(index, dtype=torch.long), mask
 
 
 class StreamingWhisperEncoder(nn.Module):
@@ -127,26 +155,29 @@ class StreamingWhisperEncoder(nn.Module):
         x = self.stem(mel, mel_lengths)
         batch, total, _ = x.shape
         x = x + self.positions(0, total)[None]
-        masks = []
-        for ends in segment_ends:
-            mask = block_attention_mask(ends, self.config.left_frames, total)
-            # frames past the item's end attend to themselves only (their outputs are ignored)
-            n_valid = min(ends[-1], total) if ends else 0
-            idx = torch.arange(n_valid, total)
-            mask[idx, idx] = True
-            masks.append(mask)
-        mask = torch.stack(masks)[:, None]  # (B, 1, U, U)
+        layouts = [block_layout(ends, self.config.left_frames, self.config.lookahead_frames, total)
+                   for ends in segment_ends]
+        rows = max(len(index) for index, _ in layouts)
+        index = torch.zeros(batch, rows, dtype=torch.long)
+        mask = torch.eye(rows, dtype=torch.bool).repeat(batch, 1, 1)  # padding rows attend to themselves
+        for b, (item_index, item_mask) in enumerate(layouts):
+            index[b, : len(item_index)] = item_index
+            mask[b, : len(item_index), : len(item_index)] = item_mask
+        index = index.to(x.device)
+        x = torch.gather(x, 1, index[..., None].expand(-1, -1, x.shape[2]))  # (B, R, d): frames, then copies
+        mask = mask[:, None].to(x.device)  # (B, 1, R, R)
         for layer in self.layers:
             x, _ = layer(x, mask)
-        return self.layer_norm(x)
+        return self.layer_norm(x[:, :total])
 
 
 class EncoderStream:
     """Per-stream encoder state: conv context, frame counts and per-layer key/value caches.
 
     ``push(mel, final)`` takes new log-mel frames and returns the encoder frames that
-    have become computable: all of them up to the look-ahead of the stem while the
-    stream is open, the rest when ``final`` is set.
+    have become computable: all of them up to the look-ahead of the stem (and the
+    ``lookahead_frames`` of right context) while the stream is open, the rest when
+    ``final`` is set.
     """
 
     def __init__(self, encoder: StreamingWhisperEncoder):
@@ -158,6 +189,8 @@ class EncoderStream:
         self._conv = torch.zeros(0, d)  # first-conv outputs from index _conv_start on
         self._conv_start = 0
         self._conv_done = 0  # first-conv outputs computed
+        self._stem_done = 0  # stem outputs computed
+        self._pending = torch.zeros(0, d)  # stem outputs (with positions) from frames_done to _stem_done
         self.frames_done = 0  # encoder frames emitted
         self._cache: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(encoder.layers)
 
@@ -179,22 +212,31 @@ class EncoderStream:
             self._conv_done = conv_target
         # second convolution (stride 2): output u needs conv outputs 2u-1 .. 2u+1
         conv_total = self._conv_done
-        frame_target = (conv_total + 1) // 2 if final else conv_total // 2
-        if frame_target <= self.frames_done:
-            self._trim()
+        stem_target = (conv_total + 1) // 2 if final else conv_total // 2
+        if stem_target > self._stem_done:
+            lo, hi = 2 * self._stem_done - 1, 2 * stem_target
+            window = self._window(self._conv, self._conv_start, lo, hi, conv_total if final else None)
+            frames = F.gelu(F.conv1d(window.T[None], enc.conv2.weight, enc.conv2.bias, stride=2))[0].T
+            frames = frames[: stem_target - self._stem_done]
+            frames = frames + enc.positions(self._stem_done, frames.shape[0])
+            self._pending = torch.cat([self._pending, frames])
+            self._stem_done = stem_target
+        self._trim()
+        # the block: pending frames up to the look-ahead's start, plus the look-ahead as throw-away copies
+        lookahead = 0 if final else enc.config.lookahead_frames
+        new = max(self._stem_done - lookahead - self.frames_done, 0)
+        if new == 0:
             return torch.zeros(0, enc.config.d_model)
-        lo, hi = 2 * self.frames_done - 1, 2 * frame_target
-        window = self._window(self._conv, self._conv_start, lo, hi, conv_total if final else None)
-        frames = F.gelu(F.conv1d(window.T[None], enc.conv2.weight, enc.conv2.bias, stride=2))[0].T
-        frames = frames[: frame_target - self.frames_done]
-        x = (frames + enc.positions(self.frames_done, frames.shape[0]))[None]  # (1, m, d)
+        x = self._pending[None]  # (1, new + look-ahead, d)
         left = enc.config.left_frames
         for i, layer in enumerate(enc.layers):
+            past = 0 if self._cache[i] is None else self._cache[i][0].shape[2]
             x, (k, v) = layer(x, None, self._cache[i])
+            k, v = k[:, :, : past + new], v[:, :, : past + new]  # the copies are never cached
             self._cache[i] = (k, v) if left is None else (k[:, :, -left:], v[:, :, -left:]) if left else None
-        self.frames_done = frame_target
-        self._trim()
-        return enc.layer_norm(x)[0]
+        self._pending = self._pending[new:]
+        self.frames_done += new
+        return enc.layer_norm(x[0, :new])
 
     @staticmethod
     def _window(buf: torch.Tensor, buf_start: int, lo: int, hi: int, total: int | None) -> torch.Tensor:
@@ -215,6 +257,6 @@ class EncoderStream:
         keep_mel = max(self._conv_done - 1, 0)
         self._mel = self._mel[keep_mel - self._mel_start :]
         self._mel_start = keep_mel
-        keep_conv = max(2 * self.frames_done - 1, 0)
+        keep_conv = max(2 * self._stem_done - 1, 0)
         self._conv = self._conv[keep_conv - self._conv_start :]
         self._conv_start = keep_conv

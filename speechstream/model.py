@@ -180,7 +180,8 @@ class SpeechLLM(nn.Module):
         chunk = chunk_samples(chunk_ms)
         device = self.encoder.conv1.weight.device
         mels = [features.log_mel(a) for a in audios]
-        frame_ends = [schedule.segment_frame_ends(len(a), chunk) for a in audios]
+        lookahead = self.config.encoder.lookahead_frames
+        frame_ends = [schedule.segment_frame_ends(len(a), chunk, lookahead) for a in audios]
         mel_len = torch.tensor([m.shape[0] for m in mels])
         mel = torch.zeros(len(audios), max(1, int(mel_len.max())), features.N_MELS)
         for b, m in enumerate(mels):

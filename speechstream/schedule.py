@@ -4,12 +4,16 @@ Pure integer arithmetic shared by the streaming path and the training forward, s
 both cut the source into exactly the same segments. A stream of ``n`` samples read in
 chunks of ``C`` samples has ``n // C + 1`` segments: one per full chunk, and a final
 one at ``finish`` holding the frames that needed the end of the signal (the tail of a
-partial chunk and the look-ahead of the last frames).
+partial chunk and the look-ahead of the last frames). An encoder with right context
+(``lookahead`` frames) ends every other segment that many frames earlier.
 """
 
 from __future__ import annotations
 
 from speechstream import features
+from speechstream.audio import HOP_LENGTH, SAMPLE_RATE
+
+ENCODER_FRAME_S = 2 * HOP_LENGTH / SAMPLE_RATE  # seconds per encoder frame (the stem halves the mel rate)
 
 
 def conv_frames_ready(mel_frames: int) -> int:
@@ -31,10 +35,14 @@ def encoder_frames_total(n_samples: int) -> int:
     return (features.num_frames(n_samples) + 1) // 2
 
 
-def segment_frame_ends(n_samples: int, chunk_size: int) -> list[int]:
-    """Cumulative encoder frames at the end of each segment (length ``n_samples // chunk_size + 1``)."""
+def segment_frame_ends(n_samples: int, chunk_size: int, lookahead: int = 0) -> list[int]:
+    """Cumulative encoder frames at the end of each segment (length ``n_samples // chunk_size + 1``).
+
+    With ``lookahead`` frames of right context, a segment ends that many frames before the frames ready
+    after its chunk (the encoder needs them to compute it); the last segment still ends at the signal's end.
+    """
     n_chunks = n_samples // chunk_size
-    ends = [encoder_frames_ready((j + 1) * chunk_size) for j in range(n_chunks)]
+    ends = [max(encoder_frames_ready((j + 1) * chunk_size) - lookahead, 0) for j in range(n_chunks)]
     return ends + [encoder_frames_total(n_samples)]
 
 

@@ -35,7 +35,7 @@ from speechstream.config import from_dict, load_model_config
 from speechstream.errors import InputError
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
                                 trainable_state)
-from speechstream.schedule import segment_frame_ends
+from speechstream.schedule import ENCODER_FRAME_S
 from speechstream.targets import TimedWord, chunk_texts, translation_chunk_texts
 
 TASKS = ("asr", "translate")
@@ -71,6 +71,9 @@ class TrainConfig:
     eval_every: int = 0  # steps between dev evaluations (greedy CTC WER; 0: only at the end)
     eval_utterances: int = 20  # dev utterances per evaluation
     cache_batch_size: int = 16  # utterances per encoder pass when the feature cache is filled before training
+    # False: no filling before training; each utterance is encoded the first time a step draws it (a short
+    # continuation of a large corpus then encodes only what it reads)
+    precache: bool = True
     threads: int = 0  # torch threads per process (0: torch's default)
     init_checkpoint: str | None = None  # trainable weights to start from (e.g. a shipped model's), fresh optimizer
     mask_time: float = 0.0  # SpecAugment on the cached encoder frames: fraction of frames zeroed, in spans
@@ -82,6 +85,8 @@ class TrainConfig:
     # which LLM projections get LoRA adapters ("attention" or "all"); "": as the model config says (a recipe of an
     # earlier stage names the adapters it trained, so it reruns the same even after the model config grew more)
     lora_targets: str = ""
+    # encoder frames of right context (``encoder.lookahead_frames``); -1: as the model config says
+    lookahead_frames: int = -1
 
 
 @dataclass(frozen=True)
@@ -163,8 +168,11 @@ def written_words(example: Example) -> list[TimedWord]:
 
 
 def example_pieces(example: Example, chunk_s: float, n_segments: int, config: TrainConfig,
-                   speech_end_s: float | None = None) -> tuple[list[str], str]:
+                   speech_end_s: float | None = None, lookahead_s: float = 0.0) -> tuple[list[str], str]:
     """(target text cut into the segments, the text the CTC loss aligns the speech to).
+
+    ``lookahead_s``: the encoder's right context; a segment's frames end that much before its chunk, so each
+    word waits that much longer.
 
     ASR: the transcript's words placed by their end times; CTC on the same words. Translate: the translation's
     words placed proportionally to the source words heard (``targets.translation_chunk_texts``), CTC on the
@@ -172,9 +180,10 @@ def example_pieces(example: Example, chunk_s: float, n_segments: int, config: Tr
     """
     if config.task == "translate":
         pieces = translation_chunk_texts((example.translation or "").split(), list(example.words), chunk_s,
-                                         n_segments, config.word_margin_s, config.lag_words, speech_end_s)
+                                         n_segments, config.word_margin_s + lookahead_s, config.lag_words,
+                                         speech_end_s)
         return pieces, "".join(" " + word for word in example.text.split())
-    pieces = chunk_texts(written_words(example), chunk_s, n_segments, config.word_margin_s)
+    pieces = chunk_texts(written_words(example), chunk_s, n_segments, config.word_margin_s + lookahead_s)
     return pieces, "".join(pieces)
 
 
@@ -190,7 +199,8 @@ class FeatureCache:
     """Frozen-encoder frames per utterance and chunk size, stored as safetensors."""
 
     def __init__(self, folder: Path, model: SpeechLLM, chunk_ms: int):
-        self.folder = folder / f"chunk{chunk_ms}"
+        lookahead = model.config.encoder.lookahead_frames
+        self.folder = folder / (f"chunk{chunk_ms}" + (f"-lookahead{lookahead}" if lookahead else ""))
         self.folder.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.chunk_ms = chunk_ms
@@ -314,12 +324,15 @@ def ctc_class_ids(model: SpeechLLM, examples: list[Example], config: TrainConfig
 
 def training_model(config: TrainConfig, device: str) -> SpeechLLM:
     """The model to train: as its config says (with its shipped checkpoint), or freshly initialised; with the
-    recipe's ``lora_targets`` where it names them."""
+    recipe's ``lora_targets`` and ``lookahead_frames`` where it names them."""
     path = model_config_path(config.model)
     model_config = load_model_config(path)
     if config.lora_targets:
         model_config = dataclasses.replace(model_config,
                                            llm=dataclasses.replace(model_config.llm, lora_targets=config.lora_targets))
+    if config.lookahead_frames >= 0:
+        encoder = dataclasses.replace(model_config.encoder, lookahead_frames=config.lookahead_frames)
+        model_config = dataclasses.replace(model_config, encoder=encoder)
     if config.fresh:
         model_config = dataclasses.replace(model_config, checkpoint=None)
     return build_model(model_config, path.parent, for_training=True).to(device)
@@ -456,10 +469,11 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     if accelerator.is_main_process and log_path.exists():
         truncate_log(log_path, start_step)
     dev = read_examples(config.dev_manifest, task=config.task)[: config.eval_utterances] if config.dev_manifest else []
-    if accelerator.is_main_process:
+    if accelerator.is_main_process and config.precache:
         cache.fill(examples + dev, config.cache_batch_size, progress)
     accelerator.wait_for_everyone()
     chunk_s = config.chunk_ms / 1000
+    lookahead_s = model.config.encoder.lookahead_frames * ENCODER_FRAME_S
     bar = tqdm(total=config.steps, initial=start_step, disable=not (progress and accelerator.is_main_process),
                desc="train", unit="step")
     started, window = time.perf_counter(), []
@@ -473,7 +487,8 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         for index in mine:
             example = examples[index]
             item_frames, ends, samples = cache.frames(example)
-            pieces, ctc_text = example_pieces(example, chunk_s, len(ends), config, samples / SAMPLE_RATE)
+            pieces, ctc_text = example_pieces(example, chunk_s, len(ends), config, samples / SAMPLE_RATE,
+                                              lookahead_s)
             frames.append(item_frames)
             frame_ends.append(ends)
             targets.append(model.target_sequence(pieces))

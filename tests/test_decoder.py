@@ -32,6 +32,18 @@ def test_teacher_forced_streaming_equals_training_forward(arch_model, k):
         assert result.max_delta <= TOLERANCE, result
 
 
+@pytest.mark.parametrize("lookahead", [8, 32])
+def test_teacher_forced_streaming_equals_training_forward_with_encoder_lookahead(lookahead):
+    """The encoder's right context delays each block's frames; the whole model still streams exactly."""
+    config = tiny_config("llama")
+    config = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, lookahead_frames=lookahead))
+    model = build_model(config)
+    for k, chunk_ms in ((1, 640), (2, 320)):
+        result = verify_model(model, config.name, k, chunk_ms=chunk_ms, seconds=3.3)
+        assert result.target_tokens > 10
+        assert result.max_delta <= TOLERANCE, result
+
+
 def test_a_wrong_schedule_is_detected(tiny_model):
     """Negative control: the training forward under wait-(k+1) does not match streaming under wait-k."""
     rng = np.random.default_rng(0)

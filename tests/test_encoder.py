@@ -7,13 +7,14 @@ import torch
 from speechstream import features, schedule
 from speechstream.chunker import chunk_samples
 from speechstream.config import EncoderConfig
-from speechstream.encoder import EncoderStream, StreamingWhisperEncoder, block_attention_mask, sinusoids
+from speechstream.encoder import EncoderStream, StreamingWhisperEncoder, block_attention_mask, block_layout, sinusoids
 from speechstream.projector import Projector, ProjectorStream
 
 
-def tiny_encoder(left_frames, seed=0):
+def tiny_encoder(left_frames, seed=0, lookahead=0):
     torch.manual_seed(seed)
-    config = EncoderConfig(d_model=32, layers=2, heads=4, ffn_dim=64, left_frames=left_frames)
+    config = EncoderConfig(d_model=32, layers=2, heads=4, ffn_dim=64, left_frames=left_frames,
+                           lookahead_frames=lookahead)
     return StreamingWhisperEncoder(config).eval()
 
 
@@ -30,21 +31,60 @@ def stream_encode(encoder, audio, chunk_ms):
     return segments, enc
 
 
-@pytest.mark.parametrize("left_frames", [None, 0, 20, 64])
-@pytest.mark.parametrize("chunk_ms,seconds", [(640, 3.3), (320, 1.01), (1000, 0.37), (160, 2.0)])
-def test_stream_equals_batch(left_frames, chunk_ms, seconds):
-    encoder = tiny_encoder(left_frames)
-    rng = np.random.default_rng(1)
-    audio = (0.1 * rng.standard_normal(int(seconds * 16000))).astype(np.float32)
+def assert_stream_equals_batch(encoder, audio, chunk_ms):
     with torch.no_grad():
         segments, _ = stream_encode(encoder, audio, chunk_ms)
-        ends = schedule.segment_frame_ends(len(audio), chunk_samples(chunk_ms))
+        ends = schedule.segment_frame_ends(len(audio), chunk_samples(chunk_ms), encoder.config.lookahead_frames)
         mel = features.log_mel(audio)[None]
         batch = encoder(mel, torch.tensor([mel.shape[1]]), [ends])[0]
     assert [s.shape[0] for s in segments] == np.diff([0] + ends).tolist()
     streamed = torch.cat(segments)
     assert streamed.shape == batch.shape
     assert (streamed - batch).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("left_frames", [None, 0, 20, 64])
+@pytest.mark.parametrize("chunk_ms,seconds", [(640, 3.3), (320, 1.01), (1000, 0.37), (160, 2.0)])
+def test_stream_equals_batch(left_frames, chunk_ms, seconds):
+    rng = np.random.default_rng(1)
+    audio = (0.1 * rng.standard_normal(int(seconds * 16000))).astype(np.float32)
+    assert_stream_equals_batch(tiny_encoder(left_frames), audio, chunk_ms)
+
+
+@pytest.mark.parametrize("lookahead", [1, 8, 32, 40])
+@pytest.mark.parametrize("left_frames,chunk_ms,seconds", [(None, 640, 3.3), (20, 320, 2.5), (64, 160, 1.3),
+                                                          (0, 640, 0.5)])
+def test_stream_with_lookahead_equals_batch(lookahead, left_frames, chunk_ms, seconds):
+    rng = np.random.default_rng(4)
+    audio = (0.1 * rng.standard_normal(int(seconds * 16000))).astype(np.float32)
+    assert_stream_equals_batch(tiny_encoder(left_frames, lookahead=lookahead), audio, chunk_ms)
+
+
+def test_lookahead_reaches_every_block_but_the_last():
+    """Right context changes a block's frames; the last block (nothing after it) is computed as without it."""
+    rng = np.random.default_rng(5)
+    audio = (0.1 * rng.standard_normal(16000 * 2)).astype(np.float32)
+    mel = features.log_mel(audio)[None]
+    chunk = chunk_samples(640)
+    ends = schedule.segment_frame_ends(len(audio), chunk, 16)
+    assert ends == [e - 16 for e in schedule.segment_frame_ends(len(audio), chunk)[:-1]] + [ends[-1]]
+    with torch.no_grad():
+        ahead = tiny_encoder(0, lookahead=16)(mel, torch.tensor([mel.shape[1]]), [ends])[0]
+        blocks_only = tiny_encoder(0)(mel, torch.tensor([mel.shape[1]]), [ends])[0]  # same blocks, no copies
+    for start, end in zip([0] + ends[:-2], ends[:-1]):
+        assert (ahead[start:end] - blocks_only[start:end]).abs().max() > 1e-3
+    assert (ahead[ends[-2] :] - blocks_only[ends[-2] :]).abs().max() < 1e-5
+
+
+def test_block_layout_copies_the_lookahead_for_each_block_but_the_last():
+    index, mask = block_layout([4, 8, 10], left_frames=2, lookahead=2, total=11)
+    assert index.tolist() == list(range(11)) + [4, 5, 8, 9]
+    # block 1 (frames 4..7) sees frames 2..7 and its copies (rows 13, 14) of frames 8, 9, never the real 8, 9
+    assert mask[4:8, 2:8].all() and mask[4:8, :2].sum() == 0 and mask[4:8, 8:11].sum() == 0
+    assert mask[4:8, 13:15].all() and mask[4:8, 11:13].sum() == 0
+    assert mask[13:15, 2:8].all() and mask[13:15, 13:15].all() and mask[13:15, 8:13].sum() == 0
+    assert mask[10, 10] and mask[10].sum() == 1  # past the last end: itself only
+    assert torch.equal(block_layout([4, 8, 10], 2, 0, 11)[1], block_attention_mask([4, 8, 10], 2, 11))
 
 
 def test_batch_items_of_different_lengths_match_single_items():

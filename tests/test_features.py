@@ -220,12 +220,13 @@ def brute_encoder_ready(n: int) -> int:
         count += 1
 
 
-def brute_segment_frame_ends(n: int, chunk: int) -> list[int]:
-    """Encoder frames known after each whole chunk, then all of them at finish."""
+def brute_segment_frame_ends(n: int, chunk: int, lookahead: int = 0) -> list[int]:
+    """Encoder frames known after each whole chunk (less the ``lookahead`` frames the block needs after
+    it), then all of them at finish."""
     ends, received = [], 0
     while received + chunk <= n:
         received += chunk
-        ends.append(brute_encoder_ready(received))
+        ends.append(max(brute_encoder_ready(received) - lookahead, 0))
     return ends + [brute_encoder_total(n)]
 
 
@@ -268,9 +269,9 @@ def test_segment_ends_against_brute_force(chunk_ms):
     chunk = chunk_samples(chunk_ms)
     rng = np.random.default_rng(chunk_ms)
     lengths = [0, 1, chunk - 1, chunk, chunk + 1, 2 * chunk, 5 * chunk + 37] + rng.integers(0, 40000, 8).tolist()
-    for n in lengths:
-        frame_ends = schedule.segment_frame_ends(n, chunk)
-        assert frame_ends == brute_segment_frame_ends(n, chunk), (n, chunk)
+    for n, lookahead in [(n, la) for n in lengths for la in (0, 5, 32)]:
+        frame_ends = schedule.segment_frame_ends(n, chunk, lookahead)
+        assert frame_ends == brute_segment_frame_ends(n, chunk, lookahead), (n, chunk, lookahead)
         assert len(frame_ends) == n // chunk + 1
         assert frame_ends == sorted(frame_ends) and frame_ends[-1] == schedule.encoder_frames_total(n)
         for stack in (1, 2, 3, 4, 5):

@@ -29,7 +29,10 @@ RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more", "smollm2-whisper
 
 def fmt(scores: dict, key: str, digits: int = 1) -> str:
     value = scores.get(key)
-    return "-" if value is None else f"{value:.{digits}f}"
+    if value is None:
+        return "-"
+    text = f"{value:.{digits}f}"
+    return text.lstrip("-") if float(text) == 0 else text  # no "-0"
 
 
 def main() -> None:
@@ -45,10 +48,15 @@ def main() -> None:
     log = [json.loads(line) for line in (args.run / "log.jsonl").read_text().splitlines() if line.strip()]
     last = [row for row in log if "loss" in row][-1]
     stats = [json.loads((d / "stats.json").read_text()) for d in args.data if (d / "stats.json").exists()]
+    import yaml
+
+    model_config = yaml.safe_load((Path("models") / args.model / "config.yaml").read_text())
+    lookahead = model_config.get("encoder", {}).get("lookahead_frames", 0)
+    right = f", each block also seeing the next {lookahead * 20} ms" if lookahead else ""
     lines = [
         f"# {args.model}",
         "",
-        "English streaming ASR: Whisper base encoder (frozen, block-causal over 640 ms chunks) -> projector",
+        f"English streaming ASR: Whisper base encoder (frozen, block-causal over 640 ms chunks{right}) -> projector",
         "(8 frames per token) -> SmolLM2-135M-Instruct with LoRA r=16 (attention and MLP projections), written",
         "with group position encoding and wait-k over chunks with an end-of-chunk token. Base weights:",
         "`speechstream fetch`",
@@ -64,8 +72,6 @@ def main() -> None:
         f"- final training losses: LM {last.get('lm', float('nan')):.3f}, token accuracy "
         f"{last.get('accuracy', float('nan')):.3f}, CTC {last.get('ctc', float('nan')):.3f}",
     ]
-    import yaml
-
     for name in RECIPES:
         r = yaml.safe_load((Path("recipes/asr") / f"{name}.yaml").read_text())
         start = "from its `init_checkpoint`, " if r.get("init_checkpoint") else ""
@@ -73,7 +79,9 @@ def main() -> None:
                      f"{r.get('ctc_only_batch_size') or r.get('batch_size')}), then LM + {r.get('ctc_weight')} x CTC "
                      f"to step {r.get('steps')} (batch {r.get('batch_size')}, learning rates {r.get('lr_projector')} "
                      f"projector / {r.get('lr_lora')} LoRA), wait-k drawn from {r.get('k_choices')}, over "
-                     f"`{r.get('train_manifest')}`")
+                     f"`{r.get('train_manifest')}`"
+                     + (f", encoder right context {r['lookahead_frames']} frames" if r.get("lookahead_frames", -1) > 0
+                        else ""))
     if stats:
         hours = sum(s.get("hours", {}).get("train", 0) for s in stats)
         utts = sum(s.get("utterances", {}).get("train", 0) for s in stats)
@@ -117,7 +125,7 @@ def main() -> None:
     if probe.exists():
         ctc = json.loads(probe.read_text())
         lines += ["", "Diagnostic, not a decoding mode: greedy decoding of the auxiliary CTC head alone on the same "
-                  f"real clips (640 ms block-causal encoder) gives WER {ctc['WER_normalized']:.1f} % normalized "
+                  f"real clips (640 ms block-causal encoder{right}) gives WER {ctc['WER_normalized']:.1f} % normalized "
                   f"(`recipes/asr/ctc_probe.py`): what the speech tokens carry before the LLM reads them."]
     lines += ["", "Training curve of the last stage: `loss.png` (copied from its run).", ""]
     (Path("models") / args.model / "MODEL_CARD.md").write_text("\n".join(lines))

@@ -10,7 +10,10 @@
 #            then the same 17 h with MLP adapters added      -> runs/smollm2-whisper-base-1d/ (17 h, 1800 steps)
 #            (smollm2-whisper-base-1e.yaml, 2000 more steps over the same 17 h, was tried and is not run: its
 #            dev WER was no better; smollm2-whisper-base-1f.yaml, 1800 steps over 8 h of new speech, was tried
-#            and is not run either: mixed and within noise; MODEL_CARD.md)
+#            and is not run either: mixed and within noise; smollm2-whisper-base-1g.yaml, 800 steps on frames with the
+#            encoder's right context, was tried and is not run: better on data/dev, worse on the other held-out set and
+#            the real clips. The shipped model is stage 1d's weights read with that right context: config.yaml's
+#            encoder.lookahead_frames, no training of its own; MODEL_CARD.md)
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
 #            and greedy decoding, Whisper base offline, held-out synthetic, the CTC head alone), model card

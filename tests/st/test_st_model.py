@@ -1,5 +1,7 @@
 """The Spanish->English model config and the translate default."""
 
+import dataclasses
+
 import speechstream.model as model_module
 from speechstream.config import load_model_config
 
@@ -7,8 +9,10 @@ from speechstream.config import load_model_config
 def test_translation_model_config_matches_the_english_architecture():
     english = load_model_config(model_module.MODELS_DIR / "smollm2-whisper-base" / "config.yaml")
     spanish = load_model_config(model_module.MODELS_DIR / model_module.TRANSLATION_MODEL / "config.yaml")
+    # the same architecture; only the encoder's right context may differ (each model is trained for its own)
+    same_encoder = dataclasses.replace(english.encoder, lookahead_frames=spanish.encoder.lookahead_frames)
     assert (spanish.encoder, spanish.projector, spanish.llm, spanish.tokenizer) == (
-        english.encoder, english.projector, english.llm, english.tokenizer)
+        same_encoder, english.projector, english.llm, english.tokenizer)
     assert "translate Spanish speech into English" in spanish.prompt.source_prefix
     assert (spanish.prompt.eoc_token, spanish.prompt.eos_token) == (english.prompt.eoc_token, english.prompt.eos_token)
 

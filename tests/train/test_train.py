@@ -268,3 +268,18 @@ def test_shipped_recipes_load_and_chain(path):
     if config.init_checkpoint:
         shipped = (ROOT / config.init_checkpoint).is_file() and config.init_checkpoint.startswith("models/")
         assert shipped or Path(config.init_checkpoint).parent in outputs, f"{config.init_checkpoint}: nothing writes it"
+
+
+def test_recipe_lookahead_gives_the_encoder_right_context_its_own_cache_and_later_words(tmp_path):
+    from speechstream.targets import TimedWord
+    from speechstream.train import Example, example_pieces, training_model
+
+    recipe = load_train_config(str(write_recipe(tmp_path, steps=1, lookahead_frames=16)), [])
+    assert training_model(recipe, "cpu").config.encoder.lookahead_frames == 16
+    train(recipe, progress=False)
+    assert [p.name for p in (tmp_path / "run" / "features").iterdir()] == ["chunk640-lookahead16"]
+    # a word ending at 0.5 s is heard in the first 640 ms chunk; with 320 ms of right context its frames come
+    # with the second chunk, so the target places it there
+    example = Example("x", tmp_path / "x.wav", "hello there", (TimedWord("hello", 0.5), TimedWord("there", 1.0)))
+    assert example_pieces(example, 0.64, 3, recipe)[0] == [" hello", " there", ""]
+    assert example_pieces(example, 0.64, 3, recipe, lookahead_s=0.32)[0] == ["", " hello", " there"]
