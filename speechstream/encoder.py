@@ -76,11 +76,6 @@ class EncoderLayer(nn.Module):
         return x, (k, v)
 
 
-def block_attention_mask(segment_ends: list[int], left_frames: int | None, total: int) -> torch.Tensor:
-    """(total, total) bool: frame u of segment j attends frames [start_j - left_frames, end_j)."""
-    return block_layout(segment_ends, left_frames, 0, total)[1]
-
-
 def block_layout(segment_ends: list[int], left_frames: int | None, lookahead: int,
                  total: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows one item's layers compute and who attends to whom.
@@ -163,8 +158,8 @@ class StreamingWhisperEncoder(nn.Module):
         for b, (item_index, item_mask) in enumerate(layouts):
             index[b, : len(item_index)] = item_index
             mask[b, : len(item_index), : len(item_index)] = item_mask
-        index = index.to(x.device)
-        x = torch.gather(x, 1, index[..., None].expand(-1, -1, x.shape[2]))  # (B, R, d): frames, then copies
+        if rows > total:  # some item has look-ahead copies: append them after the frames
+            x = torch.gather(x, 1, index.to(x.device)[..., None].expand(-1, -1, x.shape[2]))  # (B, R, d)
         mask = mask[:, None].to(x.device)  # (B, 1, R, R)
         for layer in self.layers:
             x, _ = layer(x, mask)
