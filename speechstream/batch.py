@@ -50,7 +50,7 @@ class BatchDecoder:
             for b, request in enumerate(requests):
                 if request is not None:
                     embeds[b, : request.embeds.shape[0]] = request.embeds
-                    kinds[b, : request.embeds.shape[0]] = request.kind
+                    kinds[b, : request.embeds.shape[0]] = request.kinds
             counts = [0 if r is None else s.logit_rows(r) for s, r in zip(self.sessions, requests)]
             logits = self.model.decoder.step(self.state, embeds, kinds, keep=last_rows(kinds, counts)).split(counts)
             self.steps += 1
@@ -268,7 +268,7 @@ class DynamicBatch:
         for b, request in enumerate(requests):
             if request is not None:
                 embeds[b, : request.embeds.shape[0]] = request.embeds
-                kinds[b, : request.embeds.shape[0]] = request.kind
+                kinds[b, : request.embeds.shape[0]] = request.kinds
         counts = [0 if r is None else s.logit_rows(r) for s, r in zip(self.sessions, requests)]
         kinds = kinds.to(self.state.kinds.device)
         logits = self.model.decoder.step(self.state, embeds, kinds, keep=last_rows(kinds, counts)).split(counts)

@@ -81,12 +81,25 @@ class UnitStats:
 
 @dataclass(frozen=True)
 class LLMRequest:
-    """One LLM step a session needs: source embeddings to read, or target tokens to write."""
+    """One LLM step a session needs: source embeddings to read, target tokens to write, or a read and the
+    write the policy asks for right after it (source rows first), which share one step."""
 
     embeds: torch.Tensor  # (n, H) input embeddings
-    kind: int  # gpe.SOURCE or gpe.TARGET
-    tokens: list[int] | None = None  # target token ids
+    kinds: torch.Tensor  # (n,) gpe.SOURCE / gpe.TARGET per row, source rows first
+    tokens: list[int] | None = None  # ids of the target rows (None for a read alone)
     is_text: bool = False  # target tokens that belong to the transcript (not the header)
+
+    @classmethod
+    def make(cls, source: torch.Tensor | None, write: tuple[list[int], bool, torch.Tensor] | None) -> "LLMRequest":
+        """A request from source embeddings (n, H) and/or a write (tokens, is_text, their embeddings)."""
+        parts, kinds = [], []
+        if source is not None:
+            parts.append(source)
+            kinds.append(torch.full((source.shape[0],), gpe.SOURCE, dtype=torch.long))
+        if write is not None:
+            parts.append(write[2])
+            kinds.append(torch.full((len(write[0]),), gpe.TARGET, dtype=torch.long))
+        return cls(torch.cat(parts), torch.cat(kinds), write[0] if write else None, write[1] if write else False)
 
 
 @dataclass
@@ -353,7 +366,11 @@ class StreamingSession:
     # -- the policy loop ------------------------------------------------------------------------
 
     def next_request(self) -> LLMRequest | None:
-        """Ask the policy what to do; return the LLM step it needs, or None to wait for audio / when stopped."""
+        """Ask the policy what to do; return the LLM step it needs, or None to wait for audio / when stopped.
+
+        A read is followed at once by the policy's next decision: when that is a write (after the first
+        ``k`` reads it always is: the pending end-of-chunk token, or the header), both go in one request, so
+        a chunk costs one LLM step less (not under ablation ``reencode``, which needs them apart)."""
         while not self._stopped:
             action = self.policy.decide(self._view())
             if isinstance(action, Read):
@@ -371,13 +388,11 @@ class StreamingSession:
                 if self.joint is not None:
                     self.joint.add_frames(unit.ctc)
                 if unit.embeds.shape[0]:
-                    return LLMRequest(unit.embeds, gpe.SOURCE)
+                    after = self.policy.decide(self._view()) if self.decoding.ablation != "reencode" else None
+                    write = self._write(after) if isinstance(after, Write) else None
+                    return LLMRequest.make(unit.embeds, write)
             elif isinstance(action, Write):
-                if self._pending is None:
-                    tokens, is_text = list(self.model.header_ids) + self._context_ids, False
-                else:
-                    tokens, is_text = [self._pending if action.token is None else action.token], True
-                return LLMRequest(self.model.embed_ids(tokens), gpe.TARGET, tokens, is_text)
+                return LLMRequest.make(None, self._write(action))
             else:
                 self._stopped = True
                 if self._segment_cut:  # (apply normally catches this stop first)
@@ -385,22 +400,30 @@ class StreamingSession:
                     return None
         return None
 
+    def _write(self, action: Write) -> tuple[list[int], bool, torch.Tensor]:
+        """The target tokens a write feeds (the header first), whether they are transcript text, embeddings."""
+        if self._pending is None:
+            tokens, is_text = list(self.model.header_ids) + self._context_ids, False
+        else:
+            tokens, is_text = [self._pending if action.token is None else action.token], True
+        return tokens, is_text, self.model.embed_ids(tokens)
+
     def logit_rows(self, request: LLMRequest) -> int:
-        """How many of a request's last rows need logits: the last row of a target write (its next token),
-        none of a source read. With ``record_logits`` every row (the all-rows reference path)."""
-        if self.record_logits:
-            return request.embeds.shape[0]
-        return 1 if request.kind == gpe.TARGET else 0
+        """How many of a request's last rows need logits: the last row of a write (its next token), none of a
+        read alone. With ``record_logits`` every target row (the all-rows reference path)."""
+        if not request.tokens:
+            return 0
+        return len(request.tokens) if self.record_logits else 1
 
     def apply(self, request: LLMRequest, logits: torch.Tensor) -> list[Event]:
         """Take the (n, V) logits of a request's last n rows, n >= ``logit_rows(request)`` (a driver computes
         only those: ``decoder.last_rows``); for target tokens, emit their text."""
         events: list[Event] = self._take_held()
-        if request.kind == gpe.SOURCE:
+        if not request.tokens:  # a read alone
             return events + self._segment_stop()
         tokens = request.tokens
         if self.record_logits:
-            self.logits += list(logits)
+            self.logits += list(logits[-len(tokens) :])
         self.target_ids += tokens
         self._tokens_since_read += len(tokens)
         self.stats[self._stats_base + max(self._units_read - 1, 0)].target_tokens += len(tokens)
@@ -453,7 +476,7 @@ class StreamingSession:
                 if self.segment != segment:  # a segment ended inside next_request: go on with the next
                     continue
                 break
-            kinds = torch.full((1, request.embeds.shape[0]), request.kind, dtype=torch.long)
+            kinds = request.kinds[None]
             keep = last_rows(kinds, [self.logit_rows(request)])  # the output layer runs for these rows only
             logits = self.model.decoder.step(self.llm, request.embeds[None], kinds, keep=keep)
             events += self.apply(request, logits)

@@ -36,7 +36,7 @@ class ScriptedStream:
 
     def logit_rows(self, request):
         if self.last_only:
-            return 1 if request.kind == gpe.TARGET else 0
+            return 1 if bool((request.kinds == gpe.TARGET).any()) else 0
         return request.embeds.shape[0]
 
     def apply(self, request, logits):
@@ -50,10 +50,11 @@ class ScriptedStream:
 def _script(model, rng, n, segments=0):
     hidden = model.decoder.llm.get_input_embeddings().weight.shape[1]
     out = []
-    for i in range(n):
-        kind = gpe.SOURCE if i % 3 == 0 else gpe.TARGET
-        width = int(rng.integers(1, 6)) if kind == gpe.SOURCE else 1
-        out.append(LLMRequest(torch.tensor(rng.standard_normal((width, hidden)), dtype=torch.float32), kind))
+    for i in range(n):  # reads, reads with the write that follows them (source rows first), writes
+        n_source = int(rng.integers(1, 6)) if i % 4 in (0, 1) else 0
+        kinds = torch.tensor([gpe.SOURCE] * n_source + [gpe.TARGET] * (i % 4 != 0), dtype=torch.long)
+        embeds = torch.tensor(rng.standard_normal((kinds.shape[0], hidden)), dtype=torch.float32)
+        out.append(LLMRequest(embeds, kinds))
     return out
 
 
@@ -63,8 +64,7 @@ def _solo_logits(model, stream):
     for i, request in enumerate(stream.requests):
         if i in stream.resets_before:
             state = model.decoder.new_state(1)
-        kinds = torch.full((1, request.embeds.shape[0]), request.kind, dtype=torch.long)
-        out.append(model.decoder.step(state, request.embeds[None], kinds)[0])
+        out.append(model.decoder.step(state, request.embeds[None], request.kinds[None])[0])
     return out
 
 

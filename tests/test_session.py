@@ -1,9 +1,12 @@
 """The streaming session: slicing-invariant output, flat per-chunk work, event invariants."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
+from speechstream import gpe
 from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import DecodingConfig
 from speechstream.errors import InputError
@@ -55,7 +58,8 @@ def test_work_per_chunk_is_flat_over_five_minutes(tiny_model):
     seconds, chunk_s = 300, 0.64
     t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
     rng = np.random.default_rng(1)
-    audio = (0.05 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 0.3 * t)) + 0.02 * rng.standard_normal(t.size))
+    tone = 0.05 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 0.3 * t))
+    audio = tone + 0.02 * rng.standard_normal(t.size)
     audio = audio.astype(np.float32)
     decoding = DecodingConfig(chunk_ms=640, k=1, max_tokens_per_chunk=3, max_tail_tokens=10)
     session = StreamingSession(tiny_model, decoding, choose=text_favouring_chooser(tiny_model), partials=False)
@@ -115,6 +119,33 @@ def test_pending_events_for_outside_drivers(tiny_model):
     assert session.pending_events() == [held] and session.pending_events() == []
     session.close()
     assert session.pending_events() == []
+
+
+@pytest.mark.parametrize("ablation", ["none", "reencode"])
+def test_a_read_and_the_write_after_it_share_one_llm_step(tiny_model, monkeypatch, ablation):
+    """After the first k reads, each read step also feeds the write the policy asks for next (source rows
+    first, then the end-of-chunk token); ablation reencode keeps them apart. Every read and write is fed once."""
+    steps = []
+    step = tiny_model.decoder.step
+
+    def recording(state, embeds, kinds, keep=None):
+        steps.append(kinds[0].tolist())
+        return step(state, embeds, kinds, keep=keep)
+
+    monkeypatch.setattr(tiny_model.decoder, "step", recording)
+    audio = (0.1 * np.random.default_rng(4).standard_normal(int(4.1 * SAMPLE_RATE))).astype(np.float32)
+    session, _ = run(tiny_model, audio, 4000, replace(DECODING, ablation=ablation))
+    reads = [kinds for kinds in steps if gpe.SOURCE in kinds]
+    shared = [kinds for kinds in reads if gpe.TARGET in kinds]
+    assert len(reads) == len(session.stats) >= 4  # one step per chunk read (and the final flush)
+    if ablation == "reencode":
+        assert shared == []
+    else:
+        assert len(shared) == len(reads) - (DECODING.k - 1)  # all but the reads before the first write
+        for kinds in shared:  # source rows, then the write's rows
+            n_source = kinds.count(gpe.SOURCE)
+            assert kinds[:n_source] == [gpe.SOURCE] * n_source and set(kinds[n_source:]) == {gpe.TARGET}
+    assert sum(kinds.count(gpe.TARGET) for kinds in steps) == len(session.target_ids)
 
 
 def test_default_greedy_decoding_is_deterministic(tiny_model):

@@ -138,8 +138,7 @@ def test_outside_driver_contract(tiny_model, speech_with_pauses):
                 if session.segment != row_segment:
                     continue
                 return
-            kinds = torch.full((1, request.embeds.shape[0]), request.kind, dtype=torch.long)
-            session.apply(request, tiny_model.decoder.step(state, request.embeds[None], kinds)[0])
+            session.apply(request, tiny_model.decoder.step(state, request.embeds[None], request.kinds[None])[0])
 
     with torch.no_grad():
         for start in range(0, audio.size, 4000):
