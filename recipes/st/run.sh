@@ -5,7 +5,8 @@
 #   stage 0: parallel text (Bible: WEB English + Reina-Valera 1909 Spanish, aligned by verse) -> data/st-main/text/
 #   stage 1: Spanish speech (espeak-ng es / es-419), augmented, manifests with translations   -> data/st-main/
 #   stage 2: train projector + LoRA from the English model's weights (GPE wait-k mask)        -> runs/smollm2-whisper-base-es-en/
-#   stage 3: export the trained weights into the model (it then becomes the translate default) -> models/smollm2-whisper-base-es-en/
+#            then 2b: 600 steps more on frames with the encoder's right context (640 ms)     -> runs/smollm2-whisper-base-es-en-b/
+#   stage 3: export stage 2b's weights into the model (it then becomes the translate default) -> models/smollm2-whisper-base-es-en/
 #   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency)        -> runs/eval-smollm2-whisper-base-es-en/
 # HOURS (default 8.0), HELDOUT_HOURS (default 0.1) and WORKERS (default 2) size stage 1. Stages 0 and 1 are one script (prepare_st.py); stage 0
 # stops it after the text and the plan (--text-only), stage 1 runs it through (the text and plan are kept).
@@ -31,9 +32,10 @@ fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
   $SS fetch whisper-base smollm2-135m-instruct
   $SS train recipes/st/$MODEL.yaml
+  $SS train recipes/st/$MODEL-b.yaml
 fi
 if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
-  $PY recipes/asr/export.py "$RUN" models/$MODEL
+  $PY recipes/asr/export.py "$RUN-b" models/$MODEL
 fi
 if [ "$first" -le 4 ] && [ "$last" -ge 4 ]; then
   out=runs/eval-$MODEL
