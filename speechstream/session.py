@@ -90,16 +90,12 @@ class LLMRequest:
     is_text: bool = False  # target tokens that belong to the transcript (not the header)
 
     @classmethod
-    def make(cls, source: torch.Tensor | None, write: tuple[list[int], bool, torch.Tensor] | None) -> "LLMRequest":
-        """A request from source embeddings (n, H) and/or a write (tokens, is_text, their embeddings)."""
-        parts, kinds = [], []
-        if source is not None:
-            parts.append(source)
-            kinds.append(torch.full((source.shape[0],), gpe.SOURCE, dtype=torch.long))
-        if write is not None:
-            parts.append(write[2])
-            kinds.append(torch.full((len(write[0]),), gpe.TARGET, dtype=torch.long))
-        return cls(torch.cat(parts), torch.cat(kinds), write[0] if write else None, write[1] if write else False)
+    def read(cls, source: torch.Tensor, then: "LLMRequest | None" = None) -> "LLMRequest":
+        """A read of source embeddings (n, H); with ``then``, that write follows it in the same step."""
+        kinds = torch.full((source.shape[0],), gpe.SOURCE, dtype=torch.long)
+        if then is None:
+            return cls(source, kinds)
+        return cls(torch.cat([source, then.embeds]), torch.cat([kinds, then.kinds]), then.tokens, then.is_text)
 
 
 @dataclass
@@ -389,10 +385,9 @@ class StreamingSession:
                     self.joint.add_frames(unit.ctc)
                 if unit.embeds.shape[0]:
                     after = self.policy.decide(self._view()) if self.decoding.ablation != "reencode" else None
-                    write = self._write(after) if isinstance(after, Write) else None
-                    return LLMRequest.make(unit.embeds, write)
+                    return LLMRequest.read(unit.embeds, self._write(after) if isinstance(after, Write) else None)
             elif isinstance(action, Write):
-                return LLMRequest.make(None, self._write(action))
+                return self._write(action)
             else:
                 self._stopped = True
                 if self._segment_cut:  # (apply normally catches this stop first)
@@ -400,13 +395,14 @@ class StreamingSession:
                     return None
         return None
 
-    def _write(self, action: Write) -> tuple[list[int], bool, torch.Tensor]:
-        """The target tokens a write feeds (the header first), whether they are transcript text, embeddings."""
+    def _write(self, action: Write) -> LLMRequest:
+        """The request of a write: the header first (and any context tokens), then one token at a time."""
         if self._pending is None:
             tokens, is_text = list(self.model.header_ids) + self._context_ids, False
         else:
             tokens, is_text = [self._pending if action.token is None else action.token], True
-        return tokens, is_text, self.model.embed_ids(tokens)
+        kinds = torch.full((len(tokens),), gpe.TARGET, dtype=torch.long)
+        return LLMRequest(self.model.embed_ids(tokens), kinds, tokens, is_text)
 
     def logit_rows(self, request: LLMRequest) -> int:
         """How many of a request's last rows need logits: the last row of a write (its next token), none of a

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,7 +244,7 @@ class FeatureCache:
             ends = encoded.frame_ends[b]
             frames = encoded.frames[b, : ends[-1]].half().cpu().contiguous()
             path = self.path(example)
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # DDP processes may draw the same clip at once
             save_file({"frames": frames, "frame_ends": torch.tensor(ends), "samples": torch.tensor(len(audio))},
                       str(tmp))
             tmp.rename(path)
