@@ -88,6 +88,9 @@ class ModelConfig:
     # whether the CTC head's labels are the output text (ASR). A translation model's head transcribes the source
     # language, so joint CTC decoding would push source-language words into the output: it is refused.
     ctc_is_output: bool = True
+    # frames between the windows of the fine CTC head that joint decoding scores (speechstream/ctc_head.py): 0, none
+    # (the CTC head on the speech tokens, one per projector stack); 1..stack, a head of its own every that many frames
+    ctc_hop: int = 0
 
 
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.

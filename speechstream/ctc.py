@@ -25,9 +25,9 @@ import torch
 
 NEG = -math.inf
 FLOOR = -1e4  # log-probabilities below this are clipped (exp(-1e4) is zero in float64 anyway)
-# Once all the audio is read, a text with this many labels more than the CTC head's own best path ends (chosen on
-# held-out synthetic speech among 0, 2 and 4; without the rule a joint text can loop on after the speech).
-TAIL_MARGIN = 0
+# Once all the audio is read, a text with this many labels more than the CTC head's own best path ends (without the
+# rule a joint text can loop on after the speech; see MODEL_CARD.md of the English model for the choice).
+TAIL_MARGIN = 6
 # ... and a text this many labels or more short of that best path does not end yet: where the LLM would stop
 # (or write only end-of-chunk tokens) with words the head still hears unwritten, the best fused text token is
 # written instead (a lost tail otherwise; the LLM can fall silent mid-stream and never catch up).
@@ -177,11 +177,12 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
 
     ``allowed``: (V,) bool, tokens the session may write; ``class_of``: (V,) CTC class of each token id (-1:
     not a CTC class). End-of-chunk and (before the end of the audio) end-of-text stay the LLM's choices. Once
-    all the audio is read, the text ends when it has as many labels as the CTC head's own best path (plus
-    ``TAIL_MARGIN``) or when the head finds it impossible (psi(g) = 0: more labels than the frames can emit):
-    whatever followed would be a loop or invention; and while it is ``SHORT_MARGIN`` or more labels short of
-    that path, the best fused text token overrides the LLM's end-of-text, and its end-of-chunk when that would
-    make ``EOC_RUN`` in a row (``eoc_run``: end-of-chunk tokens at the end of the text so far).
+    all the audio is read, end-of-text competes with the best fused text token by its own fused score (the CTC
+    side: log p(g complete) - log psi(g)); the text ends at once when it has ``TAIL_MARGIN`` labels more than the
+    CTC head's own best path or when the head finds it impossible (psi(g) = 0: more labels than the frames can
+    emit): whatever followed would be a loop or invention. While the text is ``SHORT_MARGIN`` or more labels
+    short of that path, the best fused text token overrides the LLM's end-of-text, and its end-of-chunk when that
+    would make ``EOC_RUN`` in a row (``eoc_run``: end-of-chunk tokens at the end of the text so far).
     """
     logp = torch.log_softmax(llm_logits.float(), dim=-1).masked_fill(~allowed, NEG)
     top = int(torch.argmax(logp))
@@ -226,10 +227,14 @@ class JointCTC:
         self.eoc_run = 0  # end-of-chunk tokens at the end of the text
 
     @torch.no_grad()
-    def log_probs(self, speech: torch.Tensor) -> np.ndarray:
-        """(n, H) projector outputs -> (n, C + 1) CTC log-probabilities (blank last), float64."""
+    def log_probs(self, speech: torch.Tensor, fine: bool = False) -> np.ndarray:
+        """(n, H) projector outputs -> (n, C + 1) CTC log-probabilities (blank last), float64; ``fine``: (n, H)
+        vectors of the model's fine CTC head (``ctc_head.CTCWindowStream``) instead."""
         table = self.model.decoding_ctc_table()
-        logits = self.model.ctc_logits(speech.to(table.dtype), table=table)
+        if fine:
+            logits = speech.to(table.dtype) @ table.T
+        else:
+            logits = self.model.ctc_logits(speech.to(table.dtype), table=table)
         return torch.log_softmax(logits.double(), dim=-1).cpu().numpy()
 
     def add_frames(self, log_probs: np.ndarray) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 from speechstream import features, gpe, schedule
 from speechstream.chunker import chunk_samples
 from speechstream.config import LLMConfig, ModelConfig, load_model_config
+from speechstream.ctc_head import CTCHead
 from speechstream.decoder import GPEDecoder
 from speechstream.encoder import StreamingWhisperEncoder
 from speechstream.errors import InputError
@@ -149,6 +150,9 @@ class SpeechLLM(nn.Module):
         self.decoder = GPEDecoder(llm, config.llm.phi)
         self.ctc_blank = nn.Parameter(0.02 * torch.randn(hidden))  # CTC blank vector (auxiliary training loss)
         self.ctc_classes: torch.Tensor | None = None  # token ids the CTC head was trained over (None: all)
+        # the fine CTC head for joint decoding (None: decoding scores the speech tokens with the head above)
+        self.ctc_head = CTCHead(config.encoder.d_model, hidden, config.projector.stack, config.ctc_hop) \
+            if config.ctc_hop else None
         prompt = config.prompt
         self.prefix_ids = self._ids(prompt.source_prefix)  # source group, before the speech
         self.suffix_ids = self._ids(prompt.source_suffix)  # source group, read at the end of the audio
@@ -211,13 +215,13 @@ class SpeechLLM(nn.Module):
         """Training-side source: every item's prompt, speech tokens and read units in one pass."""
         return self.source_from_frames(self.encode(audios, chunk_ms))
 
-    def ctc_table(self, classes: torch.Tensor | None = None) -> torch.Tensor:
+    def ctc_table(self, classes: torch.Tensor | None = None, blank: torch.Tensor | None = None) -> torch.Tensor:
         """(C + 1, H) the CTC head's class vectors: the LLM's token embeddings (``classes`` rows, or all) and the
-        blank last."""
+        blank last (``blank``, or the speech tokens' head's)."""
         rows = self.decoder.llm.get_input_embeddings().weight
         if classes is not None:
             rows = rows[classes.to(rows.device)]
-        return torch.cat([rows, self.ctc_blank[None]], dim=0)
+        return torch.cat([rows, (self.ctc_blank if blank is None else blank)[None].to(rows.dtype)], dim=0)
 
     def ctc_logits(self, speech: torch.Tensor, classes: torch.Tensor | None = None,
                    table: torch.Tensor | None = None) -> torch.Tensor:
@@ -232,15 +236,17 @@ class SpeechLLM(nn.Module):
 
     @torch.no_grad()
     def decoding_ctc_table(self) -> torch.Tensor:
-        """``ctc_table(ctc_classes)`` for decoding, built once and shared by every stream of this model; built
-        again when the classes, the blank or the embeddings change (a checkpoint loaded into them)."""
+        """``ctc_table(ctc_classes)`` for decoding (with the fine head's blank where the model has one), built once
+        and shared by every stream of this model; built again when the classes, the blank or the embeddings change
+        (a checkpoint loaded into them)."""
         rows = self.decoder.llm.get_input_embeddings().weight
         classes = self.ctc_classes
-        key = (None if classes is None else classes._version, self.ctc_blank._version, rows._version,
+        blank = self.ctc_blank if self.ctc_head is None else self.ctc_head.blank
+        key = (None if classes is None else classes._version, blank._version, id(blank), rows._version,
                rows.data_ptr(), rows.dtype)
         cached = getattr(self, "_decoding_ctc_table", None)  # (classes, key, table): holds the classes tensor,
         if cached is None or cached[0] is not classes or cached[1] != key:  # so ``is`` cannot meet a reused id
-            cached = (classes, key, self.ctc_table(classes).detach())
+            cached = (classes, key, self.ctc_table(classes, blank).detach())
             self._decoding_ctc_table = cached
         return cached[2]
 
@@ -292,7 +298,11 @@ def build_model(config: ModelConfig, base_dir: Path | None = None, for_training:
     if config.llm.lora_rank:
         add_lora(model.decoder.llm, config.llm)
     if config.checkpoint:
-        load_trainable(model, (base_dir or Path.cwd()) / config.checkpoint)
+        path = (base_dir or Path.cwd()) / config.checkpoint
+        loaded = load_trainable(model, path)
+        if model.ctc_head is not None and not for_training and not any(n.startswith("ctc_head.") for n in loaded):
+            raise InputError(f"{path}: the config asks for a fine CTC head (ctc_hop {config.ctc_hop}) that the "
+                             "checkpoint does not have")
     if config.llm.lora_rank and not for_training:
         merge_lora(model.decoder.llm)
     return model.eval()
@@ -334,19 +344,21 @@ CTC_CLASSES = "ctc_classes"  # checkpoint entry: the token ids of the CTC head's
 
 
 def trainable_state(model: SpeechLLM) -> dict[str, torch.Tensor]:
-    """The weights training changes: projector, CTC blank and LoRA adapters (and the CTC class ids)."""
+    """The weights training changes: projector, CTC blank, fine CTC head and LoRA adapters (and the CTC class
+    ids)."""
     state = {
         name: tensor.detach().cpu().contiguous()
         for name, tensor in model.state_dict().items()
-        if name.startswith("projector.") or name == "ctc_blank" or "lora_" in name
+        if name.startswith(("projector.", "ctc_head.")) or name == "ctc_blank" or "lora_" in name
     }
     if model.ctc_classes is not None:
         state[CTC_CLASSES] = model.ctc_classes.detach().cpu().long().contiguous()
     return state
 
 
-def load_trainable(model: SpeechLLM, path: Path) -> None:
-    """Load a ``trainable_state`` checkpoint (safetensors); every tensor must find its place."""
+def load_trainable(model: SpeechLLM, path: Path) -> list[str]:
+    """Load a ``trainable_state`` checkpoint (safetensors); every tensor must find its place. Returns the names
+    of the tensors loaded."""
     from safetensors.torch import load_file
 
     if not path.is_file():
@@ -365,6 +377,7 @@ def load_trainable(model: SpeechLLM, path: Path) -> None:
     if unknown or wrong:
         raise InputError(f"{path}: checkpoint does not fit the model (unknown {unknown[:3]}, wrong shape {wrong[:3]})")
     model.load_state_dict(state, strict=False)
+    return sorted(state)
 
 
 def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str) -> None:

@@ -44,6 +44,7 @@ from speechstream.audio import SAMPLE_RATE, check_finite
 from speechstream.chunker import Chunker
 from speechstream.config import DecodingConfig, with_model_defaults
 from speechstream.ctc import JointCTC
+from speechstream.ctc_head import CTCWindowStream
 from speechstream.decoder import last_rows
 from speechstream.encoder import EncoderStream
 from speechstream.errors import InputError
@@ -153,6 +154,7 @@ class StreamingSession:
         self.mel = LogMelStream()
         self.encoder = EncoderStream(model.encoder)
         self.projector = ProjectorStream(model.projector)
+        self.ctc_windows = self._new_ctc_windows()
         self.llm = self._new_llm_state() if own_llm else None
         self.text = TextAssembler(model.tokenizer)
         self.units: deque[_Unit] = deque()  # units computed but not yet read by the LLM
@@ -235,6 +237,7 @@ class StreamingSession:
         self.mel = LogMelStream()
         self.encoder = EncoderStream(self.model.encoder)
         self.projector = ProjectorStream(self.model.projector)
+        self.ctc_windows = self._new_ctc_windows()
 
     def finish(self) -> list[Event]:
         """Read the rest of the audio and the end marker; write the rest; end with an "end" event."""
@@ -302,6 +305,12 @@ class StreamingSession:
 
     # -- source side --------------------------------------------------------------------------
 
+    def _new_ctc_windows(self) -> CTCWindowStream | None:
+        """Joint CTC decoding with the model's fine CTC head: its windows over this segment's encoder frames."""
+        if self.joint is None or self.model.ctc_head is None:
+            return None
+        return CTCWindowStream(self.model.ctc_head)
+
     def _add_unit(self, samples: np.ndarray, final: bool) -> None:
         mel = self.mel.push(samples)
         if final:
@@ -320,7 +329,11 @@ class StreamingSession:
         source_s = self._samples_in / SAMPLE_RATE if final else chunk_end / SAMPLE_RATE
         stats = UnitStats(encoder_frames=frames.shape[0], source_tokens=embeds.shape[0])
         self.stats.append(stats)
-        ctc = self.joint.log_probs(tokens) if self.joint is not None else None
+        ctc = None
+        if self.ctc_windows is not None:
+            ctc = self.joint.log_probs(self.ctc_windows.push(frames, final=final), fine=True)
+        elif self.joint is not None:
+            ctc = self.joint.log_probs(tokens)
         self.units.append(_Unit(embeds, source_s, stats, last=final, segment=self._front_segment, ctc=ctc))
 
     @property

@@ -33,6 +33,7 @@ from torch import nn
 
 from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import from_dict, load_model_config
+from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
                                 trainable_state)
@@ -88,6 +89,10 @@ class TrainConfig:
     lora_targets: str = ""
     # encoder frames of right context (``encoder.lookahead_frames``); -1: as the model config says
     lookahead_frames: int = -1
+    # train only the fine CTC head (speechstream/ctc_head.py) with CTC on the frozen encoder's frames: no LLM pass.
+    # The head starts as a copy of the projector and its blank unless the checkpoint loaded already has one
+    ctc_head_only: bool = False
+    ctc_hop: int = -1  # the model's ``ctc_hop`` (frames between the fine CTC head's windows); -1: as its config says
 
 
 @dataclass(frozen=True)
@@ -255,10 +260,12 @@ class FeatureCache:
 class StreamingLoss(nn.Module):
     """The training objective; ``forward`` so that DDP sees (and syncs) the trainable weights."""
 
-    def __init__(self, model: SpeechLLM, ctc_weight: float, ctc_classes: torch.Tensor | None = None):
+    def __init__(self, model: SpeechLLM, ctc_weight: float, ctc_classes: torch.Tensor | None = None,
+                 ctc_head_only: bool = False):
         super().__init__()
         self.model = model
         self.ctc_weight = ctc_weight
+        self.ctc_head_only = ctc_head_only
         # CTC over a subset of the vocabulary: class i is token ctc_classes[i]; lookup maps token -> class
         self.ctc_classes = ctc_classes
         if ctc_classes is not None:
@@ -269,6 +276,9 @@ class StreamingLoss(nn.Module):
     def forward(self, frames: torch.Tensor, frame_ends: list[list[int]], targets: list[list[int]],
                 texts: list[list[int]], k: int, ctc_only: bool = False) -> dict[str, torch.Tensor]:
         model = self.model
+        if self.ctc_head_only:
+            ctc = self.head_ctc_loss(frames, frame_ends, texts)
+            return {"ctc": ctc, "loss": ctc}
         source = model.source_from_frames(EncodedBatch(frames, frame_ends))
         if ctc_only:
             ctc = self.ctc_loss(source, texts)
@@ -294,14 +304,26 @@ class StreamingLoss(nn.Module):
     def ctc_loss(self, source, texts: list[list[int]]) -> torch.Tensor:
         """CTC of the speech tokens against the transcript's LLM token ids (blank = an extra learned vector)."""
         logits = self.model.ctc_logits(source.speech, self.ctc_classes)  # (B, N, C + 1)
-        log_probs = logits.float().log_softmax(-1).transpose(0, 1)  # (N, B, C + 1)
+        return self._ctc(logits.float().log_softmax(-1).transpose(0, 1), source.speech_lengths, texts)
+
+    def head_ctc_loss(self, frames: torch.Tensor, frame_ends: list[list[int]], texts: list[list[int]]) -> torch.Tensor:
+        """CTC of the fine CTC head's windows (every item's in one pass) against the transcript's token ids."""
+        head = self.model.ctc_head
+        windows = [ctc_windows(frames[b, : ends[-1]], head.stack, head.hop) for b, ends in enumerate(frame_ends)]
+        lengths = [len(w) for w in windows]
+        logits = head.vectors(torch.cat(windows)) @ self.model.ctc_table(self.ctc_classes, head.blank).T
+        per_item = torch.split(logits.float().log_softmax(-1), lengths)
+        return self._ctc(nn.utils.rnn.pad_sequence(list(per_item)), torch.tensor(lengths), texts)
+
+    def _ctc(self, log_probs: torch.Tensor, lengths: torch.Tensor, texts: list[list[int]]) -> torch.Tensor:
+        """(N, B, C + 1) log-probabilities (blank last), each item's frame count and its token ids -> mean CTC."""
         blank = log_probs.shape[-1] - 1
         flat = torch.tensor([t for text in texts for t in text], dtype=torch.long)
         if self.ctc_classes is not None:
             flat = self.ctc_lookup[flat]
             if bool((flat < 0).any()):
                 raise ValueError("a CTC target token is outside ctc_classes")
-        return F.ctc_loss(log_probs, flat, source.speech_lengths, torch.tensor([len(t) for t in texts]),
+        return F.ctc_loss(log_probs, flat, lengths, torch.tensor([len(t) for t in texts]),
                           blank=blank, reduction="mean", zero_infinity=True)
 
 
@@ -325,7 +347,7 @@ def ctc_class_ids(model: SpeechLLM, examples: list[Example], config: TrainConfig
 
 def training_model(config: TrainConfig, device: str) -> SpeechLLM:
     """The model to train: as its config says (with its shipped checkpoint), or freshly initialised; with the
-    recipe's ``lora_targets`` and ``lookahead_frames`` where it names them."""
+    recipe's ``lora_targets``, ``lookahead_frames`` and ``ctc_hop`` where it names them."""
     path = model_config_path(config.model)
     model_config = load_model_config(path)
     if config.lora_targets:
@@ -334,16 +356,24 @@ def training_model(config: TrainConfig, device: str) -> SpeechLLM:
     if config.lookahead_frames >= 0:
         encoder = dataclasses.replace(model_config.encoder, lookahead_frames=config.lookahead_frames)
         model_config = dataclasses.replace(model_config, encoder=encoder)
+    if config.ctc_hop >= 0:
+        model_config = dataclasses.replace(model_config, ctc_hop=config.ctc_hop)
     if config.fresh:
         model_config = dataclasses.replace(model_config, checkpoint=None)
     return build_model(model_config, path.parent, for_training=True).to(device)
 
 
-def trainable_parameters(model: SpeechLLM) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """Freeze everything but projector, CTC blank and LoRA; return (projector-group, lora-group)."""
+def trainable_parameters(model: SpeechLLM, ctc_head_only: bool = False
+                         ) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """Freeze everything but projector, CTC blank and LoRA; return (projector-group, lora-group). With
+    ``ctc_head_only``, everything but the fine CTC head: (its parameters, [])."""
     projector, lora = [], []
     for name, param in model.named_parameters():
-        if name.startswith("projector.") or name == "ctc_blank":
+        if ctc_head_only:
+            param.requires_grad_(name.startswith("ctc_head."))
+            if param.requires_grad:
+                projector.append(param)
+        elif name.startswith("projector.") or name == "ctc_blank":
             param.requires_grad_(True)
             projector.append(param)
         elif "lora_" in name:
@@ -446,8 +476,13 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         from speechstream.model import load_trainable
 
         load_trainable(model, Path(config.init_checkpoint))
+    if config.ctc_head_only:
+        if model.ctc_head is None:
+            raise InputError("ctc_head_only needs a model with a fine CTC head: set ctc_hop (1 .. the projector stack)")
+        if not bool(model.ctc_head.blank.any()):  # not loaded from a checkpoint: start from the projector
+            model.ctc_head.init_from_projector(model.projector, model.ctc_blank)
     model.train()
-    projector_params, lora_params = trainable_parameters(model)
+    projector_params, lora_params = trainable_parameters(model, config.ctc_head_only)
     groups = [{"params": projector_params, "lr": config.lr_projector}]
     if lora_params:
         groups.append({"params": lora_params, "lr": config.lr_lora})
@@ -456,7 +491,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     examples = read_examples(config.train_manifest, config.max_audio_s, config.task)
     ctc_classes = ctc_class_ids(model, examples, config)
     model.ctc_classes = ctc_classes  # saved with the checkpoints: joint CTC decoding scores these classes
-    objective = StreamingLoss(model, config.ctc_weight, ctc_classes)
+    objective = StreamingLoss(model, config.ctc_weight, ctc_classes, config.ctc_head_only)
     objective, optimizer = accelerator.prepare(objective, optimizer)
     cache = FeatureCache(out_dir / "features", model, config.chunk_ms)
     ks = [int(k) for k in str(config.k_choices).split(",")]
@@ -523,7 +558,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         if evaluate_now and accelerator.is_main_process:
             inner = accelerator.unwrap_model(objective).model
             inner.eval()
-            score = dev_ctc_wer(inner, cache, dev, ctc_classes)
+            score = dev_ctc_wer(inner, cache, dev, ctc_classes, config.ctc_head_only)
             inner.train()
             with log_path.open("a") as log:
                 log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
@@ -541,8 +576,9 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
 
 @torch.no_grad()
 def dev_ctc_wer(model: SpeechLLM, cache: FeatureCache, examples: list[Example],
-                ctc_classes: torch.Tensor | None = None) -> float:
-    """Normalized WER of greedy CTC decoding of the projector outputs (a cheap view of acoustic progress),
+                ctc_classes: torch.Tensor | None = None, fine: bool = False) -> float:
+    """Normalized WER of greedy CTC decoding of the projector outputs (``fine``: of the fine CTC head's windows)
+    (a cheap view of acoustic progress),
     over the classes the loss scores. The CTC target is the transcript (``text``) in both tasks, the
     source-language one for "translate"."""
     from speechstream.eval.quality import wer
@@ -550,14 +586,23 @@ def dev_ctc_wer(model: SpeechLLM, cache: FeatureCache, examples: list[Example],
     hypotheses = []
     for example in examples:
         frames, ends, _ = cache.frames(example)
-        source = model.source_from_frames(EncodedBatch(frames[None].to(model.ctc_blank.device), [ends]))
+        frames = frames.to(model.ctc_blank.device)
+        if fine:
+            hypotheses.append(greedy_ctc_text(model, model.ctc_head(frames[: ends[-1]]), ctc_classes, fine=True))
+            continue
+        source = model.source_from_frames(EncodedBatch(frames[None], [ends]))
         hypotheses.append(greedy_ctc_text(model, source.speech[0, : int(source.speech_lengths[0])], ctc_classes))
     return wer(hypotheses, [e.text for e in examples], normalize=True)
 
 
-def greedy_ctc_text(model: SpeechLLM, speech: torch.Tensor, ctc_classes: torch.Tensor | None = None) -> str:
-    """(N, H) speech tokens -> the text of the CTC head's best path (repeats merged, blanks dropped)."""
-    logits = model.ctc_logits(speech, ctc_classes)
+def greedy_ctc_text(model: SpeechLLM, speech: torch.Tensor, ctc_classes: torch.Tensor | None = None,
+                    fine: bool = False) -> str:
+    """(N, H) speech tokens (``fine``: vectors of the fine CTC head) -> the text of the CTC head's best path
+    (repeats merged, blanks dropped)."""
+    if fine:
+        logits = speech @ model.ctc_table(ctc_classes, model.ctc_head.blank).T
+    else:
+        logits = model.ctc_logits(speech, ctc_classes)
     best = logits.argmax(-1).tolist()
     blank = logits.shape[-1] - 1  # the last CTC class
     ids = [t for i, t in enumerate(best) if t != blank and (i == 0 or t != best[i - 1])]

@@ -3,7 +3,8 @@
     python recipes/asr/ctc_probe.py --model smollm2-whisper-base --manifest samples/manifest.jsonl \
         --recipe recipes/asr/smollm2-whisper-base.yaml --out runs/eval-smollm2-whisper-base/real-ctc.json
 
-The CTC head scores the projector's output against the LLM's token embeddings (over the training texts'
+The CTC head (the fine one of ``ctc_hop`` where the model has it, else the one on the speech tokens) scores
+its vectors against the LLM's token embeddings (over the training texts'
 tokens when the recipe says ``ctc_vocab: train``). It is not a decoding mode of the toolkit; its WER shows how
 much of the words the speech tokens carry, apart from what the LLM makes of them.
 """
@@ -27,7 +28,12 @@ from speechstream.train import ctc_class_ids, greedy_ctc_text, load_train_config
 
 
 def greedy_ctc(model, audio, chunk_ms: int, classes: torch.Tensor | None) -> str:
-    source = model.source_from_frames(model.encode([audio], chunk_ms))
+    """The head joint decoding scores: the fine CTC head where the model has one, else the speech tokens'."""
+    encoded = model.encode([audio], chunk_ms)
+    if model.ctc_head is not None:
+        frames = encoded.frames[0, : encoded.frame_ends[0][-1]]
+        return greedy_ctc_text(model, model.ctc_head(frames), classes, fine=True).strip()
+    source = model.source_from_frames(encoded)
     return greedy_ctc_text(model, source.speech[0, : int(source.speech_lengths[0])], classes).strip()
 
 

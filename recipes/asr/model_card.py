@@ -24,7 +24,7 @@ ROWS = [  # (eval folder, what it measures); {w}: the joint CTC weight the run d
 DEV_PREFIX = "dev-w"  # dev-w<weight>: the joint CTC weights tried on data/dev/heldout.jsonl
 # the training stages, in order
 RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more", "smollm2-whisper-base-1c",
-           "smollm2-whisper-base-1d"]
+           "smollm2-whisper-base-1d", "smollm2-whisper-base-ctc"]
 
 
 def fmt(scores: dict, key: str, digits: int = 1) -> str:
@@ -53,6 +53,7 @@ def main() -> None:
     model_config = yaml.safe_load((Path("models") / args.model / "config.yaml").read_text())
     lookahead = model_config.get("encoder", {}).get("lookahead_frames", 0)
     right = f", each block also seeing the next {lookahead * 20} ms" if lookahead else ""
+    hop = model_config.get("ctc_hop", 0)
     lines = [
         f"# {args.model}",
         "",
@@ -61,13 +62,14 @@ def main() -> None:
         "with group position encoding and wait-k over chunks with an end-of-chunk token. Base weights:",
         "`speechstream fetch`",
         "(OpenAI Whisper, MIT; SmolLM2, Apache-2.0). This folder ships only the trained projector, CTC blank",
-        "and LoRA weights (`trainable.safetensors`, float16).",
+        "and LoRA weights" + (f" and the fine CTC head of joint decoding (a window of 8 frames every {hop} frames)"
+                              if hop else "") + " (`trainable.safetensors`, float16).",
         "",
         "## Training",
         "",
         "- recipes, in order, run by `recipes/asr/run.sh`: "
         + ", then ".join(f"`recipes/asr/{name}.yaml`" for name in RECIPES),
-        f"- steps of the last stage: {last['step']} (log: last k={last.get('k')}, elapsed {last.get('elapsed_s')} s "
+        f"- steps of the last stage that trained the LLM side: {last['step']} (log: last k={last.get('k')}, elapsed {last.get('elapsed_s')} s "
         "of its final run segment)",
         f"- final training losses: LM {last.get('lm', float('nan')):.3f}, token accuracy "
         f"{last.get('accuracy', float('nan')):.3f}, CTC {last.get('ctc', float('nan')):.3f}",
@@ -75,6 +77,12 @@ def main() -> None:
     for name in RECIPES:
         r = yaml.safe_load((Path("recipes/asr") / f"{name}.yaml").read_text())
         start = "from its `init_checkpoint`, " if r.get("init_checkpoint") else ""
+        if r.get("ctc_head_only"):
+            lines.append(f"- `{name}`: {start}the fine CTC head alone (a window every {r.get('ctc_hop')} encoder "
+                         f"frames), CTC on the frozen encoder's frames, no LLM pass: {r.get('steps')} steps (batch "
+                         f"{r.get('batch_size')}, learning rate {r.get('lr_projector')}), over "
+                         f"`{r.get('train_manifest')}`")
+            continue
         lines.append(f"- `{name}`: {start}{r.get('ctc_only_steps', 0)} CTC-only projector steps (batch "
                      f"{r.get('ctc_only_batch_size') or r.get('batch_size')}), then LM + {r.get('ctc_weight')} x CTC "
                      f"to step {r.get('steps')} (batch {r.get('batch_size')}, learning rates {r.get('lr_projector')} "

@@ -14,7 +14,9 @@
 #            encoder's right context, was tried and is not run: better on data/dev, worse on the other held-out set and
 #            the real clips. The shipped model is stage 1d's weights read with that right context: config.yaml's
 #            encoder.lookahead_frames, no training of its own; MODEL_CARD.md)
-#   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/
+#            then the fine CTC head alone on those weights      -> runs/smollm2-whisper-base-ctc/ (500 steps, CTC only)
+#   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/ (stage 1d's weights and
+#            the fine CTC head, from runs/smollm2-whisper-base-ctc)
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
 #            and greedy decoding, Whisper base offline, held-out synthetic, the CTC head alone), model card
 set -euo pipefail
@@ -23,7 +25,8 @@ first=${1:-0}; last=${2:-3}
 SS=.venv/bin/speechstream
 PY=.venv/bin/python
 MODEL=smollm2-whisper-base
-RUN=runs/$MODEL-1d
+RUN=runs/$MODEL-1d  # the last stage that trained the LLM side (the model card reads its log)
+SHIP=runs/$MODEL-ctc  # its weights plus the fine CTC head: what models/$MODEL ships
 DEV_WEIGHTS="0 0.3 0.4 0.5 0.6 0.7 0.8 0.9"  # joint CTC weights tried on data/dev (the model's config.yaml names the one it uses)
 export HF_HUB_OFFLINE=1
 
@@ -56,9 +59,11 @@ if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   $SS train recipes/asr/$MODEL-1c.yaml
   share_features runs/$MODEL-1c $RUN
   $SS train recipes/asr/$MODEL-1d.yaml
+  share_features $RUN $SHIP
+  $SS train recipes/asr/$MODEL-ctc.yaml
 fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
-  $PY recipes/asr/export.py "$RUN" models/$MODEL --recipe recipes/asr/$MODEL-1d.yaml
+  $PY recipes/asr/export.py "$SHIP" models/$MODEL --recipe recipes/asr/$MODEL-1d.yaml
 fi
 if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
   out=runs/eval-$MODEL
