@@ -54,26 +54,28 @@ def _log_recursion(feed: np.ndarray, emit: np.ndarray) -> np.ndarray:
     return out
 
 
-def extend_prefix(r_n: np.ndarray, r_b: np.ndarray, last: int | None, label: int, lp: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def extend_prefix(r_n: np.ndarray, r_b: np.ndarray, last: int | None, label: int, emit: np.ndarray,
+                  blank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Forward variables of prefix ``g + label`` from those of ``g`` (``last``: g's last label, None if empty),
-    over the frames of ``lp`` (T, C + 1). Returns (r_n, r_b) of length T + 1: the probability that the first
-    t frames emit exactly the new prefix, ending in its last label (n) or in a blank (b)."""
+    over T frames whose log-probabilities of ``label`` and of the blank are ``emit`` and ``blank`` (T,). Returns
+    (r_n, r_b) of length T + 1: the probability that the first t frames emit exactly the new prefix, ending in
+    its last label (n) or in a blank (b)."""
     phi = r_b if label == last else np.logaddexp(r_b, r_n)  # paths that may emit ``label`` next
-    n = _log_recursion(phi, lp[:, label])
-    b = _log_recursion(n, lp[:, -1])
+    n = _log_recursion(phi, emit)
+    b = _log_recursion(n, blank)
     return n, b
 
 
-def prefix_scores(r_n: np.ndarray, r_b: np.ndarray, last: int | None, labels: np.ndarray, lp: np.ndarray
+def prefix_scores(r_n: np.ndarray, r_b: np.ndarray, last: int | None, labels: np.ndarray, columns: np.ndarray
                   ) -> np.ndarray:
-    """log psi(g + c) for each class in ``labels``: the probability that the frames of ``lp`` begin with the
-    prefix g + c (c's first frame somewhere in them, anything after)."""
-    if lp.shape[0] == 0:
+    """log psi(g + c) for each class in ``labels``: the probability that the T frames begin with the prefix g + c
+    (c's first frame somewhere in them, anything after); ``columns`` (T, len(labels)): the frames'
+    log-probabilities of those classes."""
+    if columns.shape[0] == 0:
         return np.full(len(labels), NEG)
     both = np.logaddexp(r_b, r_n)[:-1, None]  # phi at frames t - 1 = 0..T-1
     phi = np.where(labels[None, :] == last, r_b[:-1, None], both)
-    terms = phi + lp[:, labels]
+    terms = phi + columns
     return np.logaddexp.reduce(terms, axis=0)
 
 
@@ -82,11 +84,21 @@ class CTCPrefixScorer:
 
     ``add_frames`` appends frames (log-probs), ``append`` adds a label to the hypothesis, ``scores`` gives
     log psi(g + c) - log psi(g) for candidate labels, ``end_score`` log p(g complete) - log psi(g).
+
+    With ``table`` ((C + 1, H) class vectors, the blank last), frames come as the head's (m, H) vectors instead
+    (``add_vectors``): a frame's log-probabilities are its vector's products with the table, normalised, and only
+    the vector and the normaliser are kept, H + 1 numbers a frame instead of C + 1 (for the English model 577
+    against 10,756: a long stream without VAD pauses keeps 115 KB a second of audio instead of 2 MB); the
+    classes a step asks for are computed from them.
     """
 
-    def __init__(self, num_classes: int):
+    def __init__(self, num_classes: int, table: np.ndarray | None = None):
         self.blank = num_classes  # column of the blank (classes 0..num_classes-1 come first)
-        self._lp = np.zeros((16, num_classes + 1))  # frame log-probabilities; rows past ``frames`` are spare room
+        self._table = table  # (float32, shared by the streams of a model: never copied here)
+        width = num_classes + 1 if table is None else self._table.shape[1] + 1
+        # per frame: its log-probabilities, or (with a table) its vector and log-normaliser; rows past ``frames``
+        # are spare room
+        self._lp = np.zeros((16, width))
         self._frames = 0
         self._best_labels = 0  # labels on the head's own best path (frame argmax, repeats merged, no blanks)
         self._best_last = -1  # the argmax class of the last frame (-1: none yet)
@@ -103,11 +115,27 @@ class CTCPrefixScorer:
 
     @property
     def lp(self) -> np.ndarray:
-        """(frames, C + 1) log-probabilities of the frames so far (a view)."""
-        return self._lp[: self._frames]
+        """(frames, C + 1) log-probabilities of the frames so far."""
+        return self._columns(np.arange(self.blank + 1))
 
-    def _store(self, lp: np.ndarray) -> None:
-        """Append rows, doubling the buffer when full (no copy of every earlier frame at each read)."""
+    def _columns(self, classes: np.ndarray) -> np.ndarray:
+        """(frames, len(classes)) log-probabilities of those classes in the frames so far."""
+        rows = self._lp[: self._frames]
+        if self._table is None:
+            return rows[:, classes]
+        width = self._table.shape[1]
+        return np.maximum(self._products(rows[:, :width], classes) - rows[:, width:], FLOOR)
+
+    def _products(self, vectors: np.ndarray, classes: np.ndarray | None = None) -> np.ndarray:
+        """(m, H) vectors -> (m, C + 1) (or the ``classes``) logits, in the head's float32, as float64."""
+        table = self._table if classes is None else self._table[classes]
+        # through torch, not numpy's BLAS: a second thread pool beside torch's slows the LLM steps down
+        product = torch.from_numpy(vectors.astype(np.float32)) @ torch.from_numpy(table).T
+        return product.double().numpy()
+
+    def _store(self, lp: np.ndarray, kept: np.ndarray) -> None:
+        """Append the rows ``kept`` of frames with log-probabilities ``lp``, doubling the buffer when full (no
+        copy of every earlier frame at each read)."""
         if len(lp) == 0:
             return
         need = self._frames + len(lp)
@@ -115,15 +143,25 @@ class CTCPrefixScorer:
             grown = np.empty((max(need, 2 * len(self._lp)), self._lp.shape[1]))
             grown[: self._frames] = self._lp[: self._frames]
             self._lp = grown
-        self._lp[self._frames : need] = lp
+        self._lp[self._frames : need] = kept
         self._frames = need
         path = lp.argmax(axis=1)
         starts = path != np.concatenate([[self._best_last], path[:-1]])
         self._best_labels += int(np.sum(starts & (path != self.blank)))
         self._best_last = int(path[-1])
 
-    def add_frames(self, lp: np.ndarray) -> None:
-        """Append (m, C + 1) frame log-probabilities; all prefixes of the hypothesis move forward together."""
+    def add_vectors(self, vectors: np.ndarray) -> None:
+        """Append (m, H) frame vectors of the head (a scorer built with a ``table``)."""
+        vectors = np.asarray(vectors, dtype=np.float64)
+        logits = self._products(vectors)
+        norm = np.logaddexp.reduce(logits, axis=1, keepdims=True) if len(logits) else np.zeros((0, 1))
+        self.add_frames(logits - norm, np.concatenate([vectors, norm], axis=1))
+
+    def add_frames(self, lp: np.ndarray, kept: np.ndarray | None = None) -> None:
+        """Append (m, C + 1) frame log-probabilities; all prefixes of the hypothesis move forward together.
+        (``kept``: what to store of them, from ``add_vectors``.)"""
+        if self._table is not None and kept is None:
+            raise ValueError("a scorer with a class table takes frame vectors (add_vectors)")
         lp = np.maximum(np.asarray(lp, dtype=np.float64), FLOOR)  # no -inf: the recursions subtract sums
         labels = np.array(self.labels, dtype=np.int64)
         same = np.zeros(len(labels), dtype=bool)
@@ -145,14 +183,15 @@ class CTCPrefixScorer:
         self.col_n, self.col_b = n, b
         self.r_n, self.r_b = np.append(self.r_n, r_n), np.append(self.r_b, r_b)
         self.psi = float(psi)
-        self._store(lp)
+        self._store(lp, lp if kept is None else kept)
 
     def append(self, label: int) -> None:
         """Add ``label`` (a class index) to the hypothesis."""
         last = self.labels[-1] if self.labels else None
-        self.psi = float(prefix_scores(self.r_n, self.r_b, last, np.array([label]), self.lp)[0]) if self.frames \
-            else NEG
-        self.r_n, self.r_b = extend_prefix(self.r_n, self.r_b, last, label, self.lp)
+        columns = self._columns(np.array([label, self.blank]))
+        self.psi = float(prefix_scores(self.r_n, self.r_b, last, np.array([label]), columns[:, :1])[0]) \
+            if self.frames else NEG
+        self.r_n, self.r_b = extend_prefix(self.r_n, self.r_b, last, label, columns[:, 0], columns[:, 1])
         self.labels.append(label)
         self.col_n = np.append(self.col_n, self.r_n[-1])
         self.col_b = np.append(self.col_b, self.r_b[-1])
@@ -160,7 +199,8 @@ class CTCPrefixScorer:
     def scores(self, labels: np.ndarray) -> np.ndarray:
         """log psi(g + c) - log psi(g) for each class index in ``labels``."""
         last = self.labels[-1] if self.labels else None
-        return prefix_scores(self.r_n, self.r_b, last, np.asarray(labels, dtype=np.int64), self.lp) - self.psi
+        labels = np.asarray(labels, dtype=np.int64)
+        return prefix_scores(self.r_n, self.r_b, last, labels, self._columns(labels)) - self.psi
 
     def best_path_length(self) -> int:
         """Labels on the CTC head's own best path over the frames so far (frame argmax, repeats merged, no blanks)."""
@@ -219,26 +259,25 @@ class JointCTC:
         self.class_of = torch.full((vocab,), -1, dtype=torch.long)
         self.class_of[self.classes] = torch.arange(len(self.classes))
         self.allowed = model.writable()
+        # the class table as float32 numpy (a view of the model's shared tensor, no copy)
+        self.table = model.decoding_ctc_table().float().cpu().numpy()
         self.reset()
 
     def reset(self) -> None:
         """A new segment: no frames, no text."""
-        self.scorer = CTCPrefixScorer(len(self.classes))
+        self.scorer = CTCPrefixScorer(len(self.classes), self.table)
         self.eoc_run = 0  # end-of-chunk tokens at the end of the text
 
     @torch.no_grad()
-    def log_probs(self, speech: torch.Tensor, fine: bool = False) -> np.ndarray:
-        """(n, H) projector outputs -> (n, C + 1) CTC log-probabilities (blank last), float64; ``fine``: (n, H)
-        vectors of the model's fine CTC head (``ctc_head.CTCWindowStream``) instead."""
-        table = self.model.decoding_ctc_table()
-        if fine:
-            logits = speech.to(table.dtype) @ table.T
-        else:
-            logits = self.model.ctc_logits(speech.to(table.dtype), table=table)
-        return torch.log_softmax(logits.double(), dim=-1).cpu().numpy()
+    def frame_vectors(self, speech: torch.Tensor, fine: bool = False) -> np.ndarray:
+        """(n, H) projector outputs -> (n, H) the CTC head's frame vectors (before the projector's output scale,
+        as ``SpeechLLM.ctc_logits`` scores them); ``fine``: (n, H) vectors of the model's fine CTC head
+        (``ctc_head.CTCWindowStream``), as they are."""
+        vectors = speech if fine else speech / self.model.projector.output_scale
+        return vectors.float().cpu().numpy()
 
-    def add_frames(self, log_probs: np.ndarray) -> None:
-        self.scorer.add_frames(log_probs)
+    def add_frames(self, vectors: np.ndarray) -> None:
+        self.scorer.add_vectors(vectors)
 
     def add_text(self, token: int) -> None:
         """A text token was written: extend the hypothesis (tokens outside the CTC classes are skipped)."""

@@ -106,7 +106,7 @@ class _Unit:
     stats: UnitStats
     last: bool = False  # the last unit of its segment (its audio tail and the end-of-source marker)
     segment: int = 0  # the segment it belongs to
-    ctc: np.ndarray | None = None  # joint CTC decoding: the CTC head's log-probabilities of its speech tokens
+    ctc: np.ndarray | None = None  # joint CTC decoding: the CTC head's frame vectors (of its speech tokens or windows)
 
 
 TokenChooser = Callable[[torch.Tensor], int]  # (V,) logits of the last fed row -> next token
@@ -331,9 +331,9 @@ class StreamingSession:
         self.stats.append(stats)
         ctc = None
         if self.ctc_windows is not None:
-            ctc = self.joint.log_probs(self.ctc_windows.push(frames, final=final), fine=True)
+            ctc = self.joint.frame_vectors(self.ctc_windows.push(frames, final=final), fine=True)
         elif self.joint is not None:
-            ctc = self.joint.log_probs(tokens)
+            ctc = self.joint.frame_vectors(tokens)
         self.units.append(_Unit(embeds, source_s, stats, last=final, segment=self._front_segment, ctc=ctc))
 
     @property

@@ -323,3 +323,25 @@ def test_a_stream_counts_the_end_of_chunk_tokens_at_the_end_of_its_text(tiny_mod
     assert joint.scorer.labels == [int(joint.class_of[word])] * 2  # end-of-chunk tokens are not CTC labels
     joint.reset()
     assert joint.eoc_run == 0 and joint.scorer.labels == []
+
+
+def test_a_scorer_with_a_class_table_keeps_vectors_and_scores_as_the_dense_one():
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((7, 4)).astype(np.float32)  # 6 classes and the blank, vectors of width 4
+    vectors = 2 * rng.standard_normal((9, 4)).astype(np.float32)
+    logits = (vectors @ table.T).astype(np.float64)
+    dense, compact = CTCPrefixScorer(6), CTCPrefixScorer(6, table)
+    dense.add_frames(logits - np.logaddexp.reduce(logits, axis=1, keepdims=True))
+    compact.add_vectors(vectors[:4])
+    compact.add_vectors(vectors[4:])
+    assert compact._lp.shape[1] == 5  # the vector and its normaliser, not 7 log-probabilities
+    for label in (2, 2, 5):
+        dense.append(label)
+        compact.append(label)
+    candidates = np.arange(6)
+    np.testing.assert_allclose(compact.scores(candidates), dense.scores(candidates), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(compact.end_score(), dense.end_score(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(compact.lp, dense.lp, atol=1e-6)
+    assert compact.best_path_length() == dense.best_path_length()
+    with pytest.raises(ValueError, match="vectors"):
+        compact.add_frames(dense.lp)
