@@ -132,9 +132,10 @@ def main() -> None:
     probe = args.eval / "real-ctc.json"
     if probe.exists():
         ctc = json.loads(probe.read_text())
-        lines += ["", "Diagnostic, not a decoding mode: greedy decoding of the auxiliary CTC head alone on the same "
+        head = "the fine CTC head (the one joint decoding scores)" if hop else "the auxiliary CTC head"
+        lines += ["", f"Diagnostic, not a decoding mode: greedy decoding of {head} alone on the same "
                   f"real clips (640 ms block-causal encoder{right}) gives WER {ctc['WER_normalized']:.1f} % normalized "
-                  f"(`recipes/asr/ctc_probe.py`): what the speech tokens carry before the LLM reads them."]
+                  f"(`recipes/asr/ctc_probe.py`): what the speech side carries before the LLM reads it."]
     lines += ["", "Training curve of the last stage: `loss.png` (copied from its run).", ""]
     (Path("models") / args.model / "MODEL_CARD.md").write_text("\n".join(lines))
     png = args.run / "loss.png"
