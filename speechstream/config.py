@@ -174,4 +174,12 @@ def load_model_config(path: Path) -> ModelConfig:
         raise InputError(f"{path}: ctc_weight must be at least 0 and below 1")
     if config.ctc_weight > 0 and not config.ctc_is_output:
         raise InputError(f"{path}: ctc_weight must be 0 when ctc_is_output is false")
+    check_ctc_hop(config, str(path))
     return config
+
+
+def check_ctc_hop(config: ModelConfig, where: str) -> None:
+    """``ctc_hop`` is 0 (no fine CTC head) or 1 .. the projector's stack (its windows are ``stack`` frames)."""
+    if not 0 <= config.ctc_hop <= config.projector.stack:
+        raise InputError(f"{where}: ctc_hop must be 0 or 1..{config.projector.stack} (the projector's stack), "
+                         f"not {config.ctc_hop}")

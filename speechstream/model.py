@@ -234,6 +234,11 @@ class SpeechLLM(nn.Module):
             table = self.ctc_table(classes)
         return speech @ table.T
 
+    def fine_ctc_logits(self, vectors: torch.Tensor, classes: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., H) vectors of the fine CTC head -> (..., C + 1) scores against the token embeddings (``classes``
+        rows, or all) and the head's own blank (last)."""
+        return vectors @ self.ctc_table(classes, self.ctc_head.blank).T
+
     @torch.no_grad()
     def decoding_ctc_table(self) -> torch.Tensor:
         """``ctc_table(ctc_classes)`` for decoding (with the fine head's blank where the model has one), built once

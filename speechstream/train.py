@@ -32,7 +32,7 @@ import yaml
 from torch import nn
 
 from speechstream.audio import SAMPLE_RATE, load_audio
-from speechstream.config import from_dict, load_model_config
+from speechstream.config import check_ctc_hop, from_dict, load_model_config
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
@@ -311,7 +311,7 @@ class StreamingLoss(nn.Module):
         head = self.model.ctc_head
         windows = [ctc_windows(frames[b, : ends[-1]], head.stack, head.hop) for b, ends in enumerate(frame_ends)]
         lengths = [len(w) for w in windows]
-        logits = head.vectors(torch.cat(windows)) @ self.model.ctc_table(self.ctc_classes, head.blank).T
+        logits = self.model.fine_ctc_logits(head.vectors(torch.cat(windows)), self.ctc_classes)
         per_item = torch.split(logits.float().log_softmax(-1), lengths)
         return self._ctc(nn.utils.rnn.pad_sequence(list(per_item)), torch.tensor(lengths), texts)
 
@@ -358,6 +358,7 @@ def training_model(config: TrainConfig, device: str) -> SpeechLLM:
         model_config = dataclasses.replace(model_config, encoder=encoder)
     if config.ctc_hop >= 0:
         model_config = dataclasses.replace(model_config, ctc_hop=config.ctc_hop)
+        check_ctc_hop(model_config, "recipe")
     if config.fresh:
         model_config = dataclasses.replace(model_config, checkpoint=None)
     return build_model(model_config, path.parent, for_training=True).to(device)
@@ -600,7 +601,7 @@ def greedy_ctc_text(model: SpeechLLM, speech: torch.Tensor, ctc_classes: torch.T
     """(N, H) speech tokens (``fine``: vectors of the fine CTC head) -> the text of the CTC head's best path
     (repeats merged, blanks dropped)."""
     if fine:
-        logits = speech @ model.ctc_table(ctc_classes, model.ctc_head.blank).T
+        logits = model.fine_ctc_logits(speech, ctc_classes)
     else:
         logits = model.ctc_logits(speech, ctc_classes)
     best = logits.argmax(-1).tolist()

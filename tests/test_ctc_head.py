@@ -128,3 +128,17 @@ def test_joint_decoding_scores_the_fine_heads_windows_in_any_buffer_sizes(tiny_m
     np.testing.assert_allclose(pieces.joint.scorer.lp, whole.joint.scorer.lp, atol=1e-6)
     coarse = _joint_session(tiny_model, decoding, audio, len(audio))
     assert coarse.joint.scorer.frames == -(-frames // stack)
+
+
+def test_a_config_with_a_hop_outside_the_stack_is_a_one_line_input_error(tmp_path):
+    import yaml
+
+    from speechstream.config import load_model_config
+    from speechstream.errors import InputError
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"projector": {"stack": 4}, "ctc_hop": 5}))
+    with pytest.raises(InputError, match="ctc_hop must be 0 or 1..4"):
+        load_model_config(path)
+    path.write_text(yaml.safe_dump({"projector": {"stack": 4}, "ctc_hop": 2}))
+    assert load_model_config(path).ctc_hop == 2
