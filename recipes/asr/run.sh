@@ -15,6 +15,8 @@
 #            the real clips. The shipped model is stage 1d's weights read with that right context: config.yaml's
 #            encoder.lookahead_frames, no training of its own; MODEL_CARD.md)
 #            then the fine CTC head alone on those weights      -> runs/smollm2-whisper-base-ctc/ (500 steps, CTC only)
+#            (smollm2-whisper-base-ctc-b.yaml, the shipped head 600 more steps on frames with the right context over
+#            synth-main and synth-c, was tried and is not run: worse on data/dev, 48.0 against 46.5 %; MODEL_CARD.md)
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/ (stage 1d's weights and
 #            the fine CTC head, from runs/smollm2-whisper-base-ctc)
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
