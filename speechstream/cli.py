@@ -19,7 +19,8 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(message)
 
 
-def _decoding_args(parser: argparse.ArgumentParser) -> None:
+def _decoding_args(parser: argparse.ArgumentParser, vad: bool) -> None:
+    """The decoding options every decoding command shares; ``vad``: whether VAD segmentation is on by default."""
     from speechstream.config import DecodingConfig
 
     defaults = DecodingConfig()
@@ -36,12 +37,18 @@ def _decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=defaults.device, help="torch device (cpu, cuda)")
     parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate)")
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
-                        "none (GPE), interleaved, source-sees-target or reencode; see docs/METHOD.md")
+                        "none (GPE), interleaved, source-sees-target or reencode; see README.md, Ablations and the sweep")
     parser.add_argument("--ctc-weight", type=float, default=defaults.ctc_weight,
-                        help="joint CTC decoding: weight of the model's CTC head against the LLM, 0-1 "
-                        "(0: off; default: the model's own, ctc_weight in its config.yaml)")
+                        help="joint CTC decoding: weight of the model's CTC head against the LLM, at least 0 and "
+                        "below 1 (0: off; default: the model's own, ctc_weight in its config.yaml)")
     parser.add_argument("--ctc-candidates", type=int, default=defaults.ctc_candidates,
                         help="joint CTC decoding: the LLM's best text tokens re-ranked at each step")
+    parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=vad,
+                        help="end segments at pauses (Silero VAD) and restart the caches, so that long audio "
+                        "decodes as the model was trained, in sentence-long pieces "
+                        f"(default: {'on' if vad else 'off'})")
+    parser.add_argument("--vad-min-silence-ms", type=int, default=defaults.vad_min_silence_ms,
+                        help="with --vad: the pause that ends a segment (ms)")
 
 
 def _serve_args(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +57,7 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
     defaults = ServerConfig()
     parser.add_argument("--host", default=defaults.host, help="interface to listen on (default: localhost only)")
     parser.add_argument("--port", type=int, default=defaults.port, help="TCP port (0: any free port)")
-    _decoding_args(parser)
+    _decoding_args(parser, vad=True)
     parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions, help="concurrent streams")
     parser.add_argument("--max-frame-bytes", type=int, default=defaults.max_frame_bytes, help="largest audio frame")
     parser.add_argument("--max-session-s", type=float, default=defaults.max_session_s,
@@ -61,16 +68,10 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _live_args(parser: argparse.ArgumentParser) -> None:
-    from speechstream.config import DecodingConfig
-
     parser.add_argument("--list-devices", action="store_true", help="print the audio input devices and exit")
     parser.add_argument("--input-device", help="PortAudio index or (part of) the name of the input device "
                         "(default: the system's default input)")
-    _decoding_args(parser)
-    parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=True,
-                        help="end segments at pauses (Silero VAD) so that long sessions stay flat (default: on)")
-    parser.add_argument("--vad-min-silence-ms", type=int, default=DecodingConfig().vad_min_silence_ms,
-                        help="pause that ends a segment (ms)")
+    _decoding_args(parser, vad=True)
     parser.add_argument("--seconds", type=float, help="stop after this many seconds of audio (counted in samples)")
     parser.add_argument("--output", help="also save the transcript to this file (on Ctrl-C too)")
     parser.add_argument("--format", choices=("txt", "srt", "vtt", "json"), default="txt", help="format of --output")
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     transcribe = commands.add_parser("transcribe", help="stream audio files through the model")
     transcribe.add_argument("audio", nargs="+", help="audio files (wav, flac, ogg, mp3)")
-    _decoding_args(transcribe)
+    _decoding_args(transcribe, vad=True)
     transcribe.add_argument("--format", choices=("text", "jsonl", "json", "srt", "vtt"), default="text")
     transcribe.add_argument("--output", help="write to this file instead of stdout")
     transcribe.add_argument("--no-partials", action="store_true", help="jsonl: omit partial events")
@@ -108,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="decode a manifest and score quality, latency and speed")
     evaluate.add_argument("manifest", help="JSON-lines manifest (id, audio, text, translation, ...)")
     evaluate.add_argument("--out", required=True, help="output folder; rerunning with the same folder resumes")
-    _decoding_args(evaluate)
+    _decoding_args(evaluate, vad=False)
     evaluate.add_argument("--baseline", default="gpe", help="system to evaluate: gpe (this package's streaming "
                           "decoder, its model given by --model), whisper-offline (Whisper over the whole audio) or "
                           "whisper-la2 (Whisper re-run every --chunk-ms over a growing buffer, LocalAgreement-2, as "
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _decoding_config(args: argparse.Namespace):
     from speechstream.chunker import chunk_samples
     from speechstream.config import ABLATIONS, DecodingConfig
+    from speechstream.policy import make_policy
 
     chunk_samples(args.chunk_ms)  # validates
     if args.ablation not in ABLATIONS:
@@ -149,11 +151,17 @@ def _decoding_config(args: argparse.Namespace):
         raise InputError("--ctc-weight must be at least 0 and below 1")
     if args.ctc_candidates < 1:
         raise InputError("--ctc-candidates must be at least 1")
-    return DecodingConfig(
+    if args.vad_min_silence_ms < 32:
+        raise InputError("--vad-min-silence-ms must be at least 32 (one VAD window)")
+    decoding = DecodingConfig(
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
         device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
-        ctc_weight=args.ctc_weight, ctc_candidates=args.ctc_candidates,
+        ctc_weight=args.ctc_weight, ctc_candidates=args.ctc_candidates, vad=args.vad,
+        vad_min_silence_ms=args.vad_min_silence_ms,
     )
+    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens,
+                decoding.max_repeats)  # validates
+    return decoding
 
 
 def _model_name(args: argparse.Namespace) -> str:
@@ -163,11 +171,8 @@ def _model_name(args: argparse.Namespace) -> str:
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    from speechstream.policy import make_policy
-
     # usage errors first, before the slow imports (torch, transformers) and the model load
     decoding = _decoding_config(args)
-    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats)
     missing = [p for p in args.audio if not Path(p).exists()]
     if missing:
         raise InputError(f"{missing[0]}: no such file")
@@ -239,7 +244,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from speechstream.baselines import DEFAULT_BASELINE_MODELS
     from speechstream.eval.run import BASELINES, SUMMARY_FILE, evaluate  # light: torch loads when decoding starts
-    from speechstream.policy import make_policy
 
     # usage errors first, before the model load and the decoding
     if args.baseline not in BASELINES:
@@ -248,7 +252,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.baseline == "gpe":
         if args.baseline_model:
             raise InputError("--baseline-model is for baselines other than gpe (gpe's model is given by --model)")
-        make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats)
         name = _model_name(args)
     else:
         if args.model:
@@ -293,19 +296,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run(config, _decoding_config(args), _model_name(args), args.task)
 
 
-def _vad_decoding(args: argparse.Namespace):
-    """The shared decoding options plus the VAD ones of ``live``."""
-    import dataclasses
-
-    from speechstream.policy import make_policy
-
-    decoding = _decoding_config(args)
-    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats)
-    if args.vad_min_silence_ms < 32:
-        raise InputError("--vad-min-silence-ms must be at least 32 (one VAD window)")
-    return dataclasses.replace(decoding, vad=args.vad, vad_min_silence_ms=args.vad_min_silence_ms)
-
-
 def cmd_live(args: argparse.Namespace) -> int:
     from speechstream import live
 
@@ -317,7 +307,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         default = sd.default.device[0] if sd.default.device[0] is not None and sd.default.device[0] >= 0 else None
         print("\n".join(live.describe_devices(live.input_devices(sd), default)))
         return 0
-    decoding = _vad_decoding(args)
+    decoding = _decoding_config(args)
     device = live.resolve_device(sd, spec)
     try:
         out = open(args.output, "w", encoding="utf-8") if args.output else None

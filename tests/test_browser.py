@@ -170,13 +170,14 @@ def test_the_live_page_streams_the_fake_microphone_and_shows_the_servers_text(tm
     print(f"\nbrowser stream: {len(received) / rate:.2f} s received, correlation with the WAV {score:.3f}, "
           f"server compute {sent[-1]['compute_s']:.1f} s")
 
-    # 3. a lone session on the received audio writes the transcript the server sent
+    # 3. a lone session on the received audio writes the transcript the server sent (with VAD segmentation, as
+    # `serve` decodes by default)
     from speechstream.config import DecodingConfig
     from speechstream.model import load_model
     from speechstream.session import StreamingSession
 
     with torch.no_grad():
-        session = StreamingSession(load_model(MODEL), DecodingConfig(), partials=False)
+        session = StreamingSession(load_model(MODEL), DecodingConfig(vad=True), partials=False)
         session.feed(received)
         session.finish()
     assert session.transcript == sent[-1]["text"]

@@ -139,6 +139,8 @@ def test_bad_audio(capsys, tmp_path, kind, match):
     (["--no-such-flag"], ""),
     ([], "required"),
     (["verify", "--k", "0"], "--k must be at least 1"),
+    (["transcribe", "{clip}", "--vad-min-silence-ms", "10"], "--vad-min-silence-ms must be at least 32"),
+    (["eval", "{clip}", "--out", "{tmp}/e", "--vad-min-silence-ms", "0"], "--vad-min-silence-ms must be at least 32"),
 ])
 def test_bad_usage(capsys, tmp_path, clip, argv, match):
     argv = [a.format(clip=clip, tmp=tmp_path) for a in argv]
@@ -333,3 +335,17 @@ def test_verify(capsys):
     assert "tiny-random" in line and "k=1" in line and line.rstrip().endswith("ok")
     delta = float(re.search(r"max\|delta logit\|=(\S+)", line).group(1))
     assert 0 <= delta <= 1e-4
+
+
+@pytest.mark.parametrize("command, vad", [("transcribe", True), ("live", True), ("serve", True), ("eval", False)])
+def test_vad_defaults(command, vad):
+    """Files, the microphone and the server may run for hours: they are cut at pauses unless --no-vad. eval scores
+    manifest entries (utterances) each as one stream unless --vad."""
+    from speechstream.cli import _decoding_config, build_parser
+
+    head = {"transcribe": ["a.wav"], "eval": ["m.jsonl", "--out", "o"]}.get(command, [])
+    parse = build_parser().parse_args
+    assert _decoding_config(parse([command, *head])).vad is vad
+    assert _decoding_config(parse([command, *head, "--no-vad" if vad else "--vad"])).vad is not vad
+    silence = _decoding_config(parse([command, *head, "--vad-min-silence-ms", "300"]))
+    assert silence.vad_min_silence_ms == 300
