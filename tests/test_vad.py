@@ -7,7 +7,7 @@ import torch
 from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import DecodingConfig
 from speechstream.session import StreamingSession
-from speechstream.vad import VADConfig, find_endpoints
+from speechstream.vad import Endpointer, VADConfig, find_endpoints
 from tests.conftest import text_favouring_chooser
 
 CLIPS = ["samples/austen-0870.wav", "samples/austen-0880.wav", "samples/austen-0890.wav", "samples/austen-0920.wav"]
@@ -49,6 +49,37 @@ def test_no_endpoint_without_speech_or_in_a_short_pause():
     gap = np.zeros(int(0.3 * SAMPLE_RATE), np.float32)  # shorter than min_silence_ms
     middle = clip.size // 2  # inside a word: the 300 ms gap is the only pause
     assert find_endpoints(np.concatenate([clip[:middle], gap, clip[middle:]])) == []
+
+
+class _AlwaysSpeech:
+    """A stand-in for the Silero model: every window is speech."""
+
+    def reset_states(self):
+        pass
+
+    def __call__(self, window, rate):
+        return torch.tensor([[1.0]])
+
+
+def test_speech_without_a_pause_is_cut_at_twice_the_segment_limit():
+    endpointer = Endpointer(VADConfig(), model=_AlwaysSpeech())
+    cuts = [e.cut for e in endpointer.push(np.zeros(50 * SAMPLE_RATE, np.float32))]
+    limit = 2 * VADConfig().max_segment_s * SAMPLE_RATE  # 24 s: the hard cut, at a window boundary
+    assert cuts and all(0 <= cut - (i + 1) * limit < 512 * (i + 1) for i, cut in enumerate(cuts))
+
+
+def test_long_speech_is_cut_at_its_first_pause_after_the_segment_limit():
+    """Real clips run together without pauses, twice (43 s): no pause reaches min_silence_ms, so only the segment
+    limit cuts, each time at a short pause after 12 s of segment (the shipped models' longest training utterance
+    is 11.9 s)."""
+    audio = np.concatenate([load_audio(p) for p in CLIPS * 2])
+    assert find_endpoints(audio, VADConfig(max_segment_s=1000.0)) == []
+    config = VADConfig()
+    endpoints = find_endpoints(audio, config)
+    assert len(endpoints) >= 2
+    starts = [0] + [e.cut for e in endpoints]
+    for start, endpoint in zip(starts, endpoints):
+        assert config.max_segment_s * SAMPLE_RATE <= endpoint.cut - start < 2 * config.max_segment_s * SAMPLE_RATE
 
 
 def feed_all(model, audio, size, decoding=DECODING):
