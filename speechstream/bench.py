@@ -46,7 +46,10 @@ class BenchConfig:
             raise InputError(f"--window-minutes must be positive, got {self.window_minutes}")
         from speechstream.chunker import chunk_samples
 
+        from speechstream.config import check_device
+
         chunk_samples(self.chunk_ms)
+        check_device(self.device)
         return self
 
 

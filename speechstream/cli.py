@@ -93,7 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     transcribe = commands.add_parser("transcribe", help="stream audio files through the model")
-    transcribe.add_argument("audio", nargs="+", help="audio files (wav, flac, ogg, mp3)")
+    transcribe.add_argument("audio", nargs="+", help="audio files (wav, flac, ogg, mp3); - reads raw little-endian "
+                            "int16 mono PCM from stdin as it arrives (e.g. from ffmpeg -f s16le -ac 1 -)")
+    transcribe.add_argument("--input-rate", type=int, default=16000,
+                            help="sample rate of the PCM on stdin (with -; resampled to 16 kHz)")
     _decoding_args(transcribe, vad=True)
     transcribe.add_argument("--format", choices=("text", "jsonl", "json", "srt", "vtt"), default="text")
     transcribe.add_argument("--output", help="write to this file instead of stdout")
@@ -139,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _decoding_config(args: argparse.Namespace):
     from speechstream.chunker import chunk_samples
-    from speechstream.config import ABLATIONS, DecodingConfig
+    from speechstream.config import ABLATIONS, DecodingConfig, check_device
     from speechstream.policy import make_policy
 
     chunk_samples(args.chunk_ms)  # validates
@@ -153,6 +156,11 @@ def _decoding_config(args: argparse.Namespace):
         raise InputError("--ctc-candidates must be at least 1")
     if args.vad_min_silence_ms < 32:
         raise InputError("--vad-min-silence-ms must be at least 32 (one VAD window)")
+    if args.max_tokens_per_chunk < 1:
+        raise InputError("--max-tokens-per-chunk must be at least 1")
+    if args.max_repeats < 0:
+        raise InputError("--max-repeats must not be negative (0: off)")
+    check_device(args.device)
     decoding = DecodingConfig(
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
         device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
@@ -164,24 +172,37 @@ def _decoding_config(args: argparse.Namespace):
     return decoding
 
 
-def _model_name(args: argparse.Namespace) -> str:
-    from speechstream.model import DEFAULT_MODELS
+def _model_name(args: argparse.Namespace, decoding=None) -> str:
+    """The model to decode with (``--model`` or the task's default); with ``decoding``, the decoding options are
+    checked against the model's config first, before any weights load."""
+    from speechstream.config import load_model_config, with_model_defaults
+    from speechstream.model import DEFAULT_MODELS, model_config_path
 
-    return args.model or DEFAULT_MODELS[args.task]
+    name = args.model or DEFAULT_MODELS[args.task]
+    if decoding is not None:
+        with_model_defaults(decoding, load_model_config(model_config_path(name)))
+    return name
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
     # usage errors first, before the slow imports (torch, transformers) and the model load
     decoding = _decoding_config(args)
-    missing = [p for p in args.audio if not Path(p).exists()]
+    if args.audio.count("-") > 1:
+        raise InputError("- (stdin) can be given once")
+    if not 1000 <= args.input_rate <= 384000:
+        raise InputError(f"--input-rate must be between 1000 and 384000 Hz, got {args.input_rate}")
+    files = [p for p in args.audio if p != "-"]
+    missing = [p for p in files if not Path(p).exists()]
     if missing:
         raise InputError(f"{missing[0]}: no such file")
+    if args.output and any(Path(args.output).resolve() == Path(p).resolve() for p in files):
+        raise InputError(f"--output {args.output} is one of the input files; it would be overwritten")
+    name = _model_name(args, decoding)
 
     from speechstream import outputs
     from speechstream.model import load_model
-    from speechstream.session import transcribe_file
+    from speechstream.session import transcribe_file, transcribe_pcm
 
-    name = _model_name(args)
     model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
         print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
@@ -202,7 +223,11 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                     out.flush()
 
             try:
-                events = transcribe_file(model, decoding, path, on_event, partials=args.format == "jsonl")
+                if path == "-":
+                    events = transcribe_pcm(model, decoding, sys.stdin.buffer, args.input_rate, on_event,
+                                            partials=args.format == "jsonl")
+                else:
+                    events = transcribe_file(model, decoding, path, on_event, partials=args.format == "jsonl")
             except InputError as error:  # report, keep what was done, go on with the other files
                 print(f"speechstream: error: {error}", file=sys.stderr)
                 failed = error
@@ -210,7 +235,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             if args.format == "text":
                 out.write("\n")
             elif args.format == "json":
-                documents.append(outputs.json_document(path, events))
+                documents.append(outputs.json_document("stdin" if path == "-" else path, events))
             elif args.format == "srt":
                 out.write(outputs.srt(events))
             elif args.format == "vtt":
@@ -252,7 +277,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.baseline == "gpe":
         if args.baseline_model:
             raise InputError("--baseline-model is for baselines other than gpe (gpe's model is given by --model)")
-        name = _model_name(args)
+        name = _model_name(args, decoding)
     else:
         if args.model:
             raise InputError(f"--model names a GPE model; give the {args.baseline} model with --baseline-model")
@@ -269,6 +294,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from speechstream.train import load_train_config, train
 
+    if args.stop_after is not None and args.stop_after < 1:
+        raise InputError("--stop-after must be at least 1")
     config = load_train_config(args.recipe, args.overrides)
     path = train(config, stop_after=args.stop_after)
     print(f"trainable weights: {path}")
@@ -293,7 +320,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           max_frame_bytes=args.max_frame_bytes, max_session_s=args.max_session_s,
                           queue_frames=args.queue_frames, record_dir=args.record_dir).validate()
-    return run(config, _decoding_config(args), _model_name(args), args.task)
+    decoding = _decoding_config(args)
+    return run(config, decoding, _model_name(args, decoding), args.task)
 
 
 def cmd_live(args: argparse.Namespace) -> int:
@@ -319,7 +347,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     from speechstream.session import StreamingSession
 
     try:
-        name = _model_name(args)
+        name = _model_name(args, decoding)
         model = load_model(name, decoding.device, int8=decoding.int8)
         if name == "tiny-random":
             print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)

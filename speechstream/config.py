@@ -118,6 +118,24 @@ class DecodingConfig:
     ctc_candidates: int = 32  # joint CTC decoding: the LLM's best text tokens re-ranked at each step
 
 
+def check_device(device: str) -> None:
+    """A torch device this machine has (cpu; cuda or mps where present), or a one-line input error."""
+    if device == "cpu":
+        return
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise InputError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA GPU is available here (use cpu)")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"--device {device}: MPS is not available here (use cpu)")
+    if kind not in ("cuda", "mps"):
+        raise InputError(f"--device {device}: unsupported (cpu, cuda or mps)")
+
+
 def with_model_defaults(decoding: DecodingConfig, model: ModelConfig) -> DecodingConfig:
     """``decoding`` with the options it leaves to the model (None) taken from the model's config."""
     if decoding.ctc_weight is None:
@@ -128,13 +146,33 @@ def with_model_defaults(decoding: DecodingConfig, model: ModelConfig) -> Decodin
     return decoding
 
 
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (YAML parser messages span several, with a caret under the column)."""
+    return " ".join(str(error).split())
+
+
+def read_yaml(path: Path | str, what: str) -> Any:
+    """A YAML file's contents; unreadable, undecodable or malformed files are one-line input errors."""
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise InputError(f"{path}: cannot read {what} ({one_line(error)})") from None
+
+
 def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, recursing into nested dataclasses; unknown keys are errors."""
+    """Build dataclass ``cls`` from a mapping, recursing into nested dataclasses; unknown keys and missing required
+    keys are errors."""
+    if data is not None and not isinstance(data, dict):
+        raise InputError(f"a config{' key ' + where.rstrip('.') if where else ''} must be a mapping of keys to values")
     data = dict(data or {})
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise InputError(f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(where + k for k in unknown)}")
+    missing = [name for name, f in fields.items() if name not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise InputError(f"missing config key{'s' if len(missing) > 1 else ''} {', '.join(where + k for k in missing)}")
     hints = typing.get_type_hints(cls)
     values = {}
     for name, value in data.items():
@@ -163,19 +201,43 @@ def _check_type(value: Any, hint: Any, name: str) -> Any:
 
 def load_model_config(path: Path) -> ModelConfig:
     """Read ``models/<name>/config.yaml``."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise InputError(f"{path}: cannot read model config ({error})") from None
+    data = read_yaml(path, "model config")
     if not isinstance(data, dict):
         raise InputError(f"{path}: a model config must be a mapping")
     config = from_dict(ModelConfig, data)
+    check_sizes(config, str(path))
     if not 0.0 <= config.ctc_weight < 1.0:
         raise InputError(f"{path}: ctc_weight must be at least 0 and below 1")
     if config.ctc_weight > 0 and not config.ctc_is_output:
         raise InputError(f"{path}: ctc_weight must be 0 when ctc_is_output is false")
     check_ctc_hop(config, str(path))
     return config
+
+
+def check_sizes(config: ModelConfig, where: str) -> None:
+    """The architecture's sizes are positive and the attention widths divide into their heads."""
+    enc, llm = config.encoder, config.llm
+    sizes = {"encoder.d_model": enc.d_model, "encoder.layers": enc.layers, "encoder.heads": enc.heads,
+             "encoder.ffn_dim": enc.ffn_dim, "encoder.num_mel_bins": enc.num_mel_bins,
+             "encoder.max_source_positions": enc.max_source_positions, "projector.stack": config.projector.stack,
+             "llm.hidden_size": llm.hidden_size, "llm.layers": llm.layers, "llm.heads": llm.heads,
+             "llm.kv_heads": llm.kv_heads, "llm.intermediate_size": llm.intermediate_size}
+    for name, value in sizes.items():
+        if value < 1:
+            raise InputError(f"{where}: {name} must be at least 1, not {value}")
+    for name, value in {"encoder.left_frames": enc.left_frames or 0, "encoder.lookahead_frames": enc.lookahead_frames,
+                        "llm.phi": llm.phi, "llm.lora_rank": llm.lora_rank}.items():
+        if value < 0:
+            raise InputError(f"{where}: {name} must not be negative, not {value}")
+    if enc.d_model % enc.heads:
+        raise InputError(f"{where}: encoder.d_model ({enc.d_model}) must be a multiple of encoder.heads ({enc.heads})")
+    if llm.base is None and (llm.hidden_size % llm.heads or llm.heads % llm.kv_heads):
+        raise InputError(f"{where}: llm.hidden_size ({llm.hidden_size}) must be a multiple of llm.heads ({llm.heads}), "
+                         f"and llm.heads of llm.kv_heads ({llm.kv_heads})")
+    if config.projector.output_scale <= 0:
+        raise InputError(f"{where}: projector.output_scale must be positive")
+    if llm.lora_targets not in ("attention", "all"):
+        raise InputError(f"{where}: llm.lora_targets must be attention or all, not {llm.lora_targets!r}")
 
 
 def check_ctc_hop(config: ModelConfig, where: str) -> None:

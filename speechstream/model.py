@@ -116,7 +116,7 @@ def build_llm(config: ModelConfig, tokenizer) -> nn.Module:
     from speechstream.weights.fetch import resolve
 
     path = resolve(config.llm.base)
-    probe = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, torch_dtype=torch.float32)
+    probe = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
     probe.config._attn_implementation = attention_implementation(probe.config.model_type)
     return probe
 
@@ -364,11 +364,15 @@ def trainable_state(model: SpeechLLM) -> dict[str, torch.Tensor]:
 def load_trainable(model: SpeechLLM, path: Path) -> list[str]:
     """Load a ``trainable_state`` checkpoint (safetensors); every tensor must find its place. Returns the names
     of the tensors loaded."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     if not path.is_file():
         raise InputError(f"{path}: checkpoint not found")
-    state = load_file(str(path))
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as error:
+        raise InputError(f"{path}: not a readable safetensors checkpoint ({error})") from None
     classes = state.pop(CTC_CLASSES, None)
     if classes is not None:
         vocab = model.decoder.llm.get_input_embeddings().weight.shape[0]

@@ -64,6 +64,8 @@ class ServerConfig:
         for name in ("max_session_s", "start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.record_dir and Path(self.record_dir).exists() and not Path(self.record_dir).is_dir():
+            raise InputError(f"--record-dir {self.record_dir} exists and is not a folder")
         return self
 
 

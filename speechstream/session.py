@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import numpy as np
 import torch
@@ -539,6 +539,42 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
         for event in session.feed(audio[start : start + step]):
             events.append(event)
             on_event(event)
+    for event in session.finish():
+        events.append(event)
+        on_event(event)
+    return events
+
+
+def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO, sample_rate: int,
+                   on_event: Callable[[Event], None], partials: bool = True, block_bytes: int = 6400) -> list[Event]:
+    """Stream raw little-endian int16 mono PCM from a binary file object (a pipe, stdin) as it arrives: each read
+    returns what the pipe holds (up to ``block_bytes``), resampled to 16 kHz buffer by buffer and fed to one session,
+    so text comes while the audio does. The end of the input, or Ctrl-C, finishes the stream (its tail is read and
+    written); a last odd byte is dropped. The audio a file would hold gives the events that file gives."""
+    from speechstream.audio import StreamResampler, int16_to_float
+
+    resampler = StreamResampler(sample_rate)
+    session = StreamingSession(model, decoding, partials=partials)
+    read = getattr(stream, "read1", stream.read)
+    events, carry, received = [], b"", 0
+
+    def feed(samples: np.ndarray) -> None:
+        for event in session.feed(samples):
+            events.append(event)
+            on_event(event)
+
+    try:
+        while data := read(block_bytes):
+            received += len(data)
+            data = carry + data
+            whole = len(data) - len(data) % 2
+            carry = data[whole:]
+            feed(resampler.push(int16_to_float(data[:whole])))
+    except KeyboardInterrupt:
+        pass  # Ctrl-C: finish with what has arrived
+    if received < 2:
+        raise InputError("stdin: no audio (raw little-endian int16 mono PCM was expected)")
+    feed(resampler.flush())
     for event in session.finish():
         events.append(event)
         on_event(event)

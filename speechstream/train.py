@@ -32,7 +32,7 @@ import yaml
 from torch import nn
 
 from speechstream.audio import SAMPLE_RATE, load_audio
-from speechstream.config import check_ctc_hop, from_dict, load_model_config
+from speechstream.config import check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
@@ -107,18 +107,24 @@ class Example:
 
 
 def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise InputError(f"{path}: cannot read training config ({error})") from None
+    data = read_yaml(path, "training config")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a training config must be a mapping of keys to values")
     for item in overrides:
         if "=" not in item:
             raise InputError(f"override {item!r} is not key=value")
         key, value = item.split("=", 1)
-        data[key] = yaml.safe_load(value)
-    config = from_dict(TrainConfig, data)
-    if config.task not in TASKS:
-        raise InputError(f"{path}: unknown task {config.task!r} (known: {', '.join(TASKS)})")
+        try:
+            data[key] = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            raise InputError(f"override {item!r}: not a YAML value ({one_line(error)})") from None
+    try:
+        config = from_dict(TrainConfig, data)
+    except InputError as error:
+        raise InputError(f"{path}: {error}") from None
+    check_train_config(config, path)
     base = Path(path).resolve().parent
     fix = {}
     for field in ("train_manifest", "dev_manifest"):
@@ -128,14 +134,62 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
     return dataclasses.replace(config, **fix)
 
 
+def parse_k_choices(text: str) -> list[int]:
+    """``k_choices`` ("1,2,3") -> [1, 2, 3]; each a whole number of chunks, at least 1."""
+    try:
+        ks = [int(part) for part in str(text).split(",")]
+    except ValueError:
+        raise InputError(f"k_choices must be whole numbers separated by commas, not {text!r}") from None
+    if min(ks) < 1:
+        raise InputError(f"k_choices must be at least 1 each, not {text!r}")
+    return ks
+
+
+def check_train_config(config: TrainConfig, where: str) -> None:
+    """Values a recipe can get wrong, caught before anything is built (one-line input errors)."""
+    from speechstream.chunker import chunk_samples
+
+    def fail(message: str):
+        raise InputError(f"{where}: {message}")
+
+    if config.task not in TASKS:
+        fail(f"unknown task {config.task!r} (known: {', '.join(TASKS)})")
+    try:
+        chunk_samples(config.chunk_ms)
+        parse_k_choices(config.k_choices)
+    except InputError as error:
+        fail(str(error))
+    for name in ("steps", "batch_size", "log_every", "save_every", "eval_utterances", "cache_batch_size",
+                 "mask_span"):
+        if getattr(config, name) < 1:
+            fail(f"{name} must be at least 1, not {getattr(config, name)}")
+    for name in ("warmup_steps", "ctc_only_steps", "ctc_only_batch_size", "eval_every", "threads", "lag_words",
+                 "weight_decay", "ctc_weight", "word_margin_s", "lr_projector", "lr_lora"):
+        if getattr(config, name) < 0:
+            fail(f"{name} must not be negative, not {getattr(config, name)}")
+    if not config.max_audio_s > 0:
+        fail(f"max_audio_s must be positive, not {config.max_audio_s}")
+    for name in ("mask_time", "mask_channels"):
+        if not 0 <= getattr(config, name) < 1:
+            fail(f"{name} must be at least 0 and below 1, not {getattr(config, name)}")
+    if config.ctc_vocab not in ("full", "train", "train+init"):
+        fail(f"ctc_vocab must be 'full', 'train' or 'train+init', not {config.ctc_vocab!r}")
+    if config.lora_targets not in ("", "attention", "all"):
+        fail(f"lora_targets must be '', 'attention' or 'all', not {config.lora_targets!r}")
+    if config.lookahead_frames < -1 or config.ctc_hop < -1:
+        fail("lookahead_frames and ctc_hop must be -1 (the model's) or at least 0")
+    if Path(config.out_dir).exists() and not Path(config.out_dir).is_dir():
+        fail(f"out_dir {config.out_dir} exists and is not a folder")
+
+
 def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr") -> list[Example]:
     """Manifest lines -> examples (audio relative to the manifest's folder); task "translate" needs a
     ``translation`` on every line."""
     folder = Path(path).resolve().parent
-    examples = []
+    examples, seen = [], set()
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as error:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: cannot read manifest ({error})") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -148,9 +202,13 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
                 raise KeyError("translation")
             example = Example(str(row["id"]), folder / row["audio"], str(row["text"]), words,
                               None if translation is None else str(translation))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-            raise InputError(f"{path}:{number}: bad manifest line ({error})") from None
-        if max_audio_s and row.get("duration") and float(row["duration"]) > max_audio_s:
+            duration = float(row["duration"]) if row.get("duration") else None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+            raise InputError(f"{path}:{number}: bad manifest line ({type(error).__name__}: {error})") from None
+        if example.id in seen:  # features are cached by id: a second utterance would train on the first's audio
+            raise InputError(f"{path}:{number}: duplicate id {example.id!r}")
+        seen.add(example.id)
+        if max_audio_s and duration and duration > max_audio_s:
             continue
         examples.append(example)
     if not examples:
@@ -495,13 +553,17 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     objective = StreamingLoss(model, config.ctc_weight, ctc_classes, config.ctc_head_only)
     objective, optimizer = accelerator.prepare(objective, optimizer)
     cache = FeatureCache(out_dir / "features", model, config.chunk_ms)
-    ks = [int(k) for k in str(config.k_choices).split(",")]
+    ks = parse_k_choices(config.k_choices)
     state_dir = out_dir / "state"
     progress_file = out_dir / "progress.json"
     start_step = 0
     if state_dir.exists() and progress_file.exists():
-        accelerator.load_state(str(state_dir))
-        start_step = json.loads(progress_file.read_text())["step"]
+        try:
+            start_step = int(json.loads(progress_file.read_text())["step"])
+            accelerator.load_state(str(state_dir))
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+            raise InputError(f"{out_dir}: cannot resume from its checkpoint ({type(error).__name__}: "
+                             f"{one_line(error)}); give another out_dir or delete this one to start over") from None
     log_path = out_dir / "log.jsonl"
     if accelerator.is_main_process and log_path.exists():
         truncate_log(log_path, start_step)

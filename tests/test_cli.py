@@ -140,6 +140,12 @@ def test_bad_audio(capsys, tmp_path, kind, match):
     ([], "required"),
     (["verify", "--k", "0"], "--k must be at least 1"),
     (["transcribe", "{clip}", "--vad-min-silence-ms", "10"], "--vad-min-silence-ms must be at least 32"),
+    (["transcribe", "{clip}", "--device", "bogus"], "'bogus' is not a torch device"),
+    (["transcribe", "{clip}", "--max-tokens-per-chunk", "0"], "--max-tokens-per-chunk must be at least 1"),
+    (["transcribe", "{clip}", "--max-repeats", "-1"], "--max-repeats must not be negative"),
+    (["bench", "--device", "bogus"], "'bogus' is not a torch device"),
+    (["serve", "--record-dir", "{clip}"], "--record-dir .* is not a folder"),
+    (["train", "{tmp}/nothing.yaml", "--stop-after", "0"], "--stop-after must be at least 1"),
     (["eval", "{clip}", "--out", "{tmp}/e", "--vad-min-silence-ms", "0"], "--vad-min-silence-ms must be at least 32"),
 ])
 def test_bad_usage(capsys, tmp_path, clip, argv, match):
@@ -349,3 +355,106 @@ def test_vad_defaults(command, vad):
     assert _decoding_config(parse([command, *head, "--no-vad" if vad else "--vad"])).vad is not vad
     silence = _decoding_config(parse([command, *head, "--vad-min-silence-ms", "300"]))
     assert silence.vad_min_silence_ms == 300
+
+
+def test_output_onto_an_input_is_refused_and_the_input_kept(capsys, clip):
+    before = clip.read_bytes()
+    code, out, err = run(capsys, "transcribe", clip, "--output", clip)
+    assert_one_error(code, err, match="one of the input files")
+    assert clip.read_bytes() == before
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"encoder": {"heads": 0}}, "encoder.heads must be at least 1"),
+    ({"encoder": {"d_model": 64, "heads": 5}}, "multiple of encoder.heads"),
+    ({"projector": {"stack": 0}}, "projector.stack must be at least 1"),
+    ({"llm": {"hidden_size": -64}}, "llm.hidden_size must be at least 1"),
+    ({"llm": {"lora_targets": "bogus"}}, "lora_targets must be attention or all"),
+    ({"checkpoint": "garbage.safetensors"}, "not a readable safetensors checkpoint"),
+    ("binary", "cannot read model config"),
+    ("a: [1,\n b", "cannot read model config"),
+])
+def test_broken_model_configs_are_one_line_errors(capsys, tmp_path, change, match):
+    import yaml
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "garbage.safetensors").write_bytes(os.urandom(64))
+    config = folder / "config.yaml"
+    if change == "binary":
+        config.write_bytes(bytes(range(128, 256)))
+    elif isinstance(change, str):
+        config.write_text(change.replace("\\n", "\n"))
+    else:
+        base = yaml.safe_load((REPO / "models" / "tiny-random" / "config.yaml").read_text())
+        for key, value in change.items():
+            base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+        config.write_text(yaml.safe_dump(base))
+    code, out, err = run(capsys, "verify", "--model", folder)
+    assert_one_error(code, err, match=match)
+
+
+@pytest.mark.parametrize("rate", [16000, 8000])
+def test_stdin_pcm_gives_what_the_file_gives(capsys, monkeypatch, tmp_path, wordy, rate):
+    """`transcribe -` reads raw int16 PCM from a pipe as it arrives; the same samples as a WAV file give the same
+    events (resampled buffer by buffer from 8 kHz as the file is resampled whole)."""
+    import io
+
+    path = write_wav(tmp_path / "clip.wav", seconds=2.3, rate=rate, subtype="PCM_16")
+    pcm, _ = soundfile.read(path, dtype="int16")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(pcm.astype("<i2").tobytes())))
+    code, piped, err = run(capsys, "transcribe", "-", "--input-rate", rate, "--format", "jsonl")
+    assert code == 0, err
+    code, filed, err = run(capsys, "transcribe", path, "--format", "jsonl")
+    assert code == 0, err
+
+    def strip(out):  # wall-clock fields differ between runs
+        return [{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "compute_s")}
+                for line in out.splitlines()]
+
+    assert strip(piped) == strip(filed) and strip(piped)[-1]["text"]
+
+
+@pytest.mark.parametrize("stdin, argv, match", [
+    (b"", ["-"], "stdin: no audio"),
+    (b"\x01", ["-"], "stdin: no audio"),
+    (b"\x00\x00", ["-", "-"], "can be given once"),
+    (b"\x00\x00", ["-", "--input-rate", "0"], "--input-rate must be between"),
+])
+def test_bad_stdin_is_one_line(capsys, monkeypatch, stdin, argv, match):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code, out, err = run(capsys, "transcribe", *argv)
+    assert_one_error(code, err, match=match)
+
+
+@pytest.mark.slow
+def test_stdin_text_comes_while_the_pipe_is_still_open():
+    """A real pipe and the real default model: text is written while the writer still holds the pipe open (the
+    first 7 s of jfk.wav sent), not only at its end; the rest follows once the pipe closes."""
+    import threading
+
+    from speechstream.audio import load_audio
+
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    process = subprocess.Popen([sys.executable, "-m", "speechstream", "transcribe", "-", "--format", "jsonl"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env)
+    pcm = (load_audio(REPO / "samples" / "jfk.wav") * 32768).round().clip(-32768, 32767).astype("<i2").tobytes()
+    first = []
+    reader = threading.Thread(target=lambda: first.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    process.stdin.write(pcm[: 2 * 16000 * 7])
+    process.stdin.flush()
+    reader.join(timeout=300)
+    try:
+        assert first and json.loads(first[0])["type"] in ("partial", "final")
+        assert json.loads(first[0])["source_s"] <= 7.0
+    finally:
+        process.stdin.write(pcm[2 * 16000 * 7 :])
+        process.stdin.close()
+        rest, err = process.stdout.read(), process.stderr.read()
+        process.wait(timeout=300)
+    assert process.returncode == 0, err
+    end = json.loads(rest.splitlines()[-1])
+    assert end["type"] == "end" and "your country" in end["text"] and end["audio_s"] == pytest.approx(11.0)

@@ -331,6 +331,15 @@ def _check_record(record, path: Path, number: int, position: dict, references: S
     where = f"{path}:{number}"
     if not isinstance(record, dict) or any(field not in record for field in RECORD_FIELDS):
         raise InputError(f"{where}: not an instances.log record of this tool (fields: {', '.join(RECORD_FIELDS)})")
+    numeric = (int, float)
+    kinds = {"index": int, "id": str, "prediction": str, "source_length": numeric, "audio_s": numeric,
+             "compute_s": numeric}
+    wrong = [name for name, kind in kinds.items()
+             if not isinstance(record[name], kind) or isinstance(record[name], bool)]
+    wrong += [name for name in ("delays", "elapsed") if not isinstance(record[name], list)
+              or not all(isinstance(x, numeric) and not isinstance(x, bool) for x in record[name])]
+    if wrong:
+        raise InputError(f"{where}: field {wrong[0]} has the wrong type (fix or delete the line, or use another --out)")
     index = position.get(record["id"])
     if index is None:
         raise InputError(f'{where}: id "{record["id"]}" is not in the manifest; use another --out')

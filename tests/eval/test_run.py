@@ -260,6 +260,22 @@ def test_log_of_another_manifest_is_refused(finished_run, tmp_path, word_session
     assert not word_sessions
 
 
+@pytest.mark.parametrize("field, value", [("id", ["clip-0"]), ("delays", "bad"), ("prediction", None),
+                                          ("audio_s", True)])
+def test_a_record_with_a_wrong_type_is_refused(finished_run, tmp_path, word_sessions, field, value):
+    manifest, finished_out, _ = finished_run
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_bytes((finished_out / "config.json").read_bytes())
+    lines = (finished_out / INSTANCES_FILE).read_text().splitlines()
+    record = json.loads(lines[0])
+    record[field] = value
+    (out / INSTANCES_FILE).write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    with pytest.raises(InputError, match=f"instances.log:1: field {field} has the wrong type"):
+        evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions
+
+
 def test_a_failed_start_does_not_pin_the_options(tmp_path, word_sessions):
     manifest = write_manifest(tmp_path / "data", [1.5])
     with pytest.raises(InputError, match="unknown model 'no-such-model'"):

@@ -283,3 +283,77 @@ def test_recipe_lookahead_gives_the_encoder_right_context_its_own_cache_and_late
     example = Example("x", tmp_path / "x.wav", "hello there", (TimedWord("hello", 0.5), TimedWord("there", 1.0)))
     assert example_pieces(example, 0.64, 3, recipe)[0] == [" hello", " there", ""]
     assert example_pieces(example, 0.64, 3, recipe, lookahead_s=0.32)[0] == ["", " hello", " there"]
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"steps": 0}, "steps must be at least 1"),
+    ({"batch_size": 0}, "batch_size must be at least 1"),
+    ({"log_every": 0}, "log_every must be at least 1"),
+    ({"save_every": 0}, "save_every must be at least 1"),
+    ({"threads": -1}, "threads must not be negative"),
+    ({"k_choices": "a"}, "k_choices must be whole numbers"),
+    ({"k_choices": "1,,2"}, "k_choices must be whole numbers"),
+    ({"k_choices": "0"}, "k_choices must be at least 1"),
+    ({"chunk_ms": 0}, "chunk_ms must be between"),
+    ({"mask_time": 2}, "mask_time must be at least 0 and below 1"),
+    ({"ctc_weight": -1}, "ctc_weight must not be negative"),
+    ({"lr_projector": -1}, "lr_projector must not be negative"),
+    ({"lora_targets": "bogus"}, "lora_targets must be"),
+    ({"train_manifest": None}, "missing config key train_manifest"),
+])
+def test_bad_recipe_values_are_one_line_errors_before_any_work(capsys, tmp_path, overrides, match):
+    from speechstream.cli import main
+
+    recipe = yaml.safe_load(write_recipe(tmp_path).read_text())
+    recipe.update(overrides)
+    recipe = {key: value for key, value in recipe.items() if value is not None}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["train", str(tmp_path / "recipe.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and match in err and err.startswith("speechstream: error:"), err
+    assert not (tmp_path / "run").exists()  # nothing was built or written
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("list", "must be a mapping"),
+    ("broken", "cannot read training config"),
+    ("override", "not a YAML value"),
+    ("duplicate", "duplicate id"),
+    ("row-list", "bad manifest line"),
+    ("out-file", "is not a folder"),
+])
+def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
+    from speechstream.cli import main
+
+    path = write_recipe(tmp_path)
+    argv = ["train", str(path)]
+    if kind == "list":
+        path.write_text("- model\n- train_manifest\n")
+    elif kind == "broken":
+        path.write_text("model: [a,\n  b: c\n")
+    elif kind == "override":
+        argv.append("steps=[")
+    elif kind in ("duplicate", "row-list"):
+        manifest = tmp_path / "m.jsonl"
+        line = (ROOT / "samples" / "manifest.jsonl").read_text().splitlines()[0]
+        row = json.loads(line)
+        row["audio"] = str(ROOT / "samples" / row["audio"])
+        manifest.write_text(json.dumps(row) + "\n" + (json.dumps(row) if kind == "duplicate" else "[1, 2]") + "\n")
+        argv.append(f"train_manifest={manifest}")
+    else:
+        (tmp_path / "run").write_text("a file")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and match in err, err
+
+
+def test_a_damaged_checkpoint_folder_is_a_one_line_error_not_a_crash(capsys, tmp_path):
+    from speechstream.cli import main
+
+    path = write_recipe(tmp_path, steps=2, save_every=1)
+    assert main(["train", str(path)]) == 0
+    (tmp_path / "run" / "progress.json").write_text("{")
+    capsys.readouterr()
+    assert main(["train", str(path), "steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot resume from its checkpoint" in err and len(err.strip().splitlines()) == 1, err
