@@ -205,6 +205,8 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
             duration = float(row["duration"]) if row.get("duration") else None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
             raise InputError(f"{path}:{number}: bad manifest line ({type(error).__name__}: {error})") from None
+        if not example.audio.is_file():
+            raise InputError(f"{path}:{number}: {row['audio']}: no such audio file")
         if example.id in seen:  # features are cached by id: a second utterance would train on the first's audio
             raise InputError(f"{path}:{number}: duplicate id {example.id!r}")
         seen.add(example.id)

@@ -320,6 +320,7 @@ def test_bad_recipe_values_are_one_line_errors_before_any_work(capsys, tmp_path,
     ("override", "not a YAML value"),
     ("duplicate", "duplicate id"),
     ("row-list", "bad manifest line"),
+    ("no-audio", "no such audio file"),
     ("out-file", "is not a folder"),
 ])
 def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
@@ -333,12 +334,14 @@ def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
         path.write_text("model: [a,\n  b: c\n")
     elif kind == "override":
         argv.append("steps=[")
-    elif kind in ("duplicate", "row-list"):
+    elif kind in ("duplicate", "row-list", "no-audio"):
         manifest = tmp_path / "m.jsonl"
         line = (ROOT / "samples" / "manifest.jsonl").read_text().splitlines()[0]
         row = json.loads(line)
         row["audio"] = str(ROOT / "samples" / row["audio"])
-        manifest.write_text(json.dumps(row) + "\n" + (json.dumps(row) if kind == "duplicate" else "[1, 2]") + "\n")
+        second = {"duplicate": json.dumps(row), "row-list": "[1, 2]",
+                  "no-audio": json.dumps({**row, "id": "other", "audio": "nowhere.wav"})}[kind]
+        manifest.write_text(json.dumps(row) + "\n" + second + "\n")
         argv.append(f"train_manifest={manifest}")
     else:
         (tmp_path / "run").write_text("a file")
