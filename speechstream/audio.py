@@ -123,6 +123,19 @@ def int16_to_float(pcm: bytes | np.ndarray) -> np.ndarray:
     return np.asarray(pcm, dtype=np.float32) / 32768.0
 
 
+# a stream's rate must share enough with 16 kHz that its resampling kernel (16000/g by rate/g taps, g their gcd)
+# stays small: every common rate does (44.1 kHz: 160 x 441), 8001 Hz would not (16000 x 8001, seconds a buffer)
+MAX_RATE_RATIO_TERM = 1000
+
+
+def check_stream_rate(rate: int) -> None:
+    """A sample rate ``StreamResampler`` takes at a bounded cost per buffer, or an input error."""
+    g = math.gcd(rate, SAMPLE_RATE)
+    if rate <= 0 or max(rate // g, SAMPLE_RATE // g) > MAX_RATE_RATIO_TERM:
+        raise InputError(f"sample rate {rate} Hz is not supported for streams (use a common rate such as 8000, "
+                         "11025, 16000, 22050, 24000, 32000, 44100 or 48000)")
+
+
 class StreamResampler:
     """Resample a stream buffer by buffer to 16 kHz with the same output as ``resample`` on the whole signal.
 
@@ -137,6 +150,8 @@ class StreamResampler:
                  rolloff: float = 0.99):
         if orig_rate <= 0 or new_rate <= 0:
             raise InputError(f"invalid sample rate {orig_rate}")
+        if new_rate == SAMPLE_RATE:
+            check_stream_rate(orig_rate)
         g = math.gcd(orig_rate, new_rate)
         self.orig_rate, self.new_rate = orig_rate, new_rate
         self.orig, self.new = orig_rate // g, new_rate // g  # samples per block in and out

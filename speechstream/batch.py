@@ -27,8 +27,17 @@ from speechstream.session import Event, StreamingSession, TokenChooser
 
 class BatchDecoder:
     def __init__(self, model: SpeechLLM, sessions: list[StreamingSession]):
+        """A fixed batch of whole streams, one LLM row each (``DynamicBatch`` takes streams that come and go,
+        and VAD segments)."""
         if any(session.llm is not None for session in sessions):
             raise ValueError("batched sessions must be created with own_llm=False")
+        if len({id(session) for session in sessions}) < len(sessions):
+            raise ValueError("a session appears twice in the batch")
+        if len({session.decoding.ablation for session in sessions}) > 1:
+            raise ValueError("the sessions of one batch must share their ablation (it is the LLM state's mode)")
+        if any(session.decoding.vad for session in sessions):
+            raise ValueError("BatchDecoder keeps one LLM row per stream; VAD segments need fresh rows: "
+                             "use DynamicBatch")
         self.model = model
         self.sessions = sessions
         self.state = model.decoder.new_state(len(sessions), mode=sessions[0].decoding.ablation if sessions else "none")
@@ -68,6 +77,8 @@ def transcribe_batch(
     record_logits: bool = False,
 ) -> list[StreamingSession]:
     """Stream several signals together chunk by chunk; returns their finished sessions."""
+    if not audios:
+        return []
     sessions = [StreamingSession(model, decoding, choose=choose, partials=False, own_llm=False) for _ in audios]
     for session in sessions:
         session.record_logits = record_logits
@@ -79,7 +90,7 @@ def transcribe_batch(
             for session, audio in zip(sessions, audios):
                 if (j + 1) * size <= len(audio):
                     session.feed(audio[j * size : (j + 1) * size])
-                else:
+                elif j * size <= len(audio):  # the last piece (a shorter signal has ended earlier)
                     session.feed(audio[j * size :])
                     session.end_audio()
             driver.run()

@@ -141,27 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _decoding_config(args: argparse.Namespace):
-    from speechstream.chunker import chunk_samples
-    from speechstream.config import ABLATIONS, DecodingConfig, check_device
+    from speechstream.config import DecodingConfig
     from speechstream.policy import make_policy
 
-    chunk_samples(args.chunk_ms)  # validates
-    if args.ablation not in ABLATIONS:
-        raise InputError(f"unknown ablation {args.ablation!r} (known: {', '.join(ABLATIONS)})")
-    if args.k < 1:
-        raise InputError("--k must be at least 1")
-    if args.ctc_weight is not None and not 0.0 <= args.ctc_weight < 1.0:
-        raise InputError("--ctc-weight must be at least 0 and below 1")
-    if args.ctc_candidates < 1:
-        raise InputError("--ctc-candidates must be at least 1")
-    if args.vad_min_silence_ms < 32:
-        raise InputError("--vad-min-silence-ms must be at least 32 (one VAD window)")
-    if args.max_tokens_per_chunk < 1:
-        raise InputError("--max-tokens-per-chunk must be at least 1")
-    if args.max_repeats < 0:
-        raise InputError("--max-repeats must not be negative (0: off)")
-    check_device(args.device)
-    decoding = DecodingConfig(
+    decoding = DecodingConfig(  # validates its values
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
         device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
         ctc_weight=args.ctc_weight, ctc_candidates=args.ctc_candidates, vad=args.vad,
@@ -191,6 +174,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         raise InputError("- (stdin) can be given once")
     if not 1000 <= args.input_rate <= 384000:
         raise InputError(f"--input-rate must be between 1000 and 384000 Hz, got {args.input_rate}")
+    from speechstream.audio import check_stream_rate
+
+    check_stream_rate(args.input_rate)
     files = [p for p in args.audio if p != "-"]
     missing = [p for p in files if not Path(p).exists()]
     if missing:

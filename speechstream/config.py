@@ -117,6 +117,34 @@ class DecodingConfig:
     ctc_weight: float | None = None
     ctc_candidates: int = 32  # joint CTC decoding: the LLM's best text tokens re-ranked at each step
 
+    def __post_init__(self) -> None:
+        """Values no stream could decode with are input errors, named by their command-line flags."""
+        from speechstream.chunker import chunk_samples
+
+        def integer(name: str, low: int) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InputError(f"--{name.replace('_', '-')} must be a whole number, got {value!r}")
+            if value < low:
+                raise InputError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+
+        chunk_samples(self.chunk_ms)
+        for name, low in (("k", 1), ("max_tokens_per_chunk", 1), ("max_tail_tokens", 1), ("max_repeats", 0),
+                          ("vad_min_silence_ms", 32), ("context_tokens", 0), ("ctc_candidates", 1)):
+            integer(name, low)
+        if self.ablation not in ABLATIONS:
+            raise InputError(f"unknown ablation {self.ablation!r} (known: {', '.join(ABLATIONS)})")
+        for name in ("int8", "vad"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        weight = self.ctc_weight
+        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))
+                                   or not 0.0 <= weight < 1.0):
+            raise InputError(f"--ctc-weight must be at least 0 and below 1, got {weight!r}")
+        if not isinstance(self.policy, str) or not isinstance(self.device, str):
+            raise InputError("policy and device must be names (strings)")
+        check_device(self.device)
+
 
 def check_device(device: str) -> None:
     """A torch device this machine has (cpu; cuda or mps where present), or a one-line input error."""
@@ -229,6 +257,10 @@ def check_sizes(config: ModelConfig, where: str) -> None:
                         "llm.phi": llm.phi, "llm.lora_rank": llm.lora_rank}.items():
         if value < 0:
             raise InputError(f"{where}: {name} must not be negative, not {value}")
+    from speechstream.audio import N_MELS
+
+    if enc.num_mel_bins != N_MELS:
+        raise InputError(f"{where}: encoder.num_mel_bins must be {N_MELS} (the log-mel features computed)")
     if enc.d_model % enc.heads:
         raise InputError(f"{where}: encoder.d_model ({enc.d_model}) must be a multiple of encoder.heads ({enc.heads})")
     if llm.base is None and (llm.hidden_size % llm.heads or llm.heads % llm.kv_heads):

@@ -159,6 +159,10 @@ class SpeechLLM(nn.Module):
         self.header_ids = self._ids(prompt.target_prefix)  # target group, before the text
         self.eoc_id = tokenizer.convert_tokens_to_ids(prompt.eoc_token)
         self.eos_id = tokenizer.convert_tokens_to_ids(prompt.eos_token)
+        for name, token, token_id in (("eoc_token", prompt.eoc_token, self.eoc_id),
+                                      ("eos_token", prompt.eos_token, self.eos_id)):
+            if token_id is None or token_id == tokenizer.unk_token_id and token != tokenizer.unk_token:
+                raise InputError(f"model {config.name}: prompt.{name} {token!r} is not one token of its tokenizer")
         added_special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
         self.special_ids = frozenset(tokenizer.all_special_ids) | added_special | {self.eoc_id, self.eos_id}
 
@@ -287,6 +291,8 @@ def model_config_path(name_or_path: str) -> Path:
     shipped = MODELS_DIR / name_or_path / "config.yaml"
     if shipped.is_file():
         return shipped
+    if candidate.is_dir():
+        raise InputError(f"{name_or_path}: a model folder needs a config.yaml")
     known = sorted(p.parent.name for p in MODELS_DIR.glob("*/config.yaml"))
     raise InputError(f"unknown model {name_or_path!r} (shipped models: {', '.join(known)})")
 

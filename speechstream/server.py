@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import json
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -31,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from speechstream.audio import check_stream_rate
 from speechstream.errors import InputError
 
 WEB_DIR = Path(__file__).resolve().parent / "web"  # the live page (package data)
@@ -90,7 +92,7 @@ def parse_start(text: str, served_model: str, served_task: str) -> StreamStart:
 
     try:
         message = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nesting deeper than the parser's recursion limit)
         raise ProtocolError("the first message must be a JSON start message") from None
     if not isinstance(message, dict) or message.get("type") != "start":
         raise ProtocolError('the first message must be {"type": "start", "sample_rate": ..., "task": ...}')
@@ -100,6 +102,10 @@ def parse_start(text: str, served_model: str, served_task: str) -> StreamStart:
     rate = message.get("sample_rate")
     if not isinstance(rate, int) or isinstance(rate, bool) or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
         raise ProtocolError(f"sample_rate must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}")
+    try:
+        check_stream_rate(rate)
+    except InputError as error:
+        raise ProtocolError(str(error)) from None
     task = message.get("task", "asr")
     if task != served_task:
         raise ProtocolError(f"this server serves task {served_task!r}, not {task!r}")
@@ -399,7 +405,13 @@ class Server:
             sender = asyncio.create_task(self._send(ws, stream))
             reader = asyncio.create_task(self._read(ws, stream))
             done, _ = await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
-            if reader in done and (reader.exception() is not None or reader.result() == "gone"):
+            if reader in done and reader.exception() is not None:  # a bug, not the client's doing: say so, go on
+                sender.cancel()
+                error = reader.exception()
+                print(f"speechstream: stream {stream.id}: reading failed ({type(error).__name__}: {error})",
+                      file=sys.stderr)
+                await self._refuse(ws, "the server failed to read this stream; see its log")
+            elif reader in done and reader.result() == "gone":
                 sender.cancel()
             else:
                 await sender
@@ -468,7 +480,7 @@ class Server:
             elif msg.type == WSMsgType.TEXT:
                 try:
                     message = json.loads(msg.data)
-                except ValueError:
+                except (ValueError, RecursionError):
                     message = None
                 if isinstance(message, dict) and message.get("type") == "end":
                     ended = True
@@ -550,8 +562,6 @@ async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[
 
 def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> int:
     """``speechstream serve``: check the options, listen, load the model, serve until interrupted."""
-    import sys
-
     from speechstream.policy import make_policy
 
     config.validate()

@@ -123,6 +123,19 @@ def greedy_chooser(model: SpeechLLM) -> TokenChooser:
     return choose
 
 
+def feed_samples(samples) -> np.ndarray:
+    """What ``feed`` takes: a 1-D float array (16 kHz mono) -> float32 clipped to [-1, 1]; anything else (integer
+    PCM, several channels, NaN) is an input error rather than a wrong transcript."""
+    array = np.asarray(samples) if isinstance(samples, (np.ndarray, list, tuple)) else None
+    if array is None or array.ndim != 1 or (array.size and array.dtype.kind != "f"):
+        what = f"{array.dtype} array of shape {array.shape}" if array is not None else type(samples).__name__
+        raise InputError(f"feed takes a 1-D float array of 16 kHz mono samples in [-1, 1], not a {what} (int16 PCM: "
+                         "speechstream.audio.int16_to_float; files and other rates: speechstream.audio.load_audio)")
+    array = array.astype(np.float32, copy=False)
+    check_finite(array)
+    return np.clip(array, -1.0, 1.0)
+
+
 class StreamingSession:
     """One stream: feed audio, get text. Use as a context manager or call ``finish``."""
 
@@ -136,6 +149,8 @@ class StreamingSession:
         own_llm: bool = True,
     ):
         """``own_llm=False`` leaves the LLM to an outside driver that batches several sessions."""
+        if not isinstance(decoding, DecodingConfig):
+            raise TypeError(f"decoding must be a DecodingConfig, not {type(decoding).__name__}")
         self.model = model
         if choose is not None and decoding.ctc_weight is None:
             decoding = replace(decoding, ctc_weight=0.0)  # the caller's chooser, not the model's default
@@ -194,11 +209,13 @@ class StreamingSession:
     # -- public API -------------------------------------------------------------------------
 
     def feed(self, samples: np.ndarray) -> list[Event]:
-        """Add 16 kHz mono float32 samples; return the events they caused."""
+        """Add 16 kHz mono float samples in [-1, 1] (a 1-D float array; louder values are clipped, as ``load_audio``
+        clips); return the events they caused."""
         if self.finished:
             raise InputError("the session has already finished")
-        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
-        check_finite(samples)
+        if self._audio_done:
+            raise InputError("the audio has ended (end_audio was called): no more samples can be fed")
+        samples = feed_samples(samples)
         start = self._clock_start()
         events: list[Event] = []
         with torch.no_grad():
@@ -243,6 +260,9 @@ class StreamingSession:
         """Read the rest of the audio and the end marker; write the rest; end with an "end" event."""
         if self.finished:
             return []
+        if self.llm is None:
+            raise ValueError("a batched session (own_llm=False) is finished by its driver: end_audio(), run the "
+                             "batch until it stops, then close()")
         start = self._clock_start()
         with torch.no_grad():
             self.end_audio()
@@ -553,6 +573,9 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
     written); a last odd byte is dropped. The audio a file would hold gives the events that file gives."""
     from speechstream.audio import StreamResampler, int16_to_float
 
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or block_bytes < 2:
+        raise InputError(f"sample_rate must be a whole number of Hz and block_bytes at least 2 (got {sample_rate!r}, "
+                         f"{block_bytes!r})")
     resampler = StreamResampler(sample_rate)
     session = StreamingSession(model, decoding, partials=partials)
     read = getattr(stream, "read1", stream.read)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from speechstream.audio import SAMPLE_RATE, int16_to_float, load_audio, prepare_samples
+from speechstream.audio import (SAMPLE_RATE, StreamResampler, check_stream_rate, int16_to_float, load_audio,
+                                prepare_samples)
 from speechstream.errors import InputError
 
 
@@ -244,3 +245,14 @@ def test_stream_resampler_equals_resampling_the_whole_signal(rate):
     streamed, whole = np.concatenate(parts), resample(signal, rate, 16000)
     assert streamed.shape == whole.shape
     assert np.abs(streamed - whole).max() < 1e-6
+
+
+@pytest.mark.parametrize("rate", [8000, 11025, 22050, 24000, 32000, 44100, 48000, 88200, 96000, 176400, 192000])
+def test_common_stream_rates_are_accepted(rate):
+    check_stream_rate(rate)
+
+
+@pytest.mark.parametrize("rate", [8001, 16001, 191999])
+def test_rates_with_huge_resampling_kernels_are_refused(rate):
+    with pytest.raises(InputError, match=f"{rate} Hz is not supported"):
+        StreamResampler(rate)

@@ -221,3 +221,18 @@ def test_vad_segments_get_fresh_rows_in_a_dynamic_batch(tiny_model):
         assert together.target_ids == alone.target_ids
         assert (torch.stack(together.logits) - torch.stack(alone.logits)).abs().max() < TOLERANCE
     assert sessions[0].segment >= 2 and sessions[1].segment >= 1  # the pauses did cut segments
+
+
+def test_a_fixed_batch_refuses_what_it_cannot_decode_as_alone(tiny_model):
+    from speechstream.batch import BatchDecoder, transcribe_batch
+
+    plain = DecodingConfig(chunk_ms=320, k=1)
+    session = StreamingSession(tiny_model, plain, own_llm=False)
+    with pytest.raises(ValueError, match="appears twice"):
+        BatchDecoder(tiny_model, [session, session])
+    other = StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, k=1, ablation="interleaved"), own_llm=False)
+    with pytest.raises(ValueError, match="share their ablation"):
+        BatchDecoder(tiny_model, [session, other])
+    with pytest.raises(ValueError, match="use DynamicBatch"):
+        BatchDecoder(tiny_model, [StreamingSession(tiny_model, DecodingConfig(vad=True), own_llm=False)])
+    assert transcribe_batch(tiny_model, []) == []

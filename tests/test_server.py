@@ -262,6 +262,9 @@ START = json.dumps({"type": "start", "sample_rate": 16000, "task": "asr"})
         ([json.dumps({"type": "start", "sample_rate": 16000, "model": "other"})], "serves model"),
         ([json.dumps({"type": "start", "sample_rate": 16000, "chunk_ms": 5})], "chunk"),
         ([json.dumps({"type": "start", "sample_rate": 16000, "volume": 3})], "unknown start field"),
+        ([json.dumps({"type": "start", "sample_rate": 8001})], "8001 Hz is not supported"),
+        (["[" * 5000], "JSON start message"),  # deeper than the JSON parser recurses
+        ([START, "[" * 5000], '{"type": "end"}'),
         ([b"\x00\x00" * 100], "audio before the start"),
         ([START, b"\x00\x00\x00"], "even number of bytes"),
         ([START, b"\x00\x00" * 5000], "exceeds the limit of 8000"),

@@ -167,3 +167,69 @@ def test_real_clip_end_to_end_with_the_cli_loop(tiny_model):
     assert events == seen and events[-1].type == "end"
     assert events[-1].audio_s == pytest.approx(11.0, abs=0.01)
     assert events[-1].source_s == pytest.approx(11.0, abs=0.01)
+
+
+# -- misuse: a clear error, never a wrong transcript ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("samples, match", [
+    (np.zeros(1600, np.int16), "not a int16 array"),
+    (np.zeros((1600, 2), np.float32), r"shape \(1600, 2\)"),
+    (b"\x00\x00" * 800, "not a bytes"),
+    (None, "not a NoneType"),
+    (np.array([0.0, np.nan], np.float32), "NaN"),
+])
+def test_feed_refuses_what_is_not_mono_float_audio(tiny_model, samples, match):
+    session = StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, k=1))
+    with pytest.raises(InputError, match=match):
+        session.feed(samples)
+
+
+def test_loud_samples_are_clipped_as_load_audio_clips_them(tiny_model):
+    rng = np.random.default_rng(0)
+    audio = (0.5 * rng.standard_normal(16000)).astype(np.float32)
+    texts = []
+    for samples in (audio * 1e6, np.clip(audio * 1e6, -1, 1)):
+        choose = text_favouring_chooser(tiny_model)
+        session = StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, k=1), choose=choose)
+        session.feed(samples)
+        session.finish()
+        texts.append(session.target_ids)
+    assert texts[0] == texts[1]
+
+
+def test_no_feed_after_the_audio_has_ended(tiny_model):
+    session = StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, k=1))
+    session.feed(np.zeros(8000, np.float32))
+    session.end_audio()
+    with pytest.raises(InputError, match="the audio has ended"):
+        session.feed(np.zeros(8000, np.float32))
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("chunk_ms", 0, "chunk_ms must be between"),
+    ("k", 0, "--k must be at least 1"),
+    ("k", 1.5, "--k must be a whole number"),
+    ("max_tokens_per_chunk", 0, "--max-tokens-per-chunk must be at least 1"),
+    ("max_tail_tokens", -5, "--max-tail-tokens must be at least 1"),
+    ("max_repeats", -1, "--max-repeats must be at least 0"),
+    ("vad_min_silence_ms", 0, "--vad-min-silence-ms must be at least 32"),
+    ("context_tokens", -5, "--context-tokens must be at least 0"),
+    ("ctc_weight", 1.5, "--ctc-weight must be at least 0 and below 1"),
+    ("ctc_weight", -0.5, "--ctc-weight must be at least 0 and below 1"),
+    ("ctc_candidates", 0, "--ctc-candidates must be at least 1"),
+    ("ablation", "bogus", "unknown ablation"),
+    ("int8", "yes", "int8 must be True or False"),
+    ("device", "nonsense", "not a torch device"),
+])
+def test_decoding_configs_no_stream_could_use_are_refused(field, value, match):
+    with pytest.raises(InputError, match=match):
+        DecodingConfig(**{field: value})
+
+
+def test_a_batched_session_is_not_finished_alone(tiny_model):
+    session = StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, k=1), own_llm=False)
+    with pytest.raises(ValueError, match="finished by its driver"):
+        session.finish()
+    with pytest.raises(TypeError, match="must be a DecodingConfig"):
+        StreamingSession(tiny_model, {"chunk_ms": 640})
