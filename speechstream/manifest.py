@@ -27,6 +27,13 @@ _OPTIONAL_FIELDS = ("text", "translation", "source_lang", "target_lang")
 _RANGE_FIELDS = ("offset", "duration")
 
 
+
+def text_lines(text: str) -> list[str]:
+    """Lines split at newlines only (``\\n``, ``\\r\\n``): not ``str.splitlines``, which also splits at U+2028,
+    U+0085 and other characters that JSON strings and corpus texts may hold as they are."""
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
 @dataclass(frozen=True)
 class Utterance:
     """One line of a manifest."""
@@ -52,7 +59,7 @@ def read_manifest(path: str | Path) -> list[Utterance]:
     if not path.is_file():
         raise InputError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = text_lines(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: cannot read the manifest ({error})") from None
 

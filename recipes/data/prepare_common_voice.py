@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import common_voice_entries, recipe_parser, run_main, write_from_args  # noqa: E402
+from speechstream.data.corpora import (common_voice_entries, recipe_parser, require_names, run_main,  # noqa: E402
+                                       write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--tsv", default="test.tsv", help="the TSV to read (default: test.tsv)")
     command.add_argument("--lang", default="en", help="language of the speech (default: en)")
     args = command.parse_args(argv)
+    require_names("--lang", args.lang)
+    require_names("--tsv", args.tsv)
     write_from_args(common_voice_entries(args.root, args.tsv, args.lang), args)
     return 0
 

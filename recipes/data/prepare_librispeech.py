@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import librispeech_entries, recipe_parser, run_main, write_from_args  # noqa: E402
+from speechstream.data.corpora import (librispeech_entries, recipe_parser, require_names, run_main,  # noqa: E402
+                                       write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--subset", action="append", default=[], help="subset folder under ROOT (repeatable)")
     command.add_argument("--keep-case", action="store_true", help="keep the upper-case transcripts")
     args = command.parse_args(argv)
+    require_names("--subset", *args.subset)
     write_from_args(librispeech_entries(args.root, args.subset, lowercase=not args.keep_case), args)
     return 0
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import mustc_entries, recipe_parser, run_main, write_from_args  # noqa: E402
+from speechstream.data.corpora import (mustc_entries, recipe_parser, require_names, run_main,  # noqa: E402
+                                       write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--lang", required=True, help="target language, e.g. de")
     command.add_argument("--split", default="tst-COMMON", help="train, dev, tst-COMMON, tst-HE (default: tst-COMMON)")
     args = command.parse_args(argv)
+    require_names("--lang", args.lang)
+    require_names("--split", args.split)
     write_from_args(mustc_entries(args.root, args.lang, args.split), args)
     return 0
 

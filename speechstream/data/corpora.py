@@ -16,11 +16,12 @@ import math
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from speechstream.errors import InputError, SpeechstreamError
-from speechstream.manifest import MAX_MISSING_SHOWN, read_manifest
+from speechstream.manifest import MAX_MISSING_SHOWN, read_manifest, text_lines
 
 # Manifest fields in the order they are written; other fields of a plain JSONL line follow them.
 FIELD_ORDER = ("id", "audio", "text", "translation", "source_lang", "target_lang", "offset", "duration")
@@ -48,7 +49,7 @@ def librispeech_entries(root: str | Path, subsets: Iterable[str] = (), lowercase
         raise InputError(f"{root}: no LibriSpeech transcripts (*.trans.txt) found")
     entries = []
     for path in transcripts:
-        for number, line in enumerate(_read_text(path).splitlines(), 1):
+        for number, line in enumerate(_lines(path), 1):
             if not line.strip():
                 continue
             utterance_id, _, text = line.strip().partition(" ")
@@ -63,23 +64,35 @@ def librispeech_entries(root: str | Path, subsets: Iterable[str] = (), lowercase
 # -- Common Voice and CoVoST 2 --------------------------------------------------------------------------------------
 
 
-def read_tsv(path: str | Path) -> list[dict]:
-    """A Common Voice / CoVoST 2 TSV as dicts (tab-separated, a header line, no quoting: quotes are text)."""
+def read_tsv(path: str | Path, escapechar: str | None = None) -> list[dict]:
+    """A Common Voice / CoVoST 2 TSV as dicts (tab-separated, a header line, no quoting: quotes are text;
+    ``escapechar``: the character that escapes tabs, quotes and itself, as CoVoST's own scripts write them)."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    lines = _read_text(path).splitlines()
+    lines = _lines(path)
     if not lines:
         raise InputError(f"{path}: the file is empty")
-    header = lines[0].split("\t")
+    header = next(csv.reader(lines[:1], delimiter="\t", quoting=csv.QUOTE_NONE, escapechar=escapechar))
     rows = []
-    for number, row in enumerate(csv.reader(lines[1:], delimiter="\t", quoting=csv.QUOTE_NONE), 2):
-        if not row or row == [""]:
-            continue
-        if len(row) != len(header):
-            raise InputError(f"{path}:{number}: {len(row)} columns, the header has {len(header)}")
-        rows.append(dict(zip(header, row)))
+    reader = csv.reader(lines[1:], delimiter="\t", quoting=csv.QUOTE_NONE, escapechar=escapechar)
+    number = 1
+    try:
+        for number, row in enumerate(reader, 2):
+            if not any(field.strip() for field in row):
+                continue
+            if len(row) != len(header):
+                raise InputError(f"{path}:{number}: {len(row)} columns, the header has {len(header)}")
+            rows.append(dict(zip(header, row)))
+    except csv.Error as error:
+        raise InputError(f"{path}:{number + 1}: cannot read the row ({error})") from None
     return rows
+
+
+def _require_values(path: Path, rows: list[dict], column: str) -> None:
+    empty = sum(not row[column].strip() for row in rows)
+    if empty:
+        raise InputError(f"{path}: {empty} row{'s' if empty > 1 else ''} with an empty {column!r}")
 
 
 def _require_columns(path: Path, rows: list[dict], columns: Iterable[str]) -> None:
@@ -97,6 +110,7 @@ def common_voice_entries(root: str | Path, tsv: str = "test.tsv", language: str 
     path = root / tsv
     rows = read_tsv(path)
     _require_columns(path, rows, ("path", "sentence"))
+    _require_values(path, rows, "path")
     for row in rows:
         yield {"id": Path(row["path"]).stem, "audio": root / "clips" / row["path"], "text": row["sentence"].strip(),
                "source_lang": language, "target_lang": language}
@@ -119,14 +133,16 @@ def covost_entries(tsv: str | Path, clips: str | Path, split: str | None = "test
     """
     tsv, clips = Path(tsv), _folder(clips)
     source, target, file_split = covost_languages(tsv)
-    rows = read_tsv(tsv)
+    rows = read_tsv(tsv, escapechar="\\")  # CoVoST's get_covost_splits.py writes with escapechar "\\"
     _require_columns(tsv, rows, ("path", "translation"))
+    _require_values(tsv, rows, "path")
     if split is not None and file_split is not None and file_split != split:
         raise InputError(f"{tsv}: holds split {file_split!r}, not {split!r}")
     if split is not None and file_split is None:
         _require_columns(tsv, rows, ("split",))
         known = sorted({row["split"] for row in rows})
-        rows = [row for row in rows if row["split"] == split]
+        wanted = {split, "train_covost"} if split == "train" else {split}  # as CoVoST's get_v2_split counts them
+        rows = [row for row in rows if row["split"] in wanted]
         if not rows:
             raise InputError(f"{tsv}: no rows of split {split!r} (splits: {', '.join(known)})")
     for row in rows:
@@ -192,7 +208,7 @@ def jsonl_entries(path: str | Path) -> Iterator[dict]:
     with its audio paths resolved; fields other than the known ones are kept as they are."""
     path = Path(path)
     utterances = read_manifest(path)
-    raw = [json.loads(line) for line in _read_text(path).splitlines() if line.strip()]
+    raw = [json.loads(line) for line in _lines(path) if line.strip()]
     for utterance, entry in zip(utterances, raw):
         yield entry | {"audio": utterance.audio.absolute()}
 
@@ -206,9 +222,12 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
 
     Audio paths are written relative to the manifest's folder when the audio lies under it, else absolute
     (``absolute``: always absolute); ``limit`` keeps the first N entries. Checks: ids are unique, every audio file
-    exists (all missing ones counted, the first few named), and with ``check_audio`` every file is readable audio
-    and every ``offset``/``duration`` range lies inside its file. Nothing is written when a check fails.
+    exists (all missing ones counted, the first few named), every ``offset``/``duration`` range lies inside its file
+    (one header read per file that has segments), and with ``check_audio`` every file is readable audio. ``out`` may
+    replace an earlier manifest but no other file (a corpus's own TSV or transcript, say). Nothing is written when a
+    check fails.
     """
+    check_manifest_out(out)
     out = Path(out)
     if limit is not None and limit < 1:
         raise InputError(f"--limit must be at least 1, got {limit}")
@@ -230,8 +249,8 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         shown = ", ".join(missing[:MAX_MISSING_SHOWN])
         more = f" and {len(missing) - MAX_MISSING_SHOWN} more" if len(missing) > MAX_MISSING_SHOWN else ""
         raise InputError(f"{len(missing)} audio file{'s' if len(missing) > 1 else ''} not found ({shown}{more})")
-    if check_audio:
-        _check_audio(chosen)
+    _check_audio(chosen if check_audio else [e for e in chosen if e.get("offset") is not None
+                                            or e.get("duration") is not None])
     folder = out.absolute().parent
     lines = []
     for entry in chosen:
@@ -242,14 +261,36 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         fields["audio"] = audio.as_posix()
         fields |= {key: value for key, value in entry.items() if key not in FIELD_ORDER}
         lines.append(json.dumps(fields, ensure_ascii=False) + "\n")
+    temporary = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        temporary = out.with_name(out.name + ".tmp")
-        temporary.write_text("".join(lines), encoding="utf-8")
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{out.name}.", suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write("".join(lines))
         os.replace(temporary, out)
-    except OSError as error:
-        raise InputError(f"{out}: cannot write the manifest ({error.strerror or error})") from None
+    except (OSError, UnicodeEncodeError) as error:
+        if temporary is not None and os.path.exists(temporary):
+            os.unlink(temporary)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise InputError(f"{out}: cannot write the manifest ({reason})") from None
     return len(lines)
+
+
+def check_manifest_out(out: str | Path) -> None:
+    """``--out`` names a file that is absent or an earlier manifest (a JSON object with ``id`` and ``audio`` on
+    its first line); a folder, a name ending in a separator or any other file is refused, before any work."""
+    text = str(out)
+    path = Path(out)
+    if not text or text.endswith(("/", os.sep)) or not path.name or path.is_dir():
+        raise InputError(f"--out {text!r} must name a manifest file, not a folder")
+    if path.exists():
+        try:
+            with open(path, encoding="utf-8") as stream:
+                first = json.loads(stream.readline())
+        except (OSError, UnicodeDecodeError, ValueError):
+            first = None
+        if not (isinstance(first, dict) and "id" in first and "audio" in first):
+            raise InputError(f"--out {text}: the file exists and is not a manifest; refusing to overwrite it")
 
 
 def _check_audio(entries: list[dict]) -> None:
@@ -267,9 +308,11 @@ def _check_audio(entries: list[dict]) -> None:
                 raise InputError(f"{path}: not a readable audio file ({reason})") from None
         length = infos[path].frames / infos[path].samplerate
         end = (entry.get("offset") or 0.0) + (entry.get("duration") or 0.0)
-        if entry.get("offset") is not None and (entry["offset"] >= length or end > length + 0.01):
-            raise InputError(f'"{entry["id"]}": segment {entry["offset"]} s + {entry.get("duration")} s is not inside '
-                             f"{path} ({length:.3f} s)")
+        if length == 0:
+            raise InputError(f"{path}: holds no audio")
+        if (entry.get("offset") or 0.0) >= length or end > length + 0.01:
+            raise InputError(f'"{entry["id"]}": segment {entry.get("offset") or 0} s + {entry.get("duration")} s is '
+                             f"not inside {path} ({length:.3f} s)")
 
 
 class _RecipeParser(argparse.ArgumentParser):
@@ -290,6 +333,12 @@ def recipe_parser(doc: str) -> argparse.ArgumentParser:
     command.add_argument("--check-audio", action="store_true",
                          help="open every audio file and check that segment ranges lie inside it (slower)")
     return command
+
+
+def require_names(option: str, *values: str) -> None:
+    """Options that name something (a language, a subset) must not be empty."""
+    if any(not str(value).strip() for value in values):
+        raise InputError(f"{option} must not be empty")
 
 
 def write_from_args(entries: Iterable[dict], args: argparse.Namespace) -> int:
@@ -317,7 +366,7 @@ def _folder(path: str | Path) -> Path:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # (a byte-order mark is not text)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -325,4 +374,4 @@ def _read_text(path: Path) -> str:
 
 
 def _lines(path: Path) -> list[str]:
-    return _read_text(path).splitlines()
+    return text_lines(_read_text(path))

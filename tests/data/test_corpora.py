@@ -222,9 +222,10 @@ def test_mustc_mismatched_lines_are_an_error(mustc: Path):
 def test_segment_ranges_are_checked_against_the_audio(mustc: Path, tmp_path: Path):
     entries = list(mustc_entries(mustc, "de"))
     entries[2] = entries[2] | {"offset": 0.9, "duration": 0.5}  # ted_2 is 1.0 s long
-    with pytest.raises(InputError, match=r'"ted_2_0": segment 0.9 s \+ 0.5 s is not inside'):
-        write_manifest(entries, tmp_path / "m.jsonl", check_audio=True)
-    assert write_manifest(entries, tmp_path / "m.jsonl") == 3  # without --check-audio the files are not opened
+    for check_audio in (True, False):  # segments are checked always (a header per talk); --check-audio opens all
+        with pytest.raises(InputError, match=r'"ted_2_0": segment 0.9 s \+ 0.5 s is not inside'):
+            write_manifest(entries, tmp_path / "m.jsonl", check_audio=check_audio)
+    assert not (tmp_path / "m.jsonl").exists()
 
 
 def test_eval_reads_only_the_segment(mustc: Path, tmp_path: Path, capsys):
@@ -292,3 +293,54 @@ def test_jsonl_problems_are_one_line_errors(tmp_path: Path):
     result = run_recipe("prepare_jsonl.py", source, "--out", tmp_path / "out.jsonl")
     assert result.returncode == 2
     assert result.stderr == f'speechstream: error: {source}:1: "offset" must be a number of seconds >= 0, got -1\n'
+
+
+def test_covost_escapes_are_undone_and_train_covost_is_train(common_voice: Path, tmp_path: Path):
+    tsv = write_tsv(tmp_path / "covost_v2.es_en.tsv", ["path", "sentence", "translation", "client_id", "split"], [
+        ["common_voice_es_1.wav", 'Dijo \\"hola\\".', 'He said \\"hello\\"\\\tthere.', "c1", "train"],
+        ["common_voice_es_2.wav", "Buenos días", "Good morning", "c2", "train_covost"],
+    ])
+    first, second = covost_entries(tsv, common_voice / "clips", "train")  # as CoVoST's get_v2_split counts train
+    assert first["text"] == 'Dijo "hola".' and first["translation"] == 'He said "hello"\tthere.'
+    assert second["translation"] == "Good morning"
+
+
+def test_tsv_with_a_byte_order_mark_a_huge_field_or_an_empty_path(tmp_path: Path):
+    path = tmp_path / "bom.tsv"
+    path.write_text("\ufeffpath\tsentence\na.wav\tone\n", encoding="utf-8")
+    assert read_tsv(path) == [{"path": "a.wav", "sentence": "one"}]
+    path.write_text("path\tsentence\na.wav\t" + "x" * 200_000 + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"bom.tsv:\d+: cannot read the row"):
+        read_tsv(path)
+    root = tmp_path / "cv"
+    write_tsv(root / "test.tsv", ["path", "sentence"], [["a.wav", "one"], ["", "two"]])
+    with pytest.raises(InputError, match="1 row with an empty 'path'"):
+        list(common_voice_entries(root))
+
+
+def test_out_never_replaces_a_file_that_is_not_a_manifest(common_voice: Path, tmp_path: Path):
+    tsv = common_voice / "test.tsv"
+    before = tsv.read_bytes()
+    result = run_recipe("prepare_common_voice.py", common_voice, "--lang", "es", "--out", tsv)
+    assert result.returncode == 2 and "is not a manifest; refusing to overwrite it" in result.stderr
+    assert tsv.read_bytes() == before
+    out = tmp_path / "m.jsonl"
+    for _ in range(2):  # an earlier manifest is replaced: reruns work
+        assert run_recipe("prepare_common_voice.py", common_voice, "--lang", "es", "--out", out).returncode == 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # no temporary file left
+    for bad in ("", ".", str(tmp_path) + "/", str(tmp_path / "new") + "/"):
+        result = run_recipe("prepare_common_voice.py", common_voice, "--out", bad)
+        assert result.returncode == 2 and "must name a manifest file" in result.stderr, (bad, result.stderr)
+    result = run_recipe("prepare_common_voice.py", common_voice, "--lang", "", "--out", out)
+    assert result.returncode == 2 and "--lang must not be empty" in result.stderr
+
+
+def test_texts_with_line_separator_characters_round_trip(tmp_path: Path):
+    tone(tmp_path / "a.wav", 0.2)
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"id": "a", "audio": "a.wav", "text": "one\u2028two\x85three"}, ensure_ascii=False)
+                      + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert run_recipe("prepare_jsonl.py", source, "--out", out).returncode == 0
+    (utterance,) = read_manifest(out)
+    assert utterance.text == "one\u2028two\x85three"
