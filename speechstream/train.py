@@ -35,6 +35,7 @@ from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError
+from speechstream.manifest import text_lines
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
                                 trainable_state)
 from speechstream.schedule import ENCODER_FRAME_S
@@ -188,7 +189,7 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
     folder = Path(path).resolve().parent
     examples, seen = [], set()
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = text_lines(Path(path).read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: cannot read manifest ({error})") from None
     for number, line in enumerate(lines, 1):
