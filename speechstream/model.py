@@ -115,8 +115,16 @@ def build_llm(config: ModelConfig, tokenizer) -> nn.Module:
         return AutoModelForCausalLM.from_config(llm_config)
     from speechstream.weights.fetch import resolve
 
+    from transformers.utils import logging as hf_logging
+
     path = resolve(config.llm.base)
-    probe = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a local load of a small model: no "Loading weights" bar on every command
+    try:
+        probe = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     probe.config._attn_implementation = attention_implementation(probe.config.model_type)
     return probe
 
