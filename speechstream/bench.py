@@ -40,17 +40,22 @@ class BenchConfig:
     seed: int = 0  # seed of the pauses' noise
 
     def validate(self) -> "BenchConfig":
-        if not (np.isfinite(self.minutes) and self.minutes > 0):
-            raise InputError(f"--minutes must be positive, got {self.minutes}")
-        if not (np.isfinite(self.window_minutes) and 0 < self.window_minutes):
-            raise InputError(f"--window-minutes must be positive, got {self.window_minutes}")
         from speechstream.chunker import chunk_samples
-
         from speechstream.config import check_device
 
         chunk_samples(self.chunk_ms)
         check_device(self.device)
+        chunk_minutes = self.chunk_ms / 60_000
+        if not (np.isfinite(self.minutes) and chunk_minutes <= self.minutes <= MAX_MINUTES):
+            raise InputError(f"--minutes must be from one chunk ({chunk_minutes:g}) to {MAX_MINUTES:g}, "
+                             f"got {self.minutes}")
+        if not (np.isfinite(self.window_minutes) and chunk_minutes <= self.window_minutes <= self.minutes):
+            raise InputError(f"--window-minutes must be from one chunk ({chunk_minutes:g}) to --minutes "
+                             f"({self.minutes:g}), got {self.window_minutes}")
         return self
+
+
+MAX_MINUTES = 100_000.0  # --minutes: about ten weeks of audio
 
 
 @dataclass(frozen=True)

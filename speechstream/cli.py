@@ -177,6 +177,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from speechstream.audio import check_stream_rate
 
     check_stream_rate(args.input_rate)
+    if args.format in ("srt", "vtt") and len(args.audio) > 1:
+        raise InputError(f"--format {args.format} makes one subtitle file per audio file: give one file at a time")
     files = [p for p in args.audio if p != "-"]
     missing = [p for p in files if not Path(p).exists()]
     if missing:
@@ -323,27 +325,28 @@ def cmd_live(args: argparse.Namespace) -> int:
         return 0
     decoding = _decoding_config(args)
     device = live.resolve_device(sd, spec)
-    try:
-        out = open(args.output, "w", encoding="utf-8") if args.output else None
-    except OSError as error:
-        raise InputError(f"{args.output}: cannot write the output ({error.strerror or error})") from None
+    name = _model_name(args, decoding)
+    if args.output:
+        try:  # writable? (appending nothing: an existing file is only replaced once there is a transcript)
+            open(args.output, "a", encoding="utf-8").close()
+        except OSError as error:
+            raise InputError(f"{args.output}: cannot write the output ({error.strerror or error})") from None
 
     from speechstream import outputs
     from speechstream.model import load_model
     from speechstream.session import StreamingSession
 
-    try:
-        name = _model_name(args, decoding)
-        model = load_model(name, decoding.device, int8=decoding.int8)
-        if name == "tiny-random":
-            print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
-        print(f"speechstream: listening on {device['name']} (Ctrl-C ends)", file=sys.stderr)
-        session = StreamingSession(model, decoding)
-        result = live.record(session, device, limit, live.Printer(), sd)
-        if result.overflows or result.dropped:
-            print(f"speechstream: warning: {result.overflows + result.dropped} audio blocks lost (device overflow "
-                  "or the model fell behind)", file=sys.stderr)
-        if out is not None:
+    model = load_model(name, decoding.device, int8=decoding.int8)
+    if name == "tiny-random":
+        print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
+    print(f"speechstream: listening on {device['name']} (Ctrl-C ends)", file=sys.stderr)
+    session = StreamingSession(model, decoding)
+    result = live.record(session, device, limit, live.Printer(), sd)
+    if result.overflows or result.dropped:
+        print(f"speechstream: warning: {result.overflows + result.dropped} audio blocks lost (device overflow "
+              "or the model fell behind)", file=sys.stderr)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
             if args.format == "txt":
                 out.write(session.transcript + "\n")
             elif args.format == "json":
@@ -352,9 +355,6 @@ def cmd_live(args: argparse.Namespace) -> int:
                 out.write("\n")
             else:
                 out.write(outputs.srt(result.events) if args.format == "srt" else outputs.vtt(result.events))
-    finally:
-        if out is not None:
-            out.close()
     return 0
 
 

@@ -60,12 +60,16 @@ def parse_device(spec: str | None) -> int | str | None:
     return int(spec) if spec.isdigit() else spec
 
 
+MAX_SECONDS = 1e7  # --seconds: about 16 weeks
+
+
 def seconds_to_samples(seconds: float | None) -> int | None:
     """``--seconds``: audio to record, counted in samples (the ALSA file device is not paced in real time)."""
     if seconds is None:
         return None
-    if not np.isfinite(seconds) or seconds <= 0:
-        raise InputError(f"--seconds must be a positive number, got {seconds}")
+    if not np.isfinite(seconds) or not 1 / SAMPLE_RATE <= seconds <= MAX_SECONDS:
+        raise InputError(f"--seconds must be a number from one sample (1/{SAMPLE_RATE}) to {MAX_SECONDS:.0f}, "
+                         f"got {seconds}")
     return int(round(seconds * SAMPLE_RATE))
 
 

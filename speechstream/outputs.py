@@ -2,7 +2,7 @@
 
 Timestamps of json/srt/vtt cues are emission times: a cue ends at the seconds of audio
 the model had read when it committed the cue's last words, and starts where the
-previous cue ended. They are not word alignments.
+previous cue ended (at most MAX_CUE_SECONDS before its end). They are not word alignments.
 """
 
 from __future__ import annotations
@@ -28,22 +28,32 @@ class Cue:
 
 
 def cues(events: list[Event]) -> list[Cue]:
-    """Group committed text into cues of at most MAX_CUE_CHARS / MAX_CUE_SECONDS."""
-    out: list[Cue] = []
-    start, text, end = 0.0, "", 0.0
+    """Group committed text into cues of at most MAX_CUE_CHARS and MAX_CUE_SECONDS.
+
+    A new cue begins when the next committed piece would take the cue past either limit (a piece longer than
+    MAX_CUE_CHARS stays whole: there are no word times to split it at). A cue ends when its last words were
+    committed and starts where the previous cue ended, but no earlier than MAX_CUE_SECONDS before its own end
+    (after a long silence the text is not shown long before it is spoken). Pieces committed at the moment the
+    previous cue ended (the flush at a segment end) join that cue: a cue never has zero length.
+    """
+    groups: list[list] = []  # [text, end] per cue, in order
     for event in events:
-        if event.type != "final":
+        if event.type != "final" or not event.text:
             continue
-        piece = event.text
-        too_long = len((text + piece).strip()) > MAX_CUE_CHARS or event.source_s - start > MAX_CUE_SECONDS
-        if text.strip() and too_long:
-            out.append(Cue(start, max(end, start), text.strip()))
-            start, text = end, ""
-        text += piece
-        end = event.source_s
-    if text.strip():
-        out.append(Cue(start, max(end, start), text.strip()))
-    return out
+        if groups:
+            text, end = groups[-1]
+            start = _cue_start(groups, len(groups) - 1)
+            too_long = len((text + event.text).strip()) > MAX_CUE_CHARS or event.source_s - start > MAX_CUE_SECONDS
+            if not too_long or event.source_s <= end or not text.strip():
+                groups[-1] = [text + event.text, max(end, event.source_s)]
+                continue
+        groups.append([event.text, event.source_s])
+    return [Cue(_cue_start(groups, i), end, text.strip()) for i, (text, end) in enumerate(groups) if text.strip()]
+
+
+def _cue_start(groups: list[list], i: int) -> float:
+    previous_end = groups[i - 1][1] if i else 0.0
+    return max(previous_end, groups[i][1] - MAX_CUE_SECONDS)
 
 
 def _timestamp(seconds: float, separator: str) -> str:

@@ -34,7 +34,9 @@ def test_bench_prints_the_table(capsys):
 
 
 @pytest.mark.parametrize("argv", [["--minutes", "0"], ["--minutes", "nan"], ["--window-minutes", "-1"],
-                                  ["--chunk-ms", "7"]])
+                                  ["--chunk-ms", "7"], ["--minutes", "1e308"], ["--minutes", "1e-9"],
+                                  ["--minutes", "0.05", "--window-minutes", "10"], ["--window-minutes", "1e-9"]])
 def test_bad_options(capsys, argv):
     assert main(["bench", *argv]) == 2
-    assert capsys.readouterr().err.startswith("speechstream: error:")
+    err = capsys.readouterr().err
+    assert err.startswith("speechstream: error:") and len(err.strip().splitlines()) == 1, err

@@ -460,3 +460,8 @@ def test_stdin_text_comes_while_the_pipe_is_still_open():
     assert process.returncode == 0, err
     end = json.loads(rest.splitlines()[-1])
     assert end["type"] == "end" and "your country" in end["text"] and end["audio_s"] == pytest.approx(11.0)
+
+
+def test_subtitles_of_several_files_are_refused(capsys, clip):
+    code, out, err = run(capsys, "transcribe", clip, clip, "--format", "srt")
+    assert_one_error(code, err, match="one subtitle file per audio file")

