@@ -80,6 +80,7 @@ def teacher_forced_logits(model: SpeechLLM, audio: np.ndarray, target: list[int]
 def verify_model(model: SpeechLLM, name: str, k: int, chunk_ms: int = 640, seconds: float = 3.3,
                  seed: int = 0) -> VerifyResult:
     rng = np.random.default_rng(seed)
+    seconds = max(seconds, (k + 3) * chunk_ms / 1000)  # chunks past the first k: writes interleave with reads
     n_samples = int(seconds * 16000)
     if n_samples % chunk_samples(chunk_ms) == 0:
         n_samples += 777  # never a whole number of chunks
