@@ -59,6 +59,10 @@ def load_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None
 def _frame_range(info, offset_s: float, duration_s: float | None) -> tuple[int, int]:
     """(start, stop) frames of a time range of a file (soundfile ``info``); InputError when it is not inside."""
     rate, frames = info.samplerate, info.frames
+    for value in (offset_s, duration_s):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise InputError(f"bad time range: offset {offset_s!r} s, duration {duration_s!r} s (finite numbers)")
     if offset_s < 0 or (duration_s is not None and duration_s <= 0):
         raise InputError(f"bad time range: offset {offset_s} s, duration {duration_s} s")
     start = round(offset_s * rate)

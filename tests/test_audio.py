@@ -256,3 +256,9 @@ def test_common_stream_rates_are_accepted(rate):
 def test_rates_with_huge_resampling_kernels_are_refused(rate):
     with pytest.raises(InputError, match=f"{rate} Hz is not supported"):
         StreamResampler(rate)
+
+
+@pytest.mark.parametrize("offset, duration", [(float("nan"), 1.0), ("1", 1.0), (0.5, float("inf"))])
+def test_a_time_range_must_be_finite_numbers(offset, duration):
+    with pytest.raises(InputError, match="bad time range"):
+        load_audio("samples/jfk.wav", offset, duration)
