@@ -277,13 +277,13 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
 
 
 def check_manifest_out(out: str | Path) -> None:
-    """``--out`` names a file that is absent or an earlier manifest (a JSON object with ``id`` and ``audio`` on
-    its first line); a folder, a name ending in a separator or any other file is refused, before any work."""
+    """``--out`` names a file that is absent, empty or an earlier manifest (a JSON object with ``id`` and ``audio``
+    on its first line); a folder, a name ending in a separator or any other file is refused, before any work."""
     text = str(out)
     path = Path(out)
     if not text or text.endswith(("/", os.sep)) or not path.name or path.is_dir():
         raise InputError(f"--out {text!r} must name a manifest file, not a folder")
-    if path.exists():
+    if path.is_file() and path.stat().st_size > 0:  # (an empty file holds nothing to lose)
         try:
             with open(path, encoding="utf-8") as stream:
                 first = json.loads(stream.readline())
