@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--chunk-ms", type=int, default=640)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.out.is_dir() or any(p.exists() and not p.is_dir() for p in args.out.parents):
+        parser.error(f"--out {args.out}: must name a file in a folder (checked before any decoding)")
     torch.set_num_threads(2)
     model = load_model(args.model)
     classes = model.ctc_classes  # the checkpoint's CTC classes; older checkpoints: derived from the recipe
@@ -66,4 +68,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from speechstream.errors import InputError
+
+    try:
+        main()
+    except InputError as error:
+        print(f"ctc_probe: error: {error}", file=sys.stderr)
+        sys.exit(2)

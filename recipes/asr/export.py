@@ -17,10 +17,12 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
+from speechstream.errors import InputError  # noqa: E402
 from speechstream.model import CTC_CLASSES  # noqa: E402
 
 
@@ -30,6 +32,20 @@ def main() -> None:
     parser.add_argument("model", type=Path, help="model folder under models/ (holds config.yaml)")
     parser.add_argument("--recipe", help="the run's training recipe: derive ctc_classes when the run lacks them")
     args = parser.parse_args()
+    try:
+        export(args)
+    except (InputError, OSError, ValueError, SafetensorError) as error:  # one line, exit 2; nothing half-written
+        print(f"export: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def export(args: argparse.Namespace) -> None:
+    for path, what in ((args.run / "trainable.safetensors", "a training run's weights"),
+                       (args.run / "progress.json", "a training run's progress"),
+                       (args.model / "config.yaml", "a model's config")):
+        if not path.is_file():
+            raise InputError(f"{path}: not found (expected {what})")
+    progress = json.loads((args.run / "progress.json").read_text())
     state = load_file(str(args.run / "trainable.safetensors"))
     if CTC_CLASSES not in state and args.recipe:
         from speechstream.model import load_model
@@ -43,7 +59,6 @@ def main() -> None:
     half = {name: tensor.to(torch.float16).contiguous() if tensor.is_floating_point() else tensor.contiguous()
             for name, tensor in state.items()}
     target = args.model / "trainable.safetensors"
-    progress = json.loads((args.run / "progress.json").read_text())
     save_file(half, str(target), metadata={"step": str(progress["step"])})
     config_path = args.model / "config.yaml"
     text = config_path.read_text()

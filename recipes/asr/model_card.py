@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 ROWS = [  # (eval folder, what it measures); {w}: the joint CTC weight the run decoded with
@@ -45,7 +46,18 @@ def main() -> None:
                         help="synthetic sets the last stage trained on; the first one's held-out set is the one "
                         "evaluated")
     args = parser.parse_args()
-    log = [json.loads(line) for line in (args.run / "log.jsonl").read_text().splitlines() if line.strip()]
+    # the card is rewritten whole: refuse, before touching it, inputs that would leave it with holes
+    problems = [f"{path}: not found" for path in (args.run / "log.jsonl", args.eval,
+                                                   Path("models") / args.model / "config.yaml") if not path.exists()]
+    if not problems and not any((args.eval / row).is_dir() for row, _ in ROWS):
+        problems.append(f"{args.eval}: none of the evaluation folders of the results table ({ROWS[0][0]}, ...)")
+    log = [] if problems else [json.loads(line) for line in (args.run / "log.jsonl").read_text().splitlines()
+                               if line.strip()]
+    if not problems and not any("loss" in row for row in log):
+        problems.append(f"{args.run / 'log.jsonl'}: no training loss logged")
+    if problems:
+        print(f"model_card: error: {problems[0]}; the model card is left as it is", file=sys.stderr)
+        sys.exit(2)
     last = [row for row in log if "loss" in row][-1]
     stats = [json.loads((d / "stats.json").read_text()) for d in args.data if (d / "stats.json").exists()]
     import yaml

@@ -93,15 +93,18 @@ def gpe_point(chunk_ms: int, k: int, ablation: str = "none", greedy: bool = Fals
     return Point(f"gpe-c{chunk_ms}-k{k}{suffix}", "gpe", chunk_ms, k, ablation, greedy)
 
 
-def model_ctc_weight(model: str) -> float:
-    """The joint CTC weight ``model`` decodes with by default (its config.yaml); 0 when it has no config."""
+def model_ctc_weight(model: str, strict: bool = True) -> float:
+    """The joint CTC weight ``model`` decodes with by default (its config.yaml). Not a model: a SweepError before
+    anything runs (``strict``), else 0 (a report of runs whose model folder is gone)."""
     from speechstream.config import load_model_config
     from speechstream.errors import InputError
     from speechstream.model import model_config_path
 
     try:
         return load_model_config(model_config_path(model)).ctc_weight
-    except InputError:  # not a model (eval says so, point by point)
+    except InputError as error:  # before anything runs: one line, not one failed eval per point
+        if strict:
+            raise SweepError(str(error)) from None
         return 0.0
 
 
@@ -126,8 +129,9 @@ def manifest_ids(manifest: Path) -> list[str]:
     """Utterance ids of a JSON-lines manifest (the eval driver checks the rest)."""
     try:
         lines = manifest.read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise SweepError(f"{manifest}: cannot read the manifest ({error.strerror or error})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise SweepError(f"{manifest}: cannot read the manifest ({reason})") from None
     ids = []
     for number, line in enumerate(lines, 1):
         if line.strip():
@@ -444,8 +448,14 @@ def main(argv: list[str] | None = None) -> int:
         if not manifest.is_file():
             raise SweepError(f"{manifest}: no such manifest")
         count = len(manifest_ids(manifest))
-        ctc_weight = model_ctc_weight(args.model)
+        ctc_weight = model_ctc_weight(args.model, strict=not args.report_only)
         points = plan(args.quick, parse_baselines(args.baselines), ctc_weight)
+        report_dir = Path(args.report_dir)
+        if report_dir.exists() and not report_dir.is_dir():
+            raise SweepError(f"--report-dir {report_dir} is a file, not a folder")
+        if args.report_only and not collect(Path(args.out), args.model, manifest, ctc_weight):
+            raise SweepError(f"--report-only: no results of {args.model} on {manifest} under {args.out}; "
+                             f"{report_dir / RESULTS_FILE} is left as it is")
     except SweepError as error:
         print(f"sweep: error: {error}", file=sys.stderr)
         return 2

@@ -15,7 +15,9 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import os
+import sys
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -64,10 +66,23 @@ def add_common_arguments(parser: argparse.ArgumentParser, seed_help: str) -> Non
                         help="synthesize only the first N planned utterances of each split (for trials)")
 
 
+MAX_HOURS = 10_000.0  # --hours, --heldout-hours: far past any corpus this builds
+
+
 def check_common_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse impossible sizes (through ``parser.error``) and fill in the default --heldout-hours."""
-    if args.hours <= 0 or args.workers < 1:
-        parser.error("--hours must be positive and --workers at least 1")
+    """Refuse impossible sizes and folders (through ``parser.error``) and fill in the default --heldout-hours."""
+    if not (math.isfinite(args.hours) and 0 < args.hours <= MAX_HOURS) or args.workers < 1:
+        parser.error(f"--hours must be a number above 0 and at most {MAX_HOURS:g}, and --workers at least 1")
+    held = args.heldout_hours
+    if held is not None and not (math.isfinite(held) and 0 < held <= MAX_HOURS):
+        parser.error(f"--heldout-hours must be a number above 0 and at most {MAX_HOURS:g}")
+    if args.limit is not None and args.limit < 1:
+        parser.error("--limit must be at least 1")
+    if args.out.exists() and not args.out.is_dir() or any(p.exists() and not p.is_dir() for p in args.out.parents):
+        parser.error(f"--out {args.out}: a file is in the way of that folder")
+    if args.limit is not None and (args.out / "train.jsonl").exists():
+        parser.error(f"--limit is for trials in a fresh --out: {args.out} already has manifests, which a trial "
+                     "would cut down")
     if args.heldout_hours is None:
         args.heldout_hours = min(0.5, max(0.05, 0.03 * args.hours))
 
@@ -108,7 +123,8 @@ def read_plan(out: Path, settings: dict, hint: str = "") -> list[dict] | None:
         return None
     recorded = json.loads(settings_path.read_text(encoding="utf-8"))
     if recorded != settings:
-        raise SystemExit(f"{out} was planned with {recorded}, not {settings}: use another --out{hint}")
+        print(f"error: {out} was planned with {recorded}, not {settings}: use another --out{hint}", file=sys.stderr)
+        raise SystemExit(2)
     with plan_path.open(encoding="utf-8") as handle:
         return [json.loads(line) for line in handle]
 

@@ -344,3 +344,21 @@ def test_texts_with_line_separator_characters_round_trip(tmp_path: Path):
     assert run_recipe("prepare_jsonl.py", source, "--out", out).returncode == 0
     (utterance,) = read_manifest(out)
     assert utterance.text == "one\u2028two\x85three"
+
+
+@pytest.mark.parametrize("script", ["asr/prepare_synthetic.py", "st/prepare_st.py"])
+def test_synthesis_recipes_refuse_impossible_sizes_and_a_trial_over_a_finished_set(tmp_path: Path, script: str):
+    finished = tmp_path / "done"
+    finished.mkdir()
+    (finished / "train.jsonl").write_text("{}\n")
+    (tmp_path / "afile").write_text("x")
+    for args, match in ((["--hours", "nan"], "--hours must be"), (["--hours", "inf"], "--hours must be"),
+                        (["--hours", "1", "--heldout-hours", "-1"], "--heldout-hours must be"),
+                        (["--hours", "1", "--limit", "0"], "--limit must be at least 1"),
+                        (["--hours", "1", "--out", str(tmp_path / "afile")], "a file is in the way"),
+                        (["--hours", "1", "--limit", "1", "--out", str(finished)], "would cut down")):
+        argv = args if "--out" in args else [*args, "--out", str(tmp_path / "new")]
+        result = subprocess.run([sys.executable, str(ROOT / "recipes" / script), *argv], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 2 and match in result.stderr, (args, result.stderr)
+    assert (finished / "train.jsonl").read_text() == "{}\n"

@@ -146,6 +146,20 @@ def test_bad_input_is_one_error_line(sweep, tmp_path, capsys):
     assert "unknown baseline 'nope'" in capsys.readouterr().err
     assert sweep.main(["--threads", "0"]) == 2 and sweep.main(["--bogus"]) == 2
     assert capsys.readouterr().err.count("sweep: error:") == 2
+    manifest = str(_manifest(tmp_path))
+    assert sweep.main(["--manifest", manifest, "--model", "no-such-model", "--baselines", "none"]) == 2
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err  # before any point runs
+
+
+def test_report_only_without_results_leaves_the_report_alone(sweep, tmp_path, capsys):
+    report = tmp_path / "rep"
+    report.mkdir()
+    (report / "RESULTS.md").write_text("the committed tables")
+    args = ["--manifest", str(_manifest(tmp_path)), "--out", str(tmp_path / "nothing"), "--report-dir", str(report),
+            "--report-only"]
+    assert sweep.main(args) == 2
+    assert "is left as it is" in capsys.readouterr().err
+    assert (report / "RESULTS.md").read_text() == "the committed tables"
 
 
 def test_report_only_writes_the_command_line(sweep, tmp_path, monkeypatch):
