@@ -95,6 +95,34 @@ class TrainConfig:
     ctc_head_only: bool = False
     ctc_hop: int = -1  # the model's ``ctc_hop`` (frames between the fine CTC head's windows); -1: as its config says
 
+    def __post_init__(self) -> None:
+        """Values a recipe can get wrong are one-line input errors when it is built, before anything runs."""
+        from speechstream.chunker import chunk_samples
+
+        if self.task not in TASKS:
+            raise InputError(f"unknown task {self.task!r} (known: {', '.join(TASKS)})")
+        chunk_samples(self.chunk_ms)
+        parse_k_choices(self.k_choices)
+        for name in ("steps", "batch_size", "log_every", "save_every", "eval_utterances", "cache_batch_size",
+                     "mask_span"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("warmup_steps", "ctc_only_steps", "ctc_only_batch_size", "eval_every", "threads", "lag_words",
+                     "weight_decay", "ctc_weight", "word_margin_s", "lr_projector", "lr_lora"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name} must not be negative, not {getattr(self, name)}")
+        if not self.max_audio_s > 0:
+            raise InputError(f"max_audio_s must be positive, not {self.max_audio_s}")
+        for name in ("mask_time", "mask_channels"):
+            if not 0 <= getattr(self, name) < 1:
+                raise InputError(f"{name} must be at least 0 and below 1, not {getattr(self, name)}")
+        if self.ctc_vocab not in ("full", "train", "train+init"):
+            raise InputError(f"ctc_vocab must be 'full', 'train' or 'train+init', not {self.ctc_vocab!r}")
+        if self.lora_targets not in ("", "attention", "all"):
+            raise InputError(f"lora_targets must be '', 'attention' or 'all', not {self.lora_targets!r}")
+        if self.lookahead_frames < -1 or self.ctc_hop < -1:
+            raise InputError("lookahead_frames and ctc_hop must be -1 (the model's) or at least 0")
+
 
 @dataclass(frozen=True)
 class Example:
@@ -122,10 +150,11 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         except yaml.YAMLError as error:
             raise InputError(f"override {item!r}: not a YAML value ({one_line(error)})") from None
     try:
-        config = from_dict(TrainConfig, data)
+        config = from_dict(TrainConfig, data)  # (TrainConfig checks its values)
     except InputError as error:
         raise InputError(f"{path}: {error}") from None
-    check_train_config(config, path)
+    if Path(config.out_dir).exists() and not Path(config.out_dir).is_dir():
+        raise InputError(f"{path}: out_dir {config.out_dir} exists and is not a folder")
     base = Path(path).resolve().parent
     fix = {}
     for field in ("train_manifest", "dev_manifest"):
@@ -144,43 +173,6 @@ def parse_k_choices(text: str) -> list[int]:
     if min(ks) < 1:
         raise InputError(f"k_choices must be at least 1 each, not {text!r}")
     return ks
-
-
-def check_train_config(config: TrainConfig, where: str) -> None:
-    """Values a recipe can get wrong, caught before anything is built (one-line input errors)."""
-    from speechstream.chunker import chunk_samples
-
-    def fail(message: str):
-        raise InputError(f"{where}: {message}")
-
-    if config.task not in TASKS:
-        fail(f"unknown task {config.task!r} (known: {', '.join(TASKS)})")
-    try:
-        chunk_samples(config.chunk_ms)
-        parse_k_choices(config.k_choices)
-    except InputError as error:
-        fail(str(error))
-    for name in ("steps", "batch_size", "log_every", "save_every", "eval_utterances", "cache_batch_size",
-                 "mask_span"):
-        if getattr(config, name) < 1:
-            fail(f"{name} must be at least 1, not {getattr(config, name)}")
-    for name in ("warmup_steps", "ctc_only_steps", "ctc_only_batch_size", "eval_every", "threads", "lag_words",
-                 "weight_decay", "ctc_weight", "word_margin_s", "lr_projector", "lr_lora"):
-        if getattr(config, name) < 0:
-            fail(f"{name} must not be negative, not {getattr(config, name)}")
-    if not config.max_audio_s > 0:
-        fail(f"max_audio_s must be positive, not {config.max_audio_s}")
-    for name in ("mask_time", "mask_channels"):
-        if not 0 <= getattr(config, name) < 1:
-            fail(f"{name} must be at least 0 and below 1, not {getattr(config, name)}")
-    if config.ctc_vocab not in ("full", "train", "train+init"):
-        fail(f"ctc_vocab must be 'full', 'train' or 'train+init', not {config.ctc_vocab!r}")
-    if config.lora_targets not in ("", "attention", "all"):
-        fail(f"lora_targets must be '', 'attention' or 'all', not {config.lora_targets!r}")
-    if config.lookahead_frames < -1 or config.ctc_hop < -1:
-        fail("lookahead_frames and ctc_hop must be -1 (the model's) or at least 0")
-    if Path(config.out_dir).exists() and not Path(config.out_dir).is_dir():
-        fail(f"out_dir {config.out_dir} exists and is not a folder")
 
 
 def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr") -> list[Example]:
@@ -392,10 +384,8 @@ def ctc_class_ids(model: SpeechLLM, examples: list[Example], config: TrainConfig
     """The token ids the CTC loss scores (``ctc_vocab``): None for the whole vocabulary, else the sorted
     ids of every training CTC text; with "train+init" also the classes the model was loaded with (those of
     ``init_checkpoint``: a continuation of the same task keeps what the run it continues scored)."""
-    if config.ctc_vocab == "full":
+    if config.ctc_vocab == "full":  # (else "train" or "train+init": TrainConfig allows no other)
         return None
-    if config.ctc_vocab not in ("train", "train+init"):
-        raise InputError(f"ctc_vocab must be 'full', 'train' or 'train+init', not {config.ctc_vocab!r}")
     chunk_s = config.chunk_ms / 1000
     ids: set[int] = set()
     if config.ctc_vocab == "train+init" and model.ctc_classes is not None:
