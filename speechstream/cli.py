@@ -31,9 +31,10 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool) -> None:
     parser.add_argument("--chunk-ms", type=int, default=defaults.chunk_ms, help="audio per chunk (ms)")
     parser.add_argument("--policy", default=defaults.policy, help="read/write policy (wait-k)")
     parser.add_argument("--k", type=int, default=defaults.k, help="chunks read before the first write")
-    parser.add_argument("--max-tokens-per-chunk", type=int, default=defaults.max_tokens_per_chunk)
+    parser.add_argument("--max-tokens-per-chunk", type=int, default=defaults.max_tokens_per_chunk,
+                        help="tokens written at most between two reads (then the next chunk is read)")
     parser.add_argument("--max-repeats", type=int, default=defaults.max_repeats,
-                        help="stop a chunk's writing when a token block repeats this often (0: off)")
+                        help="stop a chunk's writing when a token block repeats this often (0: off; else at least 2)")
     parser.add_argument("--device", default=defaults.device, help="torch device (cpu, cuda)")
     parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate)")
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
@@ -193,7 +194,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
     model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
-        print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
+        print("speechstream: note: tiny-random is an untrained test model: it writes little or no text, none of it meaningful", file=sys.stderr)
     try:
         out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     except OSError as error:
@@ -275,7 +276,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline)
     sys.stdout.write((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
     if name == "tiny-random":
-        print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
+        print("speechstream: note: tiny-random is an untrained test model: it writes little or no text, none of it meaningful", file=sys.stderr)
     return 0
 
 
@@ -338,7 +339,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
-        print("speechstream: note: tiny-random is an untrained test model; its text is noise", file=sys.stderr)
+        print("speechstream: note: tiny-random is an untrained test model: it writes little or no text, none of it meaningful", file=sys.stderr)
     print(f"speechstream: listening on {device['name']} (Ctrl-C ends)", file=sys.stderr)
     session = StreamingSession(model, decoding)
     result = live.record(session, device, limit, live.Printer(), sd)

@@ -7,6 +7,7 @@ onto command-line flags.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import types
 import typing
 from pathlib import Path
@@ -99,14 +100,15 @@ ABLATIONS = ("none", "interleaved", "source-sees-target", "reencode")
 
 @dataclasses.dataclass(frozen=True)
 class DecodingConfig:
-    """Streaming decoding options (one field per command-line flag)."""
+    """Streaming decoding options (each has a command-line flag of the same name, except ``max_tail_tokens`` and
+    ``context_tokens``, which only the Python API sets)."""
 
     chunk_ms: int = 640  # audio per chunk (source segment)
     policy: str = "wait-k"  # read/write policy name
     k: int = 2  # chunks read before the first write
     max_tokens_per_chunk: int = 24  # cap on tokens written between two reads
     max_tail_tokens: int = 200  # cap on tokens written after the end of the audio
-    max_repeats: int = 4  # repetition guard: a block repeated this often ends the chunk's writing (0: off)
+    max_repeats: int = 4  # repetition guard: a block repeated this often ends the chunk's writing (0: off; not 1)
     device: str = "cpu"  # torch device
     int8: bool = False  # CPU speed mode: int8 dynamic quantization of the LLM (approximate; see model.quantize_int8)
     ablation: str = "none"  # decoding-time GPE ablation (speechstream.gpe.ABLATIONS); "none" is GPE itself
@@ -123,8 +125,9 @@ class DecodingConfig:
 
         def integer(name: str, low: int) -> None:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise InputError(f"--{name.replace('_', '-')} must be a whole number, got {value!r}")
+            object.__setattr__(self, name, int(value))  # numpy integers too, stored as int
             if value < low:
                 raise InputError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
 
@@ -132,6 +135,9 @@ class DecodingConfig:
         for name, low in (("k", 1), ("max_tokens_per_chunk", 1), ("max_tail_tokens", 1), ("max_repeats", 0),
                           ("vad_min_silence_ms", 32), ("context_tokens", 0), ("ctc_candidates", 1)):
             integer(name, low)
+        if self.max_repeats == 1:
+            raise InputError("--max-repeats must be 0 (off) or at least 2: every block of one token repeats once, so "
+                             "1 would stop all writing")
         if self.ablation not in ABLATIONS:
             raise InputError(f"unknown ablation {self.ablation!r} (known: {', '.join(ABLATIONS)})")
         for name in ("int8", "vad"):

@@ -121,6 +121,6 @@ def make_policy(name: str, k: int, max_tokens: int, max_tail_tokens: int, max_re
         raise InputError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
     if k < 1:
         raise InputError("k must be at least 1")
-    if max_repeats < 0:
-        raise InputError("max_repeats must be 0 (off) or more")
+    if max_repeats < 0 or max_repeats == 1:
+        raise InputError("max_repeats must be 0 (off) or at least 2")
     return POLICIES[name](k, max_tokens, max_tail_tokens, max_repeats)

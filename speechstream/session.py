@@ -53,7 +53,7 @@ from speechstream.model import SpeechLLM
 from speechstream.policy import Policy, Read, Stop, StreamView, Write, make_policy
 from speechstream.projector import ProjectorStream
 from speechstream.text import TextAssembler
-from speechstream.vad import Endpoint, Endpointer, VADConfig
+from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig
 
 
 @dataclass(frozen=True)
@@ -194,8 +194,12 @@ class StreamingSession:
         self.segment = 0  # the segment the LLM reads and writes; +1 at each reset (outside drivers: a fresh row)
         self.vad = Endpointer(VADConfig(min_silence_ms=decoding.vad_min_silence_ms)) if decoding.vad else None
         self.endpoints: list[Endpoint] = []  # segment ends found so far (absolute samples)
+        self.segment_starts: list[int] = []  # where each segment's audio starts (absolute samples; VAD speech starts)
         self._front_segment = 0  # the segment the front end is building (ahead of ``segment`` until read)
         self._front_start = 0  # absolute sample where the front end's segment starts
+        self._front_open = self.vad is None  # the front end's segment has audio (with VAD: once its speech starts)
+        self._released = 0  # absolute samples passed on to the front end or dropped as silence
+        self._waiting = np.zeros(0, np.float32)  # with VAD, samples from _released on: not yet known to be speech
         self._segment_read_done = False  # the last unit of ``segment`` has been read
         self._segment_target_start = 0  # index in target_ids of this segment's first target token
         self._stats_base = 0  # index in stats of this segment's first unit
@@ -219,36 +223,74 @@ class StreamingSession:
         start = self._clock_start()
         events: list[Event] = []
         with torch.no_grad():
-            for piece, ends_segment in self._pieces(samples):
-                self._samples_in += piece.size
-                for chunk in self.chunker.push(piece):
-                    self._add_unit(chunk, final=False)
-                    events += self._advance()
-                if ends_segment:
-                    self._end_front_segment()
-                    events += self._advance()
+            for step in self._route(samples):
+                events += self._front(step)
+        self._samples_in += samples.size
         self._compute_s += time.perf_counter() - start
         return events
 
-    def _pieces(self, samples: np.ndarray) -> list[tuple[np.ndarray, bool]]:
-        """Split a feed at the VAD's segment ends: (samples, ends a segment) pairs, in order."""
+    def _route(self, samples: np.ndarray) -> list[tuple[str, object]]:
+        """What the front end does with a feed, in order: ("audio", samples) to encode, ("skip", n) samples dropped
+        before a segment's speech, ("start", sample) a segment's audio begins, ("cut", None) the segment ends.
+
+        Without VAD all audio is encoded. With it, audio before a segment's speech is confirmed waits in
+        ``_waiting`` (at most the VAD's look-back) and is dropped, except the ``speech_pad_ms`` before the speech."""
         if self.vad is None:
-            return [(samples, False)]
-        endpoints = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant
-        self.endpoints += endpoints
-        pieces, offset = [], 0
-        for endpoint in endpoints:
-            cut = endpoint.cut - self._samples_in
-            pieces.append((samples[offset:cut], True))
-            offset = cut
-        pieces.append((samples[offset:], False))
-        return pieces
+            return [("audio", samples)]
+        found = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant
+        waiting = np.concatenate([self._waiting, samples]) if self._waiting.size else samples
+        at = self._released  # absolute sample of waiting[0]
+        steps: list[tuple[str, object]] = []
+
+        def take(until: int, kind: str) -> None:
+            nonlocal waiting, at
+            n = until - at
+            if n > 0:
+                steps.append((kind, waiting[:n]) if kind == "audio" else (kind, n))
+                waiting, at = waiting[n:], until
+
+        for item in found:
+            if isinstance(item, SpeechStart):
+                take(item.start, "skip")
+                steps.append(("start", item.start))
+            else:
+                take(item.cut, "audio")
+                self.endpoints.append(item)
+                steps.append(("cut", None))
+        if self.vad.speaking:
+            take(at + waiting.size, "audio")
+        else:
+            take(self.vad.keep_from(), "skip")
+        self._waiting = waiting.copy() if waiting.size else np.zeros(0, np.float32)
+        return steps
+
+    def _front(self, step: tuple[str, object]) -> list[Event]:
+        """Carry out one routing step (``_route``) on the front end; return the events of the LLM work it allowed."""
+        kind, value = step
+        if kind == "skip":
+            self._released += value
+            return []
+        if kind == "start":
+            self._front_start = value
+            self.segment_starts.append(value)
+            self._front_open = True
+            return []
+        events = []
+        if kind == "audio":
+            self._released += value.size
+            for chunk in self.chunker.push(value):
+                self._add_unit(chunk, final=False)
+                events += self._advance()
+        else:  # "cut"
+            self._end_front_segment()
+            events += self._advance()
+        return events
 
     def _end_front_segment(self) -> None:
         """A VAD cut: the segment's last unit (audio tail + end marker) is queued; the front end starts afresh."""
         self._add_unit(self.chunker.flush(), final=True)
         self._front_segment += 1
-        self._front_start = self._samples_in
+        self._front_open = False
         self._chunks_made = 0
         self.chunker = Chunker(self.decoding.chunk_ms)
         self.mel = LogMelStream()
@@ -271,11 +313,22 @@ class StreamingSession:
         return events + self.close()
 
     def end_audio(self) -> None:
-        """Turn the unchunked tail and the end-of-source marker into the last unit (no LLM work)."""
-        if not self._audio_done:
-            if not (self._front_segment and self._samples_in == self._front_start):  # not an empty segment after a cut
-                self._add_unit(self.chunker.flush(), final=True)
-            self._audio_done = True
+        """Turn the unchunked tail and the end-of-source marker into the last unit (no LLM work). With VAD, speech
+        heard but not yet confirmed (a word shorter than ``min_speech_ms``) is read too; a last segment with no speech
+        at all is not read (nothing is written for silence)."""
+        if self._audio_done:
+            return
+        if self.vad is not None and not self._front_open and self.vad.pending_onset is not None:
+            start = self.vad.keep_from()
+            for step in [("skip", start - self._released), ("start", start),
+                         ("audio", self._waiting[start - self._released :])]:
+                self._front(step)
+            self._waiting = np.zeros(0, np.float32)
+        if self._front_open:
+            self._add_unit(self.chunker.flush(), final=True)
+        else:  # only silence since the last cut (or since the start): the whole audio has been passed
+            self._source_s = self._samples_in / SAMPLE_RATE
+        self._audio_done = True
 
     def close(self) -> list[Event]:
         """Commit whatever text is left and return it with the "end" event."""
@@ -346,7 +399,7 @@ class StreamingSession:
         embeds = torch.cat(parts)
         self._chunks_made += 1
         chunk_end = self._front_start + self._chunks_made * self.chunker.chunk_size  # absolute samples
-        source_s = self._samples_in / SAMPLE_RATE if final else chunk_end / SAMPLE_RATE
+        source_s = self._released / SAMPLE_RATE if final else chunk_end / SAMPLE_RATE
         stats = UnitStats(encoder_frames=frames.shape[0], source_tokens=embeds.shape[0])
         self.stats.append(stats)
         ctc = None

@@ -83,9 +83,13 @@ class TextAssembler:
         return self._commit(len(self.ids), force)
 
     def tail(self) -> str:
-        """The uncommitted text."""
+        """The uncommitted text, as it would follow the committed text (so committed + tail reads right)."""
         text = self._decode(self.committed_upto, len(self.ids))
-        return text.lstrip() if not self.committed or self._new_word else text
+        if not self.committed:
+            return text.lstrip()
+        if self._new_word:  # the first words of a new segment: one space after the last one's text
+            return " " + text.lstrip() if text.strip() else ""
+        return text
 
     def _commit(self, upto: int, force: bool = False) -> str:
         if upto <= self.committed_upto:

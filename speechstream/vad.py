@@ -2,13 +2,18 @@
 
 ``Endpointer.push(samples)`` takes 16 kHz float samples in buffers of any size, runs the
 Silero model on consecutive 512-sample windows (aligned to the start of the stream, so
-the result does not depend on how the audio was sliced) and returns the segment ends it
-has found. A segment ends once ``min_silence_ms`` of non-speech follow at least
-``min_speech_ms`` of speech; very long speech without such a pause is cut at the first
-non-speech window after ``max_segment_s`` and unconditionally at twice that.
+the result does not depend on how the audio was sliced) and returns, in order, where each
+segment's speech starts and where each segment ends.
 
-The session cuts its stream at ``Endpoint.cut`` (the end of the window that confirmed the
-silence): everything before belongs to the ending segment, everything after to the next.
+A segment *starts* once ``min_speech_ms`` of speech have been heard since the last cut
+(shorter blips followed by ``min_silence_ms`` of non-speech are forgotten): ``SpeechStart.start``
+is ``speech_pad_ms`` before its first speech window (never before the last cut). Audio before
+it is silence the session drops: fed to the model it would be transcribed as words ("I, I,
+I, ...") and, at length, push the speech that follows off the model's trained ground.
+A segment *ends* once ``min_silence_ms`` of non-speech follow its speech; very long speech
+without such a pause is cut at the first non-speech window ``max_segment_s`` after its start
+and unconditionally at twice that. The session cuts its stream at ``Endpoint.cut`` (the end
+of the window that confirmed the silence): everything before belongs to the ending segment.
 """
 
 from __future__ import annotations
@@ -36,6 +41,17 @@ class VADConfig:
     # the shipped models were trained on (11.9 s; 99 % are under 9 s), so a segment stays on their ground. Measured
     # on the six real clips run together without pauses (36 s, README Long sessions): 35.5 % WER at 30 s, 30.1 % at 12
     max_segment_s: float = 12.0
+    # audio kept before a segment's first speech window: about the most leading silence of the training clips (0.1 s
+    # kept + up to 0.4 s added). At 256 ms the six real clips lost 9 points of WER (26.9 -> 35.5 %, the chunk grids moved)
+    speech_pad_ms: int = 512
+
+
+@dataclass(frozen=True)
+class SpeechStart:
+    """Speech confirmed in a new segment; its audio starts at ``start`` (samples from the start of the stream)."""
+
+    start: int  # the segment's first sample: speech_pad_ms before its first speech window, at or after the last cut
+    confirmed: int  # end of the window that confirmed it (min_speech_ms of speech heard)
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,11 @@ def load_vad_model():
         return load_silero_vad(onnx=True)
 
 
+def ms_samples(milliseconds: float) -> int:
+    """Samples in a duration, in whole 32 ms windows (so positions stay on the window grid)."""
+    return int(round(milliseconds * SAMPLE_RATE / 1000 / WINDOW)) * WINDOW
+
+
 def windows_ms(milliseconds: float) -> int:
     """Whole 32 ms windows covering a duration (at least one)."""
     return max(1, int(np.ceil(milliseconds * SAMPLE_RATE / 1000 / WINDOW)))
@@ -75,34 +96,56 @@ class Endpointer:
         self.model.reset_states()
         self._buffer = np.zeros(0, np.float32)  # samples not yet in a full window
         self.samples_seen = 0  # samples consumed into windows
-        self._segment_start = 0  # sample where the current segment started (the last cut)
+        self._last_cut = 0  # sample where the last segment ended (0 at first)
+        self._segment_start: int | None = None  # where the current segment's audio starts, once its speech is confirmed
+        self._onset: int | None = None  # start of the first speech window not yet confirmed or forgotten
         self._speech_windows = 0  # speech windows in the current segment
         self._silence_windows = 0  # consecutive non-speech windows after speech
         self._in_speech = False
         self._speech_end = 0  # end of the last speech window
 
-    def push(self, samples: np.ndarray) -> list[Endpoint]:
-        """Consume samples (any length); return the segment ends completed by them, in order."""
+    @property
+    def speaking(self) -> bool:
+        """The current segment's speech has been confirmed (a ``SpeechStart`` was returned, no ``Endpoint`` yet)."""
+        return self._segment_start is not None
+
+    @property
+    def pending_onset(self) -> int | None:
+        """Where speech not yet confirmed began (a blip, or a word still shorter than ``min_speech_ms``)."""
+        return self._onset
+
+    def keep_from(self) -> int:
+        """Before its speech is confirmed, the earliest sample the current segment may still start at: audio before
+        it can be dropped (it is only ``speech_pad_ms`` before the samples not yet judged, or before an onset)."""
+        if self._segment_start is not None:
+            return self._segment_start
+        onset = self._onset if self._onset is not None else self.samples_seen
+        return max(self._last_cut, onset - ms_samples(self.config.speech_pad_ms))
+
+    def push(self, samples: np.ndarray) -> list[SpeechStart | Endpoint]:
+        """Consume samples (any length); return the speech starts and segment ends found in them, in order."""
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         joined = np.concatenate([self._buffer, samples]) if self._buffer.size else samples
         n_windows = joined.size // WINDOW
         self._buffer = joined[n_windows * WINDOW :].copy()
-        endpoints = []
+        found = []
         with torch.no_grad():
             for i in range(n_windows):
                 window = torch.from_numpy(joined[i * WINDOW : (i + 1) * WINDOW].copy())
                 probability = float(self.model(window, SAMPLE_RATE))
                 self.samples_seen += WINDOW
-                endpoint = self._update(probability)
-                if endpoint is not None:
-                    endpoints.append(endpoint)
-        return endpoints
+                event = self._update(probability)
+                if event is not None:
+                    found.append(event)
+        return found
 
-    def _update(self, probability: float) -> Endpoint | None:
+    def _update(self, probability: float) -> SpeechStart | Endpoint | None:
         """Advance the state machine by one window ending at ``samples_seen``."""
         config = self.config
         now = self.samples_seen
         if probability >= config.threshold:
+            if not self._in_speech and self._segment_start is None and self._onset is None:
+                self._onset = now - WINDOW
             self._in_speech = True
             self._speech_windows += 1
             self._silence_windows = 0
@@ -112,14 +155,19 @@ class Endpointer:
                 self._silence_windows += 1
         else:  # between the thresholds while in speech: still speech
             self._speech_end = now
+        if self._segment_start is None:  # no speech confirmed in this segment yet
+            if self._in_speech and self._speech_windows >= windows_ms(config.min_speech_ms):
+                self._segment_start = self.keep_from()
+                self._onset = None
+                return SpeechStart(start=self._segment_start, confirmed=now)
+            if self._in_speech and self._silence_windows >= windows_ms(config.min_silence_ms):
+                self._in_speech = False  # a blip too short to be speech: forget it
+                self._speech_windows = self._silence_windows = 0
+                self._onset = None
+            return None
         segment_s = (now - self._segment_start) / SAMPLE_RATE
         if segment_s >= 2 * config.max_segment_s:
             return self._cut(max(self._speech_end, self._segment_start) if self._silence_windows else now)
-        if not self._in_speech or self._speech_windows < windows_ms(config.min_speech_ms):
-            if self._in_speech and self._silence_windows >= windows_ms(config.min_silence_ms):
-                self._in_speech = False  # a blip too short to be a segment: forget it
-                self._speech_windows = self._silence_windows = 0
-            return None
         if self._silence_windows >= windows_ms(config.min_silence_ms):
             return self._cut(self._speech_end)
         if segment_s >= config.max_segment_s and self._silence_windows:
@@ -128,16 +176,24 @@ class Endpointer:
 
     def _cut(self, speech_end: int) -> Endpoint:
         endpoint = Endpoint(speech_end=speech_end, cut=self.samples_seen)
-        self._segment_start = self.samples_seen
+        self._last_cut = self.samples_seen
+        self._segment_start = None
         self._speech_windows = self._silence_windows = 0
         self._in_speech = False
         return endpoint
 
 
-def find_endpoints(samples: np.ndarray, config: VADConfig = VADConfig(), feed_size: int = 16_000) -> list[Endpoint]:
-    """Run an endpointer over a whole signal in ``feed_size`` buffers (tests and tools)."""
+def find_segments(samples: np.ndarray, config: VADConfig = VADConfig(),
+                  feed_size: int = 16_000) -> list[SpeechStart | Endpoint]:
+    """Run an endpointer over a whole signal in ``feed_size`` buffers: its speech starts and segment ends, in order
+    (tests and tools)."""
     endpointer = Endpointer(config)
     found = []
     for start in range(0, len(samples), feed_size):
         found += endpointer.push(samples[start : start + feed_size])
     return found
+
+
+def find_endpoints(samples: np.ndarray, config: VADConfig = VADConfig(), feed_size: int = 16_000) -> list[Endpoint]:
+    """The segment ends alone."""
+    return [e for e in find_segments(samples, config, feed_size) if isinstance(e, Endpoint)]

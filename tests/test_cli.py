@@ -23,12 +23,17 @@ ERROR = "speechstream: error:"
 
 
 def write_wav(path: Path, seconds: float = 0.8, rate: int = 16000, seed: int = 0, extra: int = 0, **kwargs) -> Path:
-    """Tone plus noise; ``extra`` samples past the whole seconds."""
-    rng = np.random.default_rng(seed)
+    """Real speech (a stretch of a sample clip, looped; ``seed`` picks where it starts, so the VAD that `transcribe`
+    runs by default finds speech in it); ``extra`` samples past the whole seconds."""
+    import librosa
+
+    clip = soundfile.read(REPO / "samples" / "austen-0880.wav", dtype="float32")[0]
+    if rate != 16000:
+        clip = librosa.resample(clip, orig_sr=16000, target_sr=rate)
     n = int(seconds * rate) + extra
-    t = np.arange(n) / rate
-    samples = 0.1 * rng.standard_normal(n) + 0.3 * np.sin(2 * np.pi * 220 * t)
-    soundfile.write(path, samples.astype(np.float32), rate, **kwargs)
+    start = (seed * 7919) % (clip.size // 2)
+    samples = np.resize(np.roll(clip, -start), n)
+    soundfile.write(path, samples, rate, **kwargs)
     return path
 
 

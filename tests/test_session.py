@@ -213,6 +213,7 @@ def test_no_feed_after_the_audio_has_ended(tiny_model):
     ("max_tokens_per_chunk", 0, "--max-tokens-per-chunk must be at least 1"),
     ("max_tail_tokens", -5, "--max-tail-tokens must be at least 1"),
     ("max_repeats", -1, "--max-repeats must be at least 0"),
+    ("max_repeats", 1, "--max-repeats must be 0 \\(off\\) or at least 2"),
     ("vad_min_silence_ms", 0, "--vad-min-silence-ms must be at least 32"),
     ("context_tokens", -5, "--context-tokens must be at least 0"),
     ("ctc_weight", 1.5, "--ctc-weight must be at least 0 and below 1"),

@@ -7,7 +7,7 @@ import torch
 from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import DecodingConfig
 from speechstream.session import StreamingSession
-from speechstream.vad import Endpointer, VADConfig, find_endpoints
+from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig, find_endpoints
 from tests.conftest import text_favouring_chooser
 
 CLIPS = ["samples/austen-0870.wav", "samples/austen-0880.wav", "samples/austen-0890.wav", "samples/austen-0920.wav"]
@@ -63,9 +63,42 @@ class _AlwaysSpeech:
 
 def test_speech_without_a_pause_is_cut_at_twice_the_segment_limit():
     endpointer = Endpointer(VADConfig(), model=_AlwaysSpeech())
-    cuts = [e.cut for e in endpointer.push(np.zeros(50 * SAMPLE_RATE, np.float32))]
+    found = endpointer.push(np.zeros(50 * SAMPLE_RATE, np.float32))
+    cuts = [e.cut for e in found if isinstance(e, Endpoint)]
     limit = 2 * VADConfig().max_segment_s * SAMPLE_RATE  # 24 s: the hard cut, at a window boundary
     assert cuts and all(0 <= cut - (i + 1) * limit < 512 * (i + 1) for i, cut in enumerate(cuts))
+    # each segment starts where the last ended (speech from its first window) and is confirmed 250 ms later
+    starts = [e for e in found if isinstance(e, SpeechStart)]
+    assert [s.start for s in starts] == [0] + cuts
+    assert all(s.confirmed - s.start == 8 * 512 for s in starts)
+    assert [type(e) for e in found] == [SpeechStart, Endpoint] * len(cuts) + [SpeechStart]
+
+
+class _Script:
+    """A stand-in for the Silero model that plays a list of speech probabilities, one per window."""
+
+    def __init__(self, probabilities):
+        self.probabilities = list(probabilities)
+
+    def reset_states(self):
+        pass
+
+    def __call__(self, window, rate):
+        return torch.tensor([[self.probabilities.pop(0) if self.probabilities else 0.0]])
+
+
+def test_a_segment_starts_a_pad_before_its_confirmed_speech():
+    """Silence, a blip (forgotten after 600 ms of silence), silence, then speech: the segment starts 512 ms (16 windows)
+    before the speech's first window, once 250 ms (8 windows) of it have been heard; nothing cuts before it."""
+    script = [0.0] * 40 + [0.9] * 3 + [0.0] * 30 + [0.9] * 20 + [0.0] * 5
+    endpointer = Endpointer(VADConfig(), model=_Script(script))
+    assert endpointer.push(np.zeros(42 * 512, np.float32)) == []
+    assert endpointer.pending_onset == 40 * 512 and endpointer.keep_from() == 24 * 512  # the blip might be speech
+    found = endpointer.push(np.zeros((len(script) - 42) * 512, np.float32))
+    assert found == [SpeechStart(start=(73 - 16) * 512, confirmed=(73 + 8) * 512)]
+    assert endpointer.speaking and endpointer.keep_from() == (73 - 16) * 512
+    early = Endpointer(VADConfig(), model=_Script([0.0] * 3 + [0.9] * 8))
+    assert early.push(np.zeros(11 * 512, np.float32)) == [SpeechStart(start=0, confirmed=11 * 512)]  # not before 0
 
 
 def test_long_speech_is_cut_at_its_first_pause_after_the_segment_limit():
@@ -98,8 +131,10 @@ def test_session_resets_at_pauses(tiny_model, speech_with_pauses):
     session, events, trace = feed_all(tiny_model, audio, 1600)
     cuts = [e.cut for e in session.endpoints]
     assert len(cuts) == len(ends)
-    # the last cut leaves a short tail of silence, a segment of its own
-    assert session.segment == len(cuts)
+    # each segment starts just before its speech (the pause before it is dropped); after the last cut only silence
+    assert session.segment == len(cuts) == len(session.segment_starts)
+    assert all(c < s < c + SAMPLE_RATE for c, s in zip(cuts, session.segment_starts[1:]))
+    assert session.segment_starts[0] < 0.2 * SAMPLE_RATE
     resets = [(b, a) for b, a in trace if a[0] != b[0]]
     assert len(resets) == len(cuts)
     for before, after in resets:
@@ -113,9 +148,9 @@ def test_session_resets_at_pauses(tiny_model, speech_with_pauses):
     # times are absolute: each segment's text is committed when its last unit (at the cut) was read
     finals = [e for e in events if e.type == "final"]
     assert [e.source_s for e in finals] == sorted(e.source_s for e in finals)
-    # each segment's chunk grid starts at its cut: a final's time is its segment's start + whole chunks
+    # each segment's chunk grid starts at its speech start: a final's time is its segment's start + whole chunks
     # (or a cut / the end, for text committed when a segment ends)
-    starts, chunk = [0] + cuts, 10240
+    starts, chunk = session.segment_starts, 10240
     anchors = []
     for event in finals:
         at = round(event.source_s * SAMPLE_RATE)
@@ -200,3 +235,36 @@ def test_context_tokens_are_fed_not_emitted(tiny_model, speech_with_pauses):
     assert text_so_far == session.text.ids  # context tokens were not emitted again
     finals = "".join(e.text for e in events if e.type == "final")
     assert finals == session.transcript
+
+
+def test_silence_before_speech_is_not_decoded(tiny_model):
+    """8 s of silence, then a clip: the session drops the silence up to 512 ms before the speech, so it reads and
+    writes exactly what a session started at that sample does, at times shifted by the dropped audio."""
+    clip = load_audio("samples/austen-0880.wav")
+    lead = 8 * SAMPLE_RATE
+    with_lead, events_lead, _ = feed_all(tiny_model, np.concatenate([np.zeros(lead, np.float32), clip]), 3000)
+    start = with_lead.segment_starts[0]
+    assert lead - 0.52 * SAMPLE_RATE <= start <= lead and start % 512 == 0 and with_lead.endpoints == []
+    plain = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=40)
+    alone, events_alone, _ = feed_all(tiny_model, clip[start - lead :] if start >= lead else
+                                      np.concatenate([np.zeros(lead - start, np.float32), clip]), 3000, plain)
+    assert with_lead.target_ids == alone.target_ids and with_lead.stats == alone.stats
+    shift = start / SAMPLE_RATE
+    strip = lambda events, dt: [(e.type, e.text, round(e.source_s + dt, 3)) for e in events]  # noqa: E731
+    assert strip(events_lead, 0) == strip(events_alone, shift)
+
+
+def test_silence_alone_writes_nothing(tiny_model):
+    """No speech at all: nothing is encoded or written, and the end event still accounts for all the audio."""
+    session, events, _ = feed_all(tiny_model, np.zeros(5 * SAMPLE_RATE, np.float32), 4000)
+    assert session.target_ids == [] and session.stats == [] and session.segment_starts == []
+    assert [e.type for e in events] == ["end"] and events[-1].text == ""
+    assert events[-1].source_s == events[-1].audio_s == 5.0
+
+
+def test_a_short_word_at_the_end_is_still_read(tiny_model):
+    """Speech heard but shorter than min_speech_ms when the audio ends is decoded (not dropped as a blip)."""
+    clip = load_audio("samples/austen-0880.wav")
+    audio = np.concatenate([np.zeros(SAMPLE_RATE, np.float32), clip[: int(0.45 * SAMPLE_RATE)]])
+    session, events, _ = feed_all(tiny_model, audio, 4000)
+    assert len(session.segment_starts) == 1 and session.stats
