@@ -13,6 +13,9 @@ from pathlib import Path
 
 from speechstream.errors import InputError, SpeechstreamError
 
+TINY_NOTE = "speechstream: note: tiny-random is an untrained test model: it writes little or no text, none of it " \
+    "meaningful"
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
@@ -81,7 +84,8 @@ def _live_args(parser: argparse.ArgumentParser) -> None:
 def _bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minutes", type=float, default=30.0, help="length of the synthetic stream")
     parser.add_argument("--window-minutes", type=float, default=5.0, help="report one line per window of audio")
-    parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml")
+    parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml (default: "
+                        "tiny-random, the untrained test model: its speed, not its text)")
     parser.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms)")
     parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=False,
                         help="end segments at pauses and reset the caches (default: off)")
@@ -194,7 +198,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
     model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
-        print("speechstream: note: tiny-random is an untrained test model: it writes little or no text, none of it meaningful", file=sys.stderr)
+        print(TINY_NOTE, file=sys.stderr)
     try:
         out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     except OSError as error:
@@ -276,7 +280,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline)
     sys.stdout.write((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
     if name == "tiny-random":
-        print("speechstream: note: tiny-random is an untrained test model: it writes little or no text, none of it meaningful", file=sys.stderr)
+        print(TINY_NOTE, file=sys.stderr)
     return 0
 
 
@@ -339,7 +343,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
-        print("speechstream: note: tiny-random is an untrained test model: it writes little or no text, none of it meaningful", file=sys.stderr)
+        print(TINY_NOTE, file=sys.stderr)
     print(f"speechstream: listening on {device['name']} (Ctrl-C ends)", file=sys.stderr)
     session = StreamingSession(model, decoding)
     result = live.record(session, device, limit, live.Printer(), sd)
