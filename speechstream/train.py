@@ -122,6 +122,16 @@ class TrainConfig:
             raise InputError(f"lora_targets must be '', 'attention' or 'all', not {self.lora_targets!r}")
         if self.lookahead_frames < -1 or self.ctc_hop < -1:
             raise InputError("lookahead_frames and ctc_hop must be -1 (the model's) or at least 0")
+        if self.ctc_only_steps > self.steps:
+            raise InputError(f"ctc_only_steps ({self.ctc_only_steps}) must not exceed steps ({self.steps})")
+        # each phase warms up on its own (phase_learning_rate_factor): a warm-up longer than a phase never ends
+        joint = self.steps - self.ctc_only_steps
+        if self.ctc_only_steps and self.warmup_steps > self.ctc_only_steps:
+            raise InputError(f"warmup_steps ({self.warmup_steps}) must not exceed the CTC-only phase "
+                             f"(ctc_only_steps={self.ctc_only_steps}); each phase warms up on its own")
+        if joint and self.warmup_steps > joint:
+            raise InputError(f"warmup_steps ({self.warmup_steps}) must not exceed the joint phase "
+                             f"(steps - ctc_only_steps = {joint}); each phase warms up on its own")
 
 
 @dataclass(frozen=True)

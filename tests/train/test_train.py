@@ -300,6 +300,10 @@ def test_recipe_lookahead_gives_the_encoder_right_context_its_own_cache_and_late
     ({"lr_projector": -1}, "lr_projector must not be negative"),
     ({"lora_targets": "bogus"}, "lora_targets must be"),
     ({"train_manifest": None}, "missing config key train_manifest"),
+    ({"ctc_only_steps": 7}, "ctc_only_steps (7) must not exceed steps (6)"),
+    ({"warmup_steps": 7}, "warmup_steps (7) must not exceed the joint phase"),
+    ({"ctc_only_steps": 2, "warmup_steps": 3}, "warmup_steps (3) must not exceed the CTC-only phase"),
+    ({"ctc_only_steps": 3, "warmup_steps": 4}, "warmup_steps (4) must not exceed the"),
 ])
 def test_bad_recipe_values_are_one_line_errors_before_any_work(capsys, tmp_path, overrides, match):
     from speechstream.cli import main
