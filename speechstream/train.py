@@ -21,6 +21,9 @@ import dataclasses
 import json
 import math
 import os
+import pickle
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -484,6 +487,96 @@ def truncate_log(log_path: Path, step: int) -> None:
         log_path.write_text("".join(line + "\n" for line in kept))
 
 
+STEP_FILE = "step.json"  # written last into a checkpoint folder: its step (and the pending log window)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file (or a folder's entries) to disk; a file system that cannot is left as it is."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_file_durably(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file and a rename, flushed to disk."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    fsync_path(path.parent)
+
+
+def tidy_checkpoints(out_dir: Path) -> None:
+    """After a save that was cut short (kill -9, power loss), leave the newest complete checkpoint in
+    ``out_dir/state``: a torn ``state.tmp`` is dropped; a kill between the two renames of ``save_checkpoint``
+    left the previous checkpoint in ``state.old``. Main process only."""
+    state, old, tmp = out_dir / "state", out_dir / "state.old", out_dir / "state.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    if not (state / STEP_FILE).is_file() and (old / STEP_FILE).is_file():
+        if state.exists():
+            shutil.rmtree(state)
+        old.rename(state)
+        fsync_path(out_dir)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def checkpoint_folder(out_dir: Path) -> Path | None:
+    """The checkpoint to resume from (after ``tidy_checkpoints``), or None to start afresh. A folder without
+    its step file is the layout of an earlier version (the step in ``progress.json``), else a torn first save."""
+    state = out_dir / "state"
+    if (state / STEP_FILE).is_file() or (state.is_dir() and (out_dir / "progress.json").is_file()):
+        return state
+    return None
+
+
+def checkpoint_record(state: Path) -> dict:
+    """The step (and saved log window) of a checkpoint folder."""
+    if (state / STEP_FILE).is_file():
+        record = json.loads((state / STEP_FILE).read_text())
+    else:  # an earlier version's layout
+        record = {"step": json.loads((state.parent / "progress.json").read_text())["step"]}
+    if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
+        raise ValueError(f"no step number in {state / STEP_FILE}")
+    return record
+
+
+def save_checkpoint(accelerator, out_dir: Path, record: dict) -> None:
+    """Save the training state so that a kill at any moment leaves one complete checkpoint: everything goes
+    to ``state.tmp`` (flushed, its step file written last), then ``state`` -> ``state.old``, ``state.tmp`` ->
+    ``state``, and ``state.old`` is removed. Every process calls it."""
+    state, old, tmp = out_dir / "state", out_dir / "state.old", out_dir / "state.tmp"
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file():
+                fsync_path(path)
+        write_file_durably(tmp / STEP_FILE, json.dumps(record))
+        if old.exists():
+            shutil.rmtree(old)
+        if state.exists():
+            state.rename(old)
+        tmp.rename(state)
+        fsync_path(out_dir)
+        if old.exists():
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+
+
 def plot_losses(log_path: Path, out_path: Path) -> None:
     import matplotlib
 
@@ -557,16 +650,27 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     objective, optimizer = accelerator.prepare(objective, optimizer)
     cache = FeatureCache(out_dir / "features", model, config.chunk_ms)
     ks = parse_k_choices(config.k_choices)
-    state_dir = out_dir / "state"
-    progress_file = out_dir / "progress.json"
+    progress_file = out_dir / "progress.json"  # the step of trainable.safetensors (read by recipes/asr/export.py)
+    if accelerator.is_main_process:
+        tidy_checkpoints(out_dir)
+    accelerator.wait_for_everyone()
+    state_dir = checkpoint_folder(out_dir)
     start_step = 0
-    if state_dir.exists() and progress_file.exists():
+    if state_dir is not None:
+        from safetensors import SafetensorError
+
         try:
-            start_step = int(json.loads(progress_file.read_text())["step"])
+            start_step = checkpoint_record(state_dir)["step"]
             accelerator.load_state(str(state_dir))
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
-            raise InputError(f"{out_dir}: cannot resume from its checkpoint ({type(error).__name__}: "
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError,
+                SafetensorError) as error:
+            raise InputError(f"{state_dir}: cannot resume from this checkpoint ({type(error).__name__}: "
                              f"{one_line(error)}); give another out_dir or delete this one to start over") from None
+        if accelerator.is_main_process:  # a kill after the checkpoint's rename left the older step here
+            write_file_durably(progress_file, json.dumps({"step": start_step}))
+    if start_step >= config.steps and accelerator.is_main_process:
+        print(f"speechstream: note: {out_dir} is already trained to step {start_step} of {config.steps}; "
+              "nothing to do", file=sys.stderr)
     log_path = out_dir / "log.jsonl"
     if accelerator.is_main_process and log_path.exists():
         truncate_log(log_path, start_step)
@@ -630,10 +734,11 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
                 log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
         if done % config.save_every == 0 or done in (config.steps, last_step):
             accelerator.wait_for_everyone()
-            accelerator.save_state(str(state_dir))
-            if accelerator.is_main_process:
+            if accelerator.is_main_process:  # before the state: the weights of a finished run are never older
                 save_trainable(accelerator.unwrap_model(objective).model, out_dir / "trainable.safetensors")
-                progress_file.write_text(json.dumps({"step": done}))
+            save_checkpoint(accelerator, out_dir, {"step": done})
+            if accelerator.is_main_process:
+                write_file_durably(progress_file, json.dumps({"step": done}))
                 plot_losses(log_path, out_dir / "loss.png")
     bar.close()
     accelerator.wait_for_everyone()
@@ -682,4 +787,5 @@ def save_trainable(model: SpeechLLM, path: Path) -> None:
 
     tmp = path.with_suffix(".tmp")
     save_file(trainable_state(model), str(tmp))
+    fsync_path(tmp)
     tmp.rename(path)

@@ -354,13 +354,51 @@ def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
     assert len(err.strip().splitlines()) == 1 and match in err, err
 
 
-def test_a_damaged_checkpoint_folder_is_a_one_line_error_not_a_crash(capsys, tmp_path):
+@pytest.mark.parametrize("damage", ["safetensors", "optimizer", "step"])
+def test_a_damaged_checkpoint_folder_is_a_one_line_error_not_a_crash(capsys, tmp_path, damage):
     from speechstream.cli import main
 
-    path = write_recipe(tmp_path, steps=2, save_every=1)
-    assert main(["train", str(path)]) == 0
-    (tmp_path / "run" / "progress.json").write_text("{")
+    path = write_recipe(tmp_path, steps=3, save_every=1)
+    assert main(["train", str(path), "--stop-after", "2"]) == 0
+    state = tmp_path / "run" / "state"
+    if damage == "safetensors":
+        torn = next(state.glob("*.safetensors"))
+    elif damage == "optimizer":
+        torn = state / "optimizer.bin"
+    else:
+        torn = state / "step.json"
+    torn.write_bytes(torn.read_bytes()[:10])
     capsys.readouterr()
-    assert main(["train", str(path), "steps=3"]) == 2
+    assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "cannot resume from its checkpoint" in err and len(err.strip().splitlines()) == 1, err
+    assert "cannot resume from this checkpoint" in err and str(state) in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_save_cut_short_resumes_from_the_previous_checkpoint(tmp_path):
+    """kill -9 between the two renames of a checkpoint save (state moved to state.old, state.tmp torn) and a
+    progress.json behind the state: the rerun resumes from the state's own step and ends with the weights of an
+    uninterrupted run."""
+    (tmp_path / "a").mkdir()
+    train(load_train_config(str(write_recipe(tmp_path / "a")), []), progress=False)
+    (tmp_path / "b").mkdir()
+    recipe = load_train_config(str(write_recipe(tmp_path / "b")), [])
+    train(recipe, progress=False, stop_after=3)
+    run = tmp_path / "b" / "run"
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    log[1]["marker"] = True  # steps up to the checkpoint are not run again
+    (run / "log.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log))
+    (run / "state").rename(run / "state.old")
+    (run / "state.tmp").mkdir()
+    (run / "state.tmp" / "model.safetensors").write_bytes(b"torn")
+    (run / "progress.json").write_text(json.dumps({"step": 0}))  # killed before progress.json was written
+    train(recipe, progress=False)
+    assert not (run / "state.old").exists() and not (run / "state.tmp").exists()
+    assert json.loads((run / "state" / "step.json").read_text())["step"] == 6
+    assert json.loads((run / "progress.json").read_text())["step"] == 6
+    rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert rows[1].get("marker") and [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    a = load_file(str(tmp_path / "a" / "run" / "trainable.safetensors"))
+    b = load_file(str(run / "trainable.safetensors"))
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-6), key
