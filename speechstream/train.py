@@ -18,6 +18,7 @@ Runs through accelerate: the same command trains on one CPU, several GPUs or nod
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -487,6 +488,63 @@ def truncate_log(log_path: Path, step: int) -> None:
         log_path.write_text("".join(line + "\n" for line in kept))
 
 
+# recipe fields a resumed run may change: they do not change the weights it computes (log and save points, dev
+# evaluation, cache filling, threads); every other field, the train manifest's content and the model config's are
+# held to what out_dir/recipe.json recorded when the run started
+FREE_FIELDS = ("out_dir", "dev_manifest", "log_every", "save_every", "eval_every", "eval_utterances",
+               "cache_batch_size", "precache", "threads")
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes (a one-line input error when it cannot be read)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as error:
+        raise InputError(f"{path}: cannot read ({one_line(error)})") from None
+    return digest.hexdigest()
+
+
+def recipe_record(config: TrainConfig) -> dict:
+    """What ``out_dir/recipe.json`` records: the resolved recipe and the digests of the train manifest and of
+    the model config it reads."""
+    record = dataclasses.asdict(config)
+    record["train_manifest_sha256"] = file_digest(config.train_manifest)
+    record["model_config_sha256"] = file_digest(model_config_path(config.model))
+    return record
+
+
+def check_same_recipe(out_dir: Path, record: dict, step: int) -> None:
+    """A resumed run must continue the trajectory it started: refuse (one line) a recipe that differs from the
+    one recorded in ``out_dir/recipe.json`` in anything but ``FREE_FIELDS``."""
+    path = out_dir / "recipe.json"
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        return  # a run of an earlier version: nothing recorded to hold it to (recipe.json is written now)
+    except (OSError, ValueError) as error:
+        raise InputError(f"{path}: cannot read ({one_line(error)}); delete it to resume without the check") from None
+    advice = ("give another out_dir (init_checkpoint= starts from this run's trainable.safetensors) or delete "
+              f"{out_dir} to start over")
+    for key in sorted(set(record) | set(saved)):
+        digest = {"model": "model_config_sha256", "train_manifest": "train_manifest_sha256"}.get(key)
+        if key in FREE_FIELDS or (digest and digest in saved):
+            continue  # (a file may move: its content is compared)
+        old, new = saved.get(key), record.get(key)
+        if old == new:
+            continue
+        if key == "steps":
+            raise InputError(f"{out_dir} holds a run of steps={old} (at step {step}); steps={new} would change its "
+                             f"learning-rate schedule (cosine over steps): {advice}")
+        if key.endswith("_sha256"):
+            what = "train manifest" if key.startswith("train") else "model config"
+            raise InputError(f"{out_dir} holds a run made with another {what} (its content changed since the run "
+                             f"started); {advice}")
+        raise InputError(f"{out_dir} holds a run made with {key}={old!r}, not {new!r}; {advice}")
+
+
 STEP_FILE = "step.json"  # written last into a checkpoint folder: its step (and the pending log window)
 
 
@@ -625,6 +683,20 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if accelerator.is_main_process:
+        tidy_checkpoints(out_dir)
+    accelerator.wait_for_everyone()
+    state_dir = checkpoint_folder(out_dir)
+    record = recipe_record(config)
+    if state_dir is not None:
+        try:
+            start_step = checkpoint_record(state_dir)["step"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise InputError(f"{state_dir}: cannot resume from this checkpoint ({type(error).__name__}: "
+                             f"{one_line(error)}); give another out_dir or delete this one to start over") from None
+        check_same_recipe(out_dir, record, start_step)
+    if accelerator.is_main_process and (state_dir is None or not (out_dir / "recipe.json").exists()):
+        write_file_durably(out_dir / "recipe.json", json.dumps(record, indent=1) + "\n")
     torch.manual_seed(config.seed)
     model = training_model(config, str(accelerator.device))
     if config.init_checkpoint:
@@ -651,16 +723,12 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     cache = FeatureCache(out_dir / "features", model, config.chunk_ms)
     ks = parse_k_choices(config.k_choices)
     progress_file = out_dir / "progress.json"  # the step of trainable.safetensors (read by recipes/asr/export.py)
-    if accelerator.is_main_process:
-        tidy_checkpoints(out_dir)
-    accelerator.wait_for_everyone()
-    state_dir = checkpoint_folder(out_dir)
-    start_step = 0
-    if state_dir is not None:
+    if state_dir is None:
+        start_step = 0
+    else:
         from safetensors import SafetensorError
 
         try:
-            start_step = checkpoint_record(state_dir)["step"]
             accelerator.load_state(str(state_dir))
         except (OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError,
                 SafetensorError) as error:

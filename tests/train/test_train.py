@@ -402,3 +402,39 @@ def test_a_save_cut_short_resumes_from_the_previous_checkpoint(tmp_path):
     b = load_file(str(run / "trainable.safetensors"))
     for key in a:
         assert torch.allclose(a[key], b[key], atol=1e-6), key
+
+
+def test_a_resumed_run_refuses_a_changed_recipe(capsys, tmp_path):
+    """out_dir/recipe.json holds what the run started with: a rerun with another learning rate, seed, step count,
+    manifest content or model config is refused on one line before any work; log, save and thread settings may
+    change; a finished run says there is nothing to do."""
+    from speechstream.cli import main
+
+    path = write_recipe(tmp_path, steps=4, save_every=2)
+    assert main(["train", str(path), "--stop-after", "2"]) == 0
+    saved = json.loads((tmp_path / "run" / "recipe.json").read_text())
+    assert saved["lr_lora"] == 3e-3 and len(saved["train_manifest_sha256"]) == 64
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text((ROOT / "samples" / "manifest.jsonl").read_text())
+    moved = (ROOT / "samples" / "manifest.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in moved]
+    for row in rows:
+        row["audio"] = str(ROOT / "samples" / row["audio"])
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))  # same clips, other bytes
+    model = yaml.safe_load((tmp_path / "model.yaml").read_text())
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(model | {"llm": model["llm"] | {"lora_rank": 8}}))
+    for overrides, match in ((["lr_lora=0.01"], "made with lr_lora=0.003, not 0.01"),
+                             (["seed=1"], "made with seed=0, not 1"),
+                             (["steps=8"], "steps=8 would change its learning-rate schedule"),
+                             ([f"train_manifest={manifest}"], "another train manifest"),
+                             ([f"model={tmp_path / 'other.yaml'}"], "another model config")):
+        capsys.readouterr()
+        assert main(["train", str(path), *overrides]) == 2, overrides
+        err = capsys.readouterr().err
+        assert match in err and len(err.strip().splitlines()) == 1, err
+    assert json.loads((tmp_path / "run" / "state" / "step.json").read_text())["step"] == 2
+    assert main(["train", str(path), "threads=1", "log_every=2", "precache=false"]) == 0
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 4
+    capsys.readouterr()
+    assert main(["train", str(path)]) == 0
+    assert "already trained to step 4 of 4; nothing to do" in capsys.readouterr().err
