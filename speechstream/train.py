@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import torch
@@ -268,36 +269,79 @@ def batch_indices(n_examples: int, batch_size: int, step: int, seed: int) -> lis
     return order[offset * batch_size : (offset + 1) * batch_size].tolist()
 
 
+def encoder_fingerprint(model: SpeechLLM) -> str:
+    """A short digest of what the cached frames depend on besides the audio and the chunk size: the encoder's
+    config and weights (another Whisper checkpoint or random seed gives other frames)."""
+    digest = hashlib.sha256(json.dumps(dataclasses.asdict(model.config.encoder), sort_keys=True).encode())
+    for name, tensor in sorted(model.encoder.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
+def audio_identity(path: Path) -> str:
+    """The audio file an entry was encoded from (resolved path, size, modification time), as stored with it."""
+    stat = path.stat()
+    return json.dumps({"audio": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+
+
 class FeatureCache:
-    """Frozen-encoder frames per utterance and chunk size, stored as safetensors."""
+    """Frozen-encoder frames per utterance, stored as safetensors in a folder per chunk size, right context and
+    encoder (``encoder_fingerprint``); each entry records the audio file it came from and is encoded again when
+    that file differs (another path, size or modification time)."""
 
     def __init__(self, folder: Path, model: SpeechLLM, chunk_ms: int):
         lookahead = model.config.encoder.lookahead_frames
-        self.folder = folder / (f"chunk{chunk_ms}" + (f"-lookahead{lookahead}" if lookahead else ""))
+        self.folder = folder / (f"chunk{chunk_ms}" + (f"-lookahead{lookahead}" if lookahead else "")
+                                + f"-encoder{encoder_fingerprint(model)}")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.chunk_ms = chunk_ms
 
     def path(self, example: Example) -> Path:
-        return self.folder / f"{example.id}.safetensors"
+        """The entry's file: the id percent-encoded (a '/' or '..' in an id stays inside the folder); a long id
+        by its digest."""
+        name = quote(example.id, safe="")
+        if len(name) > 180:
+            name = "id-" + hashlib.sha256(example.id.encode()).hexdigest()
+        return self.folder / f"{name}.safetensors"
+
+    def _stored(self, example: Example) -> dict | None:
+        """The entry's tensors when it exists and was encoded from the example's audio file as it is now."""
+        from safetensors import SafetensorError, safe_open
+
+        path = self.path(example)
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                if (handle.metadata() or {}).get("source") != audio_identity(example.audio):
+                    return None
+                return {key: handle.get_tensor(key) for key in handle.keys()}
+        except (OSError, SafetensorError):  # missing (or torn: written again)
+            return None
 
     def frames(self, example: Example) -> tuple[torch.Tensor, list[int], int]:
         """(U, d) frames, the segment frame ends, and the number of samples."""
-        from safetensors.torch import load_file
-
-        path = self.path(example)
-        if path.exists():
-            stored = load_file(str(path))
+        stored = self._stored(example)
+        if stored is not None:
             return stored["frames"].float(), stored["frame_ends"].tolist(), int(stored["samples"])
         audio = load_audio(example.audio)
         return self._encode_and_store([example], [audio])[0]
 
     def fill(self, examples: list[Example], batch_size: int, progress: bool = False) -> int:
-        """Encode every example not cached yet, ``batch_size`` utterances of similar length per encoder pass
-        (the block-causal mask keeps each item's frames those of a pass of its own); returns how many."""
+        """Encode every example not cached yet (or cached from another audio file), ``batch_size`` utterances of
+        similar length per encoder pass (the block-causal mask keeps each item's frames those of a pass of its
+        own); returns how many."""
+        from safetensors import SafetensorError, safe_open
         from tqdm import tqdm
 
-        missing = list({e.id: e for e in examples if not self.path(e).exists()}.values())
+        def current(example: Example) -> bool:
+            try:
+                with safe_open(str(self.path(example)), framework="pt") as handle:
+                    return (handle.metadata() or {}).get("source") == audio_identity(example.audio)
+            except (OSError, SafetensorError):
+                return False
+
+        missing = list({e.id: e for e in examples if not current(e)}.values())
         missing.sort(key=lambda e: e.audio.stat().st_size if e.audio.exists() else 0)
         with tqdm(total=len(missing), disable=not progress or not missing, desc="features", unit="utt") as bar:
             for start in range(0, len(missing), max(1, batch_size)):
@@ -316,12 +360,22 @@ class FeatureCache:
             ends = encoded.frame_ends[b]
             frames = encoded.frames[b, : ends[-1]].half().cpu().contiguous()
             path = self.path(example)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # DDP processes may draw the same clip at once
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # DDP processes may draw the same clip at once
             save_file({"frames": frames, "frame_ends": torch.tensor(ends), "samples": torch.tensor(len(audio))},
-                      str(tmp))
+                      str(tmp), metadata={"source": audio_identity(example.audio)})
             tmp.rename(path)
             out.append((frames.float(), ends, len(audio)))
         return out
+
+
+def check_dev_ids(train: list[Example], dev: list[Example], dev_manifest: str) -> None:
+    """Features are cached by id: a dev utterance with a training utterance's id but other audio is refused
+    (one of the two would be read with the other's frames)."""
+    audio = {e.id: e.audio.resolve() for e in train}
+    for example in dev:
+        if example.id in audio and audio[example.id] != example.audio.resolve():
+            raise InputError(f"{dev_manifest}: id {example.id!r} is also in the train manifest, with other audio "
+                             f"({audio[example.id]}); features are cached by id, so give the dev clips other ids")
 
 
 class StreamingLoss(nn.Module):
@@ -716,6 +770,8 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
     base_lrs = [g["lr"] for g in groups]
     examples = read_examples(config.train_manifest, config.max_audio_s, config.task)
+    dev = read_examples(config.dev_manifest, task=config.task)[: config.eval_utterances] if config.dev_manifest else []
+    check_dev_ids(examples, dev, config.dev_manifest or "")
     ctc_classes = ctc_class_ids(model, examples, config)
     model.ctc_classes = ctc_classes  # saved with the checkpoints: joint CTC decoding scores these classes
     objective = StreamingLoss(model, config.ctc_weight, ctc_classes, config.ctc_head_only)
@@ -742,7 +798,6 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     log_path = out_dir / "log.jsonl"
     if accelerator.is_main_process and log_path.exists():
         truncate_log(log_path, start_step)
-    dev = read_examples(config.dev_manifest, task=config.task)[: config.eval_utterances] if config.dev_manifest else []
     if accelerator.is_main_process and config.precache:
         cache.fill(examples + dev, config.cache_batch_size, progress)
     accelerator.wait_for_everyone()

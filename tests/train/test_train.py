@@ -277,7 +277,8 @@ def test_recipe_lookahead_gives_the_encoder_right_context_its_own_cache_and_late
     recipe = load_train_config(str(write_recipe(tmp_path, steps=1, lookahead_frames=16)), [])
     assert training_model(recipe, "cpu").config.encoder.lookahead_frames == 16
     train(recipe, progress=False)
-    assert [p.name for p in (tmp_path / "run" / "features").iterdir()] == ["chunk640-lookahead16"]
+    names = [p.name for p in (tmp_path / "run" / "features").iterdir()]
+    assert len(names) == 1 and names[0].startswith("chunk640-lookahead16-encoder"), names
     # a word ending at 0.5 s is heard in the first 640 ms chunk; with 320 ms of right context its frames come
     # with the second chunk, so the target places it there
     example = Example("x", tmp_path / "x.wav", "hello there", (TimedWord("hello", 0.5), TimedWord("there", 1.0)))
@@ -438,3 +439,49 @@ def test_a_resumed_run_refuses_a_changed_recipe(capsys, tmp_path):
     capsys.readouterr()
     assert main(["train", str(path)]) == 0
     assert "already trained to step 4 of 4; nothing to do" in capsys.readouterr().err
+
+
+def test_feature_cache_follows_the_audio_and_the_encoder_and_keeps_ids_inside(tmp_path):
+    """An entry is encoded again when its audio file changes under the same id; another encoder (weights or
+    config) gets a folder of its own; an id with '/' or '..' stays inside the cache folder."""
+    import shutil
+
+    from speechstream.config import ModelConfig, from_dict
+    from speechstream.model import build_model
+    from speechstream.train import Example, FeatureCache, read_examples
+
+    torch.manual_seed(0)
+    model = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
+    first, second = read_examples(str(ROOT / "samples" / "manifest.jsonl"))[:2]
+    audio = tmp_path / "clip.wav"
+    shutil.copy(first.audio, audio)
+    example = Example("clip", audio, first.text, ())
+    cache = FeatureCache(tmp_path / "features", model, 640)
+    before = cache.frames(example)
+    assert cache.fill([example], 4) == 0  # cached
+    shutil.copy(second.audio, audio)  # other audio under the same id
+    assert cache.fill([example], 4) == 1
+    after, expected = cache.frames(example), FeatureCache(tmp_path / "fresh", model, 640).frames(second)
+    assert after[1] == expected[1] and after[1] != before[1] and torch.equal(after[0], expected[0])
+    other = build_model(from_dict(ModelConfig, TINY_LORA | {"seed": 1}), for_training=True)  # another encoder
+    assert FeatureCache(tmp_path / "features", other, 640).folder != cache.folder
+    assert FeatureCache(tmp_path / "features", model, 640).folder == cache.folder
+    for odd in ("../../escape", "a/b", "..", "x" * 300):
+        path = cache.path(Example(odd, audio, "", ()))
+        assert path.parent == cache.folder and len(path.name) < 255, odd
+        frames, ends, _ = cache.frames(Example(odd, audio, "", ()))
+        assert ends == expected[1] and path.is_file()
+    assert [p for p in (tmp_path / "features").rglob("*") if p.is_file() and p.parent != cache.folder] == []
+
+
+def test_a_dev_clip_sharing_a_training_id_is_refused(capsys, tmp_path):
+    from speechstream.cli import main
+
+    rows = [json.loads(line) for line in (ROOT / "samples" / "manifest.jsonl").read_text().splitlines()]
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text(json.dumps({**rows[1], "id": rows[0]["id"], "audio": str(ROOT / "samples" / rows[1]["audio"])})
+                   + "\n")
+    path = write_recipe(tmp_path, dev_manifest=str(dev))
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"id {rows[0]['id']!r} is also in the train manifest" in err and len(err.strip().splitlines()) == 1, err
