@@ -12,7 +12,9 @@ CTC loss keeps aligning the speech to the (source-language) transcript.
 
 Runs through accelerate: the same command trains on one CPU, several GPUs or nodes
 (DDP). Each rank takes its slice of a global batch whose order is a pure function of
-(seed, step), so a resumed run sees exactly the batches it would have seen.
+(seed, step), so a resumed run sees exactly the batches it would have seen; each rank's loss is weighted
+by its share of the global batch's target tokens and utterances (``global_batch_loss``), so the weights
+and the logged figures are those of one process taking the whole batch.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ class TrainConfig:
     chunk_ms: int = 640  # chunk size the model is trained for
     k_choices: str = "1,2,3"  # wait-k values, one drawn per step
     steps: int = 2000  # optimizer steps
-    batch_size: int = 6  # utterances per step (global, split across ranks)
+    # utterances per step (global, split across ranks; the loss is the global batch's: LM over all its target
+    # tokens, CTC over all its utterances, so N processes compute what one does)
+    batch_size: int = 6
     lr_projector: float = 1e-3  # projector and CTC blank
     lr_lora: float = 2e-4  # LoRA adapters
     warmup_steps: int = 50  # linear warm-up, then cosine decay to 10 %
@@ -411,9 +415,12 @@ class StreamingLoss(nn.Module):
             rows.append(logits[b, header - 1 : len(target) - 1])
             labels.append(torch.tensor(target[header:], device=logits.device))
         rows, labels = torch.cat(rows), torch.cat(labels)
-        lm = F.cross_entropy(rows.float(), labels)
-        accuracy = (rows.argmax(-1) == labels).float().mean()
-        out = {"lm": lm, "accuracy": accuracy}
+        lm_sum = F.cross_entropy(rows.float(), labels, reduction="sum")
+        correct = (rows.argmax(-1) == labels).sum()
+        lm = lm_sum / len(labels)
+        # (sums and counts: train() weighs each rank's share of a global batch by them)
+        out = {"lm": lm, "accuracy": correct.float() / len(labels), "lm_sum": lm_sum,
+               "tokens": torch.tensor(float(len(labels))), "correct": correct.float()}
         loss = lm
         if self.ctc_weight > 0:
             ctc = self.ctc_loss(source, texts)
@@ -517,6 +524,34 @@ def spec_augment(frames: torch.Tensor, lengths: list[int], rng: np.random.Genera
         if channels:
             out[b, :, torch.from_numpy(rng.choice(frames.shape[2], channels, replace=False))] = 0
     return out
+
+
+def global_batch_loss(out: dict[str, torch.Tensor], items: int, ctc_weight: float, reduce_sum, world: int
+                      ) -> tuple[torch.Tensor, dict[str, float]]:
+    """This rank's loss to back-propagate so that DDP's mean of the ranks' gradients is the gradient of the loss
+    of the whole global batch (the LM cross-entropy a mean over all its target tokens, the CTC loss a mean over
+    all its utterances, however the batch is split), and the global batch's figures for the log.
+
+    ``out``: ``StreamingLoss``'s figures for this rank's ``items`` utterances (0: a rank left without any, which
+    ran a stand-in utterance that must not count); ``reduce_sum``: sum of a tensor over the ranks."""
+    weight = 1.0 if items else 0.0
+    local = [float(out["lm_sum"].detach()) * weight if "lm_sum" in out else 0.0,
+             float(out["tokens"]) * weight if "tokens" in out else 0.0,
+             float(out["correct"]) * weight if "correct" in out else 0.0,
+             float(out["ctc"].detach()) * items if "ctc" in out else 0.0, float(items)]
+    total = [float(x) for x in reduce_sum(torch.tensor(local, dtype=torch.float64))]
+    lm_sum, tokens, correct, ctc_sum, n_items = total
+    loss = out["loss"] * 0.0  # (keeps every rank's graph, also one whose share does not count)
+    row = {}
+    if "lm_sum" in out:
+        loss = loss + out["lm_sum"] * (weight * world / max(tokens, 1.0))
+        row.update(lm=lm_sum / max(tokens, 1.0), accuracy=correct / max(tokens, 1.0))
+    if "ctc" in out:
+        joint = "lm_sum" in out
+        loss = loss + (ctc_weight if joint else 1.0) * out["ctc"] * (items * world / max(n_items, 1.0))
+        row["ctc"] = ctc_sum / max(n_items, 1.0)
+    row["loss"] = row.get("lm", 0.0) + (ctc_weight if "lm" in row else 1.0) * row.get("ctc", 0.0)
+    return loss, row
 
 
 def phase_learning_rate_factor(step: int, config: TrainConfig) -> float:
@@ -690,6 +725,8 @@ def save_checkpoint(accelerator, out_dir: Path, record: dict) -> None:
 
 
 def plot_losses(log_path: Path, out_path: Path) -> None:
+    if not log_path.exists():  # a checkpoint before the first log row
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -732,8 +769,8 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         torch.set_num_threads(config.threads)
     from accelerate import DistributedDataParallelKwargs
 
-    # the CTC-only warm-up leaves the LoRA weights without gradients, which DDP must be told about
-    ddp = DistributedDataParallelKwargs(find_unused_parameters=config.ctc_only_steps > 0)
+    # the CTC-only warm-up leaves the LoRA weights without gradients, and ctc_weight 0 the CTC blank: DDP must be told
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=config.ctc_only_steps > 0 or config.ctc_weight == 0)
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -744,7 +781,8 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     record = recipe_record(config)
     if state_dir is not None:
         try:
-            start_step = checkpoint_record(state_dir)["step"]
+            start_record = checkpoint_record(state_dir)
+            start_step = start_record["step"]
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise InputError(f"{state_dir}: cannot resume from this checkpoint ({type(error).__name__}: "
                              f"{one_line(error)}); give another out_dir or delete this one to start over") from None
@@ -805,13 +843,17 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     lookahead_s = model.config.encoder.lookahead_frames * ENCODER_FRAME_S
     bar = tqdm(total=config.steps, initial=start_step, disable=not (progress and accelerator.is_main_process),
                desc="train", unit="step")
-    started, window = time.perf_counter(), []
+    # the figures of the steps since the last log row (a resumed run continues the window its checkpoint saved)
+    window = list(start_record.get("window", [])) if state_dir is not None else []
+    started = time.perf_counter()
     last_step = config.steps if stop_after is None else min(config.steps, start_step + stop_after)
     for step in range(start_step, last_step):
         ctc_only = step < config.ctc_only_steps
         batch_size = config.ctc_only_batch_size if ctc_only and config.ctc_only_batch_size else config.batch_size
         indices = batch_indices(len(examples), batch_size, step, config.seed)
-        mine = indices[accelerator.process_index :: accelerator.num_processes] or indices[:1]
+        mine = indices[accelerator.process_index :: accelerator.num_processes]
+        items = len(mine)
+        mine = mine or indices[:1]  # (a batch smaller than the ranks: a stand-in that does not count)
         frames, frame_ends, targets, texts = [], [], [], []
         for index in mine:
             example = examples[index]
@@ -833,19 +875,26 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         for group, base in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base * factor
         out = objective(padded, frame_ends, targets, texts, k, ctc_only=ctc_only)
-        accelerator.backward(out["loss"])
+        loss, figures = global_batch_loss(out, items, config.ctc_weight,
+                                          lambda t: accelerator.reduce(t.to(accelerator.device), "sum").cpu(),
+                                          accelerator.num_processes)
+        accelerator.backward(loss)
         accelerator.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        window.append({key: float(value.detach()) for key, value in out.items()})
+        window.append(figures)
         bar.update(1)
         bar.set_postfix(loss=f"{window[-1]['loss']:.3f}")
         done = step + 1
-        if accelerator.is_main_process and (done % config.log_every == 0 or done in (config.steps, last_step)):
-            row = {key: float(np.mean([w[key] for w in window if key in w])) for key in window[-1]}
-            row.update(step=done, k=k, lr_factor=round(factor, 4), elapsed_s=round(time.perf_counter() - started, 1))
-            with log_path.open("a") as log:
-                log.write(json.dumps(row) + "\n")
+        # a row every log_every steps, at the end, and at the end of the CTC-only phase (its figures are not mixed
+        # with the joint steps'); a run stopped in between keeps its window in the checkpoint instead
+        if done % config.log_every == 0 or done in (config.steps, config.ctc_only_steps):
+            if accelerator.is_main_process:
+                row = {key: float(np.mean([w[key] for w in window if key in w])) for key in window[-1]}
+                row.update(step=done, k=k, lr_factor=round(factor, 4),
+                           elapsed_s=round(time.perf_counter() - started, 1))
+                with log_path.open("a") as log:
+                    log.write(json.dumps(row) + "\n")
             window = []
         evaluate_now = dev and ((config.eval_every and done % config.eval_every == 0) or done == config.steps)
         if evaluate_now and accelerator.is_main_process:
@@ -859,7 +908,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:  # before the state: the weights of a finished run are never older
                 save_trainable(accelerator.unwrap_model(objective).model, out_dir / "trainable.safetensors")
-            save_checkpoint(accelerator, out_dir, {"step": done})
+            save_checkpoint(accelerator, out_dir, {"step": done, "window": window})
             if accelerator.is_main_process:
                 write_file_durably(progress_file, json.dumps({"step": done}))
                 plot_losses(log_path, out_dir / "loss.png")
