@@ -13,26 +13,36 @@ All scores are corpus-level percentages (0-100; WER and CER can exceed 100):
 
 The English normaliser `normalize_english`, step by step (each step sees the previous one's output):
 
+0. Unicode NFKC normalisation (`unicodedata.normalize("NFKC", ...)`): a letter and its combining accent become
+   the one precomposed letter ("cafe\u0301" -> "café"), ligatures and compatibility forms their plain letters
+   ("ﬁne" -> "fine", full-width "ＡＢＣ" -> "abc", "²" -> "2").
 1. Lowercase (`str.lower`); the typographic apostrophes ’ and ‘ become '.
 2. Money: a currency sign before a number becomes the number in words then the currency name:
    "$5" -> "five dollars", "$1" -> "one dollar", "£2" -> "two pounds", "€3" -> "three euros". Exactly two
    decimals are read as cents/pence: "$5.50" -> "five dollars fifty cents"; other decimals are read as a
    decimal number ("$2.5" -> "two point five dollars"); ".00" adds nothing ("$1.00" -> "one dollar").
 3. Percent: a number followed by "%" -> the number in words then "percent" ("5%" -> "five percent").
-4. Ordinals: digits followed by st/nd/rd/th -> ordinal words ("3rd" -> "third", "21st" -> "twenty first",
-   "100th" -> "one hundredth"); the suffix need not be the grammatical one ("3th" -> "third").
+4. Decades: a two-digit multiple of ten or a four-digit year ending in 0, followed by "s" or "'s" and not part
+   of a longer number, is read as the plural of its spoken form: the last number word takes "ies" for a final
+   "y", else "s" ("80s" -> "eighties", "1990s" -> "nineteen nineties", "1900s" -> "nineteen hundreds",
+   "2000s" -> "two thousands", "2010s" -> "twenty tens").
 5. Thousands separators: digit groups written as 1-3 digits then groups of exactly three digits joined by
-   commas lose the commas ("1,000,000" -> "1000000"); "1,2" is left alone (the comma is punctuation).
-6. Decimals: digits "." digits -> the integer part in words, "point", then each fractional digit
+   commas lose the commas ("1,000,000" -> "1000000"), also before a letter ("1,000th" -> "1000th"); "1,2" is
+   left alone (the comma is punctuation), and so is a number glued to a letter, a comma or a point before it.
+6. Ordinals: digits followed by st/nd/rd/th -> ordinal words ("3rd" -> "third", "21st" -> "twenty first",
+   "100th" -> "one hundredth", "1,000th" -> "one thousandth"); the suffix need not be the grammatical one
+   ("3th" -> "third"). Digits right after a digit, comma or point are not an ordinal ("1.5th" is the decimal
+   1.5 then "th").
+7. Decimals: digits "." digits -> the integer part in words, "point", then each fractional digit
    ("3.05" -> "three point zero five").
-7. Remaining digit runs -> cardinal words, American style without "and" ("105" -> "one hundred five",
-   "1990" -> "one thousand nine hundred ninety"; years are not read as "nineteen ninety"). A run with a
-   leading zero or longer than 18 digits is read digit by digit ("007" -> "zero zero seven"). Digits glued to
-   letters are split off ("mp3" -> "mp three"). Signs are not read ("-5" -> "five").
-8. Punctuation: apostrophes are deleted ("don't" -> "dont"); every other character whose Unicode category is
+8. Remaining digit runs -> cardinal words, American style without "and" ("105" -> "one hundred five",
+   "1990" -> "one thousand nine hundred ninety"; years other than decades are not read as "nineteen ninety"). A
+   run with a leading zero or longer than 18 digits is read digit by digit ("007" -> "zero zero seven"). Digits
+   glued to letters are split off ("mp3" -> "mp three"). Signs are not read ("-5" -> "five").
+9. Punctuation: apostrophes are deleted ("don't" -> "dont"); every other character whose Unicode category is
    punctuation (P*) or symbol (S*) becomes a space ("well-known" -> "well known", "u.s." -> "u s").
-9. Titles: the whole words "mr", "mrs" and "dr" become "mister", "missus" and "doctor".
-10. Whitespace: runs of whitespace become one space; leading and trailing whitespace is removed.
+10. Titles: the whole words "mr", "mrs" and "dr" become "mister", "missus" and "doctor".
+11. Whitespace: runs of whitespace become one space; leading and trailing whitespace is removed.
 
 Example: "Mr. Smith paid $5, on the 3rd!" -> "mister smith paid five dollars on the third".
 """
@@ -76,8 +86,11 @@ _TITLES = {"mr": "mister", "mrs": "missus", "dr": "doctor"}
 
 _MONEY = re.compile(r"([$£€])\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?")
 _PERCENT = re.compile(r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?%")
-_ORDINAL = re.compile(r"\b(\d{1,18})(?:st|nd|rd|th)\b")
-_GROUPED = re.compile(r"\b\d{1,3}(?:,\d{3})+\b")
+# A decade: "80s", "1990s", "1990's" (not "180s", not "1,990s").
+_DECADE = re.compile(r"(?<![\w,.])([1-9]0|[1-9]\d{2}0)'?s\b")
+# Not after a word character, comma or point: "1,000th" is grouped first, "1.5th" is no ordinal.
+_ORDINAL = re.compile(r"(?<![\w,.])(\d{1,18})(?:st|nd|rd|th)\b")
+_GROUPED = re.compile(r"(?<![\w,.])\d{1,3}(?:,\d{3})+(?!\d)")
 _DECIMAL = re.compile(r"(\d+)\.(\d+)")
 _DIGITS = re.compile(r"\d+")
 
@@ -166,6 +179,27 @@ def _percent_to_words(match: re.Match) -> str:
     return f" {number} percent "
 
 
+def _plural(words: str) -> str:
+    """The last word pluralised: "ninety" -> "nineties", "ten" -> "tens"."""
+    *head, last = words.split()
+    return " ".join([*head, last[:-1] + "ies" if last.endswith("y") else last + "s"])
+
+
+def _decade_to_words(match: re.Match) -> str:
+    """Step 4 of the normaliser: "80s" -> "eighties", "1990s" -> "nineteen nineties", "2000s" -> "two thousands"."""
+    digits = match.group(1)
+    if len(digits) == 2:
+        return f" {_plural(number_to_words(int(digits)))} "
+    century, rest = int(digits[:2]), int(digits[2:])
+    if rest:  # 1990 -> nineteen ninety
+        spoken = f"{number_to_words(century)} {number_to_words(rest)}"
+    elif century % 10:  # 1900 -> nineteen hundred
+        spoken = f"{number_to_words(century)} hundred"
+    else:  # 2000 -> two thousand
+        spoken = number_to_words(int(digits))
+    return f" {_plural(spoken)} "
+
+
 def _is_punctuation_or_symbol(character: str) -> bool:
     """True for Unicode categories P* (punctuation) and S* (symbols)."""
     return unicodedata.category(character)[0] in "PS"
@@ -173,11 +207,13 @@ def _is_punctuation_or_symbol(character: str) -> bool:
 
 def normalize_english(text: str) -> str:
     """Normalise English text for WER/CER as the module docstring describes, step by step."""
+    text = unicodedata.normalize("NFKC", text)
     text = text.lower().replace("’", "'").replace("‘", "'")
     text = _MONEY.sub(_money_to_words, text)
     text = _PERCENT.sub(_percent_to_words, text)
-    text = _ORDINAL.sub(lambda match: f" {ordinal_to_words(int(match.group(1)))} ", text)
+    text = _DECADE.sub(_decade_to_words, text)
     text = _GROUPED.sub(lambda match: match.group(0).replace(",", ""), text)
+    text = _ORDINAL.sub(lambda match: f" {ordinal_to_words(int(match.group(1)))} ", text)
     text = _DECIMAL.sub(lambda match: f" {_decimal_to_words(match.group(1), match.group(2))} ", text)
     text = _DIGITS.sub(lambda match: f" {_integer_to_words(match.group(0))} ", text)
     text = text.replace("'", "")

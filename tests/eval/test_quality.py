@@ -77,6 +77,16 @@ NORMALIZER_CASES = {
     "Don’t stop; it's well-known.": "dont stop its well known",
     "Mrs. Brown and Dr. Lee in the U.S.": "missus brown and doctor lee in the u s",
     "Café naïve ÉCOLE": "café naïve école",
+    # ordinals with thousands separators: grouped first, and digits after a comma or point are no ordinal
+    "the 1,000th, 2,500th, 1,001st and 1,000,000th": "the one thousandth two thousand five hundredth "
+                                                     "one thousand first and one millionth",
+    "1.5th": "one point five th",
+    # NFKC first: combining accents, ligatures and full-width forms
+    "cafe\u0301 ﬁne ＡＢＣ": "café fine abc",
+    # decades: the plural of the spoken number
+    "the 1990s, the '80s and 1960's": "the nineteen nineties the eighties and nineteen sixties",
+    "1900s 2000s 2010s 10s": "nineteen hundreds two thousands twenty tens tens",
+    "180s 1,990s": "one hundred eighty s one thousand nine hundred ninety s",
     "  \t\n ": "",
 }
 
