@@ -285,13 +285,20 @@ def _normalize_all(texts: Sequence[str]) -> list[str]:
 
 
 def transcription_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """scores.json entries for transcription: WER, CER, WER_normalized, CER_normalized."""
-    return {
-        "WER": wer(hypotheses, references),
-        "CER": cer(hypotheses, references),
-        "WER_normalized": wer(hypotheses, references, normalize=True),
-        "CER_normalized": cer(hypotheses, references, normalize=True),
-    }
+    """scores.json entries for transcription: WER, CER, WER_normalized, CER_normalized.
+
+    A pair of rates whose references are all empty (the rate is undefined) is left out rather than raising:
+    raw WER/CER when every reference is empty or whitespace, the normalised ones when every reference
+    normalises to nothing (e.g. "..." alone). Scoring never fails on the references of a decoded run.
+    """
+    scores: dict[str, float] = {}
+    if any(reference.strip() for reference in references):
+        scores |= {"WER": wer(hypotheses, references), "CER": cer(hypotheses, references)}
+    normalized_hypotheses, normalized_references = _normalize_all(hypotheses), _normalize_all(references)
+    if any(normalized_references):
+        scores |= {"WER_normalized": wer(normalized_hypotheses, normalized_references),
+                   "CER_normalized": cer(normalized_hypotheses, normalized_references)}
+    return scores
 
 
 def translation_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:

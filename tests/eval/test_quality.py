@@ -163,3 +163,10 @@ def test_score_dicts():
     assert set(translation_scores(HYPOTHESES, REFERENCES)) == {"BLEU", "chrF"}
     scores = transcription_scores(["mister smith paid five dollars"], ["Mr. Smith paid $5."])
     assert scores["WER"] > 0 and scores["WER_normalized"] == 0.0
+
+
+def test_references_that_normalise_to_nothing_leave_the_normalised_rates_out():
+    scores = transcription_scores(["hello", ""], ["...", "!"])  # raw references exist, normalised ones do not
+    assert set(scores) == {"WER", "CER"} and scores["WER"] == 100.0
+    assert transcription_scores(["a"], [""]) == {}  # no reference at all: nothing to score
+    assert set(transcription_scores(["a b"], ["...", ])) == {"WER", "CER"}

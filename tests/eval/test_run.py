@@ -26,7 +26,7 @@ from speechstream.cli import main
 from speechstream.config import DecodingConfig
 from speechstream.errors import InputError
 from speechstream.eval.latency import corpus_latency
-from speechstream.eval.run import INSTANCES_FILE, evaluate, word_delays
+from speechstream.eval.run import INSTANCES_FILE, evaluate, score_instances, word_delays
 from speechstream.session import Event
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,6 +142,14 @@ def test_word_split_across_finals_counts_once_at_the_later_one():
 
 def test_no_finals_no_delays():
     assert word_delays([Event("end", "", 1.0, 0.1, audio_s=1.0, compute_s=0.1)], 1000.0) == ([], [])
+
+
+def test_references_that_normalise_to_nothing_still_score():
+    records = [{"index": 0, "id": "a", "prediction": "well", "reference": "...", "delays": [1000.0],
+                "elapsed": [1100.0], "source_length": 1000.0, "audio_s": 1.0, "compute_s": 0.5}]
+    scores = score_instances(records, "asr")
+    assert "WER" in scores and "WER_normalized" not in scores and "CER_normalized" not in scores
+    assert scores["num_instances"] == 1 and scores["RTF"] == 0.5
 
 
 # -- a full run ---------------------------------------------------------------------------------------
