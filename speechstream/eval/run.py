@@ -115,7 +115,8 @@ def manifest_references(utterances: Sequence[Utterance], task: str, manifest_pat
 
     Whitespace is collapsed because SimulEval counts reference words as ``len(reference.split(" "))``, where
     every extra space would add a word. A manifest where only some utterances have a reference is refused:
-    its scores would silently cover part of the data.
+    its scores would silently cover part of the data. So is an empty translation reference (task translate):
+    BLEU and chrF of an empty reference mean nothing, and sacrebleu's chrF would silently skip its hypothesis.
     """
     field = REFERENCE_FIELDS[task]
     values = [getattr(utterance, field) for utterance in utterances]
@@ -126,7 +127,13 @@ def manifest_references(utterances: Sequence[Utterance], task: str, manifest_pat
             f'{manifest_path}: {len(lacking)} of {len(utterances)} utterances lack "{field}" ({shown}); '
             f'task {task} needs it on every line or on none'
         )
-    return [None if value is None else " ".join(value.split()) for value in values]
+    references = [None if value is None else " ".join(value.split()) for value in values]
+    empty = [utterance.id for utterance, value in zip(utterances, references) if value == ""]
+    if task == "translate" and empty:
+        shown = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+        raise InputError(f'{manifest_path}: {len(empty)} utterance{"s" if len(empty) > 1 else ""} with an empty '
+                         f'"{field}" ({shown}); BLEU/chrF need a reference to score against')
+    return references
 
 
 def word_delays(events: Iterable, source_length: float) -> tuple[list[float], list[float]]:

@@ -322,6 +322,16 @@ def test_some_references_missing_is_refused(tmp_path, word_sessions):
     assert not word_sessions
 
 
+def test_an_empty_translation_reference_is_refused(tmp_path, word_sessions):
+    manifest = write_manifest(tmp_path / "data", [1.0, 1.0], field="translation")
+    lines = manifest.read_text().splitlines()
+    entry = json.loads(lines[1]) | {"translation": " \t"}
+    manifest.write_text(lines[0] + "\n" + json.dumps(entry) + "\n")
+    with pytest.raises(InputError, match='1 utterance with an empty "translation" \\(clip-1\\)'):
+        evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "translate", progress=False)
+    assert not word_sessions and not (tmp_path / "out").exists()
+
+
 # -- the command line -----------------------------------------------------------------------------------
 
 
