@@ -9,7 +9,10 @@ same way. What lands in the output folder:
   already holds results made with other options is refused, so one folder never mixes results of two systems.
 - ``instances.log``: one JSON line per finished utterance, in SimulEval's format (`index`, `id`, `prediction`,
   `reference`, `delays`, `elapsed`, `source_length`) plus `audio_s` and `compute_s`, so that RTF can be
-  recomputed from the log alone. Each line is flushed and fsynced when its utterance finishes: a killed run
+  recomputed from the log alone, and the audio it decoded: `audio` (the resolved path), `offset` and `duration`
+  (seconds; `duration` null: to the end of the file). A rerun checks every logged record against the manifest
+  (id, position, reference, audio, offset and duration) and refuses a changed one; a record logged before
+  these three keys existed is checked by its `audio_s` against the length of the manifest's segment. Each line is flushed and fsynced when its utterance finishes: a killed run
   loses at most the utterance in progress, and a rerun skips the ids already logged.
 - ``scores.json``: WER/CER (raw and normalised) or BLEU/chrF, every latency metric with its ``_CA`` twin
   (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``; for the gpe system also
@@ -48,6 +51,10 @@ SUMMARY_FILE = "summary.txt"
 REFERENCE_FIELDS = {"asr": "text", "translate": "translation"}
 # Fields every instances.log record must have for a run to be resumed from it.
 RECORD_FIELDS = ("index", "id", "prediction", "reference", "delays", "elapsed", "source_length", "audio_s", "compute_s")
+# Fields naming the audio a record decoded (logged since they were added; older records lack them).
+SOURCE_FIELDS = ("audio", "offset", "duration")
+# Seconds a logged record's audio_s may differ from its segment's length (load_audio's slack for rounded times).
+LENGTH_TOLERANCE_S = 0.02
 # Rows of the quality table, in order, with the normaliser named once for the normalised ones.
 QUALITY_METRICS = ("WER", "CER", "WER_normalized", "CER_normalized", "BLEU", "chrF")
 NORMALIZER = "speechstream.eval.quality.normalize_english"
@@ -325,7 +332,7 @@ def _resume(path: Path, utterances: Sequence[Utterance], references: Sequence[st
                 cut = True
                 break
             raise InputError(f"{path}:{number}: not a JSON record (fix or delete the line, or use another --out)")
-        _check_record(record, path, number, position, references)
+        _check_record(record, path, number, position, references, utterances)
         if any(previous["id"] == record["id"] for previous in records):
             raise InputError(f'{path}:{number}: id "{record["id"]}" logged twice')
         records.append(record)
@@ -335,8 +342,14 @@ def _resume(path: Path, utterances: Sequence[Utterance], references: Sequence[st
     return records
 
 
-def _check_record(record, path: Path, number: int, position: dict, references: Sequence[str | None]) -> None:
-    """A logged record must be complete and match the manifest it is resumed with."""
+def source_fields(utterance: Utterance) -> dict:
+    """The instances.log fields naming the audio an utterance decodes: resolved path, offset and duration (s)."""
+    return {"audio": str(utterance.audio.resolve()), "offset": utterance.offset or 0.0, "duration": utterance.duration}
+
+
+def _check_record(record, path: Path, number: int, position: dict, references: Sequence[str | None],
+                  utterances: Sequence[Utterance]) -> None:
+    """A logged record must be complete and match the manifest it is resumed with, its audio included."""
     where = f"{path}:{number}"
     if not isinstance(record, dict) or any(field not in record for field in RECORD_FIELDS):
         raise InputError(f"{where}: not an instances.log record of this tool (fields: {', '.join(RECORD_FIELDS)})")
@@ -354,6 +367,38 @@ def _check_record(record, path: Path, number: int, position: dict, references: S
         raise InputError(f'{where}: id "{record["id"]}" is not in the manifest; use another --out')
     if record["index"] != index or record["reference"] != references[index]:
         raise InputError(f'{where}: "{record["id"]}" no longer matches the manifest (changed?); use another --out')
+    _check_source(record, where, utterances[index])
+
+
+def _check_source(record: dict, where: str, utterance: Utterance) -> None:
+    """The record decoded the audio the manifest names now: same file, offset and duration; a record from before
+    these were logged, audio of the segment's length (the most that can be checked)."""
+    expected = source_fields(utterance)
+    if any(field in record for field in SOURCE_FIELDS):
+        numeric = (int, float)
+        if (not isinstance(record.get("audio"), str) or not isinstance(record.get("offset"), numeric)
+                or not (record.get("duration") is None or isinstance(record.get("duration"), numeric))):
+            raise InputError(f"{where}: fields audio/offset/duration have the wrong type or are missing "
+                             "(fix or delete the line, or use another --out)")
+        changed = [f"{field} {record[field]!r} -> {expected[field]!r}" for field in SOURCE_FIELDS
+                   if record[field] != expected[field]]
+        if changed:
+            raise InputError(f'{where}: "{record["id"]}" was decoded from other audio than the manifest names now '
+                             f'({"; ".join(changed)}); use another --out')
+        return
+    length = utterance.duration
+    if length is None:
+        import soundfile
+
+        try:
+            info = soundfile.info(str(utterance.audio))
+        except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError, OSError) as error:
+            raise InputError(f'{where}: cannot check "{record["id"]}" against {utterance.audio} '
+                             f"({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
+        length = info.frames / info.samplerate - (utterance.offset or 0.0)
+    if abs(record["audio_s"] - length) > LENGTH_TOLERANCE_S:
+        raise InputError(f'{where}: "{record["id"]}" decoded {record["audio_s"]:.3f} s of audio but the manifest\'s '
+                         f"segment is {length:.3f} s long (changed?); use another --out")
 
 
 def _decode(todo, references, log_path: Path, baseline: str, model_name: str, decoding, progress: bool,
@@ -375,6 +420,7 @@ def _decode(todo, references, log_path: Path, baseline: str, model_name: str, de
                 raise InputError(f'utterance "{utterance.id}": {error}') from None
             record = instance_record(index, utterance.id, references[index], events)
             record.update(getattr(system, "last_stats", None) or {})  # gpe: its LLM work
+            record.update(source_fields(utterance))
             log.write(json.dumps(record, ensure_ascii=False) + "\n")
             log.flush()
             os.fsync(log.fileno())

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Short tail after the end of the audio: the word chooser never ends the transcript by itself.
 DECODING = DecodingConfig(max_tail_tokens=24)
 FIELDS = ("index", "id", "prediction", "reference", "delays", "elapsed", "source_length", "audio_s", "compute_s",
-          "llm_tokens", "llm_reencoded_tokens")  # the last two: the gpe system's LLM work
+          "llm_tokens", "llm_reencoded_tokens",  # the gpe system's LLM work
+          "audio", "offset", "duration")  # the audio decoded
 # Keys that depend on wall-clock time; everything else in scores.json must survive a resume unchanged.
 TIMING_KEYS = ("RTF",)
 TIMING_FIELDS = ("elapsed", "compute_s")
@@ -183,6 +184,8 @@ def test_instances_log(finished_run):
         assert record["delays"][-1] == record["source_length"]  # the tail is written after the whole audio
         assert record["delays"][0] < record["source_length"]  # ... and words came while streaming
         assert record["compute_s"] > 0 and record["audio_s"] == duration
+        assert record["audio"] == str((out.parent / "data" / f"clip{record['index']}.wav").resolve())
+        assert record["offset"] == 0.0 and record["duration"] is None
 
 
 def test_scores(finished_run):
@@ -265,6 +268,62 @@ def test_log_of_another_manifest_is_refused(finished_run, tmp_path, word_session
         (out / name).write_bytes((finished_out / name).read_bytes())
     with pytest.raises(InputError, match='instances.log:1: id "clip-0" is not in the manifest'):
         evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions
+
+
+def _copy_run(finished_out: Path, out: Path, edit=None) -> None:
+    """config.json and instances.log of the finished run into ``out``; ``edit(record)`` changes each record."""
+    out.mkdir()
+    (out / "config.json").write_bytes((finished_out / "config.json").read_bytes())
+    records = read_log(finished_out)
+    for record in records:
+        if edit:
+            edit(record)
+    (out / INSTANCES_FILE).write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+def _edited_manifest(manifest: Path, name: str, **changes) -> Path:
+    """A copy of ``manifest`` beside it whose clip-0 line gets ``changes``."""
+    lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+    lines[0].update(changes)
+    path = manifest.with_name(name)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"audio": "clip1.wav"}, r"audio '.*clip0.wav' -> '.*clip1.wav'"),
+    ({"offset": 0.5}, "offset 0.0 -> 0.5"),
+    ({"duration": 1.0}, "duration None -> 1.0"),
+])
+def test_a_log_of_other_audio_is_refused(finished_run, tmp_path, word_sessions, changes, message):
+    manifest, finished_out, _ = finished_run
+    edited = _edited_manifest(manifest, f"edited-{tmp_path.name}.jsonl", **changes)
+    _copy_run(finished_out, tmp_path / "out")
+    with pytest.raises(InputError, match=r'instances.log:1: "clip-0" was decoded from other audio than the manifest '
+                                         f"names now \\({message}\\)"):
+        evaluate(edited, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions
+
+
+def test_a_log_from_before_the_audio_fields_is_checked_by_its_length(finished_run, tmp_path, word_sessions):
+    manifest, finished_out, finished_scores = finished_run
+
+    def old(record):
+        for field in ("audio", "offset", "duration"):
+            del record[field]
+
+    _copy_run(finished_out, tmp_path / "out", old)
+    scores = evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert deterministic(scores) == deterministic(finished_scores) and not word_sessions  # same audio: resumed
+    _copy_run(finished_out, tmp_path / "out2", old)
+    longer = _edited_manifest(manifest, f"longer-{tmp_path.name}.jsonl", audio="clip1.wav")  # 2.0 s, not 1.5 s
+    with pytest.raises(InputError, match='"clip-0" decoded 1.500 s of audio but the manifest\'s segment is 2.000 s'):
+        evaluate(longer, tmp_path / "out2", "tiny-random", DECODING, "asr", progress=False)
+    _copy_run(finished_out, tmp_path / "out3", old)
+    cut = _edited_manifest(manifest, f"cut-{tmp_path.name}.jsonl", offset=0.25)
+    with pytest.raises(InputError, match="segment is 1.250 s long"):
+        evaluate(cut, tmp_path / "out3", "tiny-random", DECODING, "asr", progress=False)
     assert not word_sessions
 
 
