@@ -303,6 +303,48 @@ def system_options(baseline: str, decoding: DecodingConfig) -> dict:
     return {"device": decoding.device, "search": "greedy", "language": WHISPER_LANGUAGE, "timestamps": False}
 
 
+def model_fingerprint(baseline: str, model_name: str) -> dict:
+    """What identifies the model ``baseline`` runs under ``model_name``, as recorded in eval's config.json: the same
+    model under another name or path has the same fingerprint, another model under the same name another one.
+
+    gpe: a hash of its config.yaml's content (parsed: comments and layout do not count; the base weights it names
+    are verified assets) and the size and sha256 of its trainable weights file (``checkpoint``). Whisper: the asset
+    name (its files are verified when fetched), or for a directory the hashes of its ``*.json`` files and the size
+    and sha256 of its ``*.safetensors``, or a hub id as given. Raises InputError for a GPE model that is not there.
+    """
+    import hashlib
+    import json
+
+    def file_hash(path) -> dict:
+        digest = hashlib.sha256()
+        with open(path, "rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+        return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+    if baseline == "gpe":
+        import yaml
+
+        from speechstream.config import load_model_config
+        from speechstream.model import model_config_path
+
+        path = model_config_path(model_name)
+        config = load_model_config(path)  # checks it
+        content = json.dumps(yaml.safe_load(path.read_text(encoding="utf-8")), sort_keys=True, default=str)
+        checkpoint = path.parent / config.checkpoint if config.checkpoint else None
+        return {"config_sha256": hashlib.sha256(content.encode("utf-8")).hexdigest(),
+                "checkpoint": file_hash(checkpoint) if checkpoint and checkpoint.is_file() else None}
+    from pathlib import Path
+
+    from speechstream.weights.fetch import ASSETS
+
+    directory = Path(model_name).expanduser()
+    if model_name not in ASSETS and directory.is_dir():
+        return {"files": {file.name: file_hash(file) for file in sorted(directory.iterdir())
+                          if file.is_file() and file.suffix in (".json", ".safetensors")}}
+    return {"asset" if model_name in ASSETS else "hub_id": model_name}
+
+
 def load_system(baseline: str, model_name: str, decoding: DecodingConfig) -> System:
     """Build the system ``baseline`` with its model (loads weights: slow)."""
     if baseline == "gpe":

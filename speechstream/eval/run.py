@@ -5,8 +5,11 @@ Each utterance is streamed through a `StreamingSession` by the very loop ``speec
 system with the same interface (`speechstream.baselines`: audio file in, events out), logged and scored the
 same way. What lands in the output folder:
 
-- ``config.json``: model, task, baseline and the decoding options that apply to it. A rerun into a folder that
-  already holds results made with other options is refused, so one folder never mixes results of two systems.
+- ``config.json``: model, its fingerprint (`speechstream.baselines.model_fingerprint`: hashes of its config and
+  weights), task, baseline and the decoding options that apply to it. A rerun into a folder that already holds
+  results made with other options, or with another model (another fingerprint, whatever its name), is refused, so
+  one folder never mixes results of two systems; the same model under another name or path is the same model.
+  (A config.json from before fingerprints were recorded is compared by the model's name.)
 - ``instances.log``: one JSON line per finished utterance, in SimulEval's format (`index`, `id`, `prediction`,
   `reference`, `delays`, `elapsed`, `source_length`) plus `audio_s` and `compute_s`, so that RTF can be
   recomputed from the log alone, and the audio it decoded: `audio` (the resolved path), `offset` and `duration`
@@ -35,7 +38,13 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from speechstream.baselines import BASELINES, check_baseline, load_system, system_options  # noqa: F401 (CLI)
+from speechstream.baselines import (  # noqa: F401 (BASELINES: the CLI)
+    BASELINES,
+    check_baseline,
+    load_system,
+    model_fingerprint,
+    system_options,
+)
 from speechstream.config import DecodingConfig, load_model_config, with_model_defaults
 from speechstream.errors import InputError
 from speechstream.eval.latency import COMPUTATION_AWARE_SUFFIX, LATENCY_METRICS, corpus_latency, split_units
@@ -96,6 +105,7 @@ def evaluate(
         decoding = with_model_defaults(decoding, load_model_config(model_config_path(model)))
     config = {
         "model": model,
+        "model_fingerprint": model_fingerprint(baseline, model),
         "task": task,
         "baseline": baseline,
         "decoding": system_options(baseline, decoding),
@@ -281,12 +291,22 @@ def _check_or_write_config(out_dir: Path, config: dict, resuming: bool) -> None:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise InputError(f"{path}: cannot read the previous run's options ({error})") from None
         old, new = _flatten(previous), _flatten(config)
+        fingerprinted = "model_fingerprint" in previous  # else a run from before fingerprints: compared by name
+        same_model = previous.get("model_fingerprint") == config["model_fingerprint"] if fingerprinted else None
+        old = {key: value for key, value in old.items() if not key.startswith("model_fingerprint")}
+        new = {key: value for key, value in new.items() if not key.startswith("model_fingerprint")}
+        if same_model:  # the same model under another name or path
+            old["model"] = new["model"]
         if config["baseline"] == "gpe":  # a decoding option added since that run, at its default, changes nothing
             # (runs from before joint CTC decoding decoded greedily: ctc_weight 0)
             defaults = _flatten({"decoding": dataclasses.asdict(DecodingConfig(ctc_weight=0.0))})
             old.update({key: value for key, value in defaults.items() if key not in old and new.get(key) == value})
         keys = sorted((old.keys() | new.keys()) - {"manifest"})
         changed = [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
+        if same_model is False:
+            changed = [change for change in changed if not change.startswith("model ")]
+            changed.append(f"model {previous.get('model')!r} -> {config['model']!r}, another model: its config or "
+                           "weights differ")
         if changed:
             raise InputError(
                 f"{out_dir} holds results made with other options ({'; '.join(changed)}); "

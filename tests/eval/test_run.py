@@ -248,14 +248,52 @@ def test_resume_with_other_options_is_refused(finished_run, tmp_path, word_sessi
     other = DecodingConfig(chunk_ms=320, max_tail_tokens=24)
     with pytest.raises(InputError, match=r"made with other options \(decoding.chunk_ms 640 -> 320\)"):
         evaluate(manifest, out, "tiny-random", other, "asr", progress=False)
-    elsewhere = tmp_path / "elsewhere"  # the same model under another name
-    elsewhere.mkdir()
-    (elsewhere / "config.yaml").write_bytes((ROOT / "models" / "tiny-random" / "config.yaml").read_bytes())
-    with pytest.raises(InputError, match=f"model 'tiny-random' -> '{elsewhere}'"):
-        evaluate(manifest, out, str(elsewhere), DECODING, "asr", progress=False)
+    changed = tmp_path / "changed"  # another model in a folder
+    changed.mkdir()
+    text = (ROOT / "models" / "tiny-random" / "config.yaml").read_text()
+    (changed / "config.yaml").write_text(text.replace("seed: 0", "seed: 1"))
+    with pytest.raises(InputError, match=f"model 'tiny-random' -> '{changed}', another model"):
+        evaluate(manifest, out, str(changed), DECODING, "asr", progress=False)
     with pytest.raises(InputError, match="unknown model 'nowhere'"):
         evaluate(manifest, out, "nowhere", DECODING, "asr", progress=False)
     assert not word_sessions
+
+
+def test_the_model_is_compared_by_its_fingerprint_not_its_name(finished_run, tmp_path, word_sessions):
+    manifest, finished_out, finished_scores = finished_run
+    _copy_run(finished_out, tmp_path / "out")
+    elsewhere = tmp_path / "elsewhere"  # the same model under another name: the same config, comments aside
+    elsewhere.mkdir()
+    text = (ROOT / "models" / "tiny-random" / "config.yaml").read_text()
+    (elsewhere / "config.yaml").write_text("# a copy\n" + text)
+    scores = evaluate(manifest, tmp_path / "out", str(elsewhere), DECODING, "asr", progress=False)
+    assert deterministic(scores) == deterministic(finished_scores) and not word_sessions
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model"] == str(elsewhere)
+    config = json.loads((finished_out / "config.json").read_text())
+    del config["model_fingerprint"]  # a run from before fingerprints: compared by name
+    _copy_run(finished_out, tmp_path / "old")
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=f"model 'tiny-random' -> '{elsewhere}'"):
+        evaluate(manifest, tmp_path / "old", str(elsewhere), DECODING, "asr", progress=False)
+    evaluate(manifest, tmp_path / "old", "tiny-random", DECODING, "asr", progress=False)
+    assert "model_fingerprint" in json.loads((tmp_path / "old" / "config.json").read_text())
+    assert not word_sessions
+
+
+def test_trained_weights_are_part_of_the_fingerprint(tmp_path):
+    from speechstream.baselines import model_fingerprint
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    text = (ROOT / "models" / "tiny-random" / "config.yaml").read_text()
+    (folder / "config.yaml").write_text(text + "checkpoint: trainable.safetensors\n")
+    (folder / "trainable.safetensors").write_bytes(b"weights one")
+    first = model_fingerprint("gpe", str(folder))
+    assert first["checkpoint"] == {"bytes": 11, "sha256": __import__("hashlib").sha256(b"weights one").hexdigest()}
+    (folder / "trainable.safetensors").write_bytes(b"weights two")  # retrained under the same name
+    assert model_fingerprint("gpe", str(folder)) != first
+    assert model_fingerprint("gpe", "tiny-random") == model_fingerprint("gpe", str(ROOT / "models" / "tiny-random"))
+    assert model_fingerprint("whisper-offline", "whisper-base") == {"asset": "whisper-base"}
 
 
 def test_log_of_another_manifest_is_refused(finished_run, tmp_path, word_sessions):
