@@ -23,6 +23,12 @@ same way. What lands in the output folder:
   fed again), summed from the records' ``llm_tokens`` and ``llm_reencoded_tokens``.
 - ``summary.txt``: the same scores as a small table a person can read.
 
+Timing: once the system is loaded, and before the first utterance is timed, it decodes the first second of the
+first utterance left to decode once, without logging it (`_warm_up`): one-time costs (lazy initialisation,
+first kernel launches, caches) would otherwise land in the first utterance's ``compute_s`` and ``elapsed``, and
+so in RTF and the ``_CA`` latencies (a first utterance timed at 11 s for 3 s of audio, the next ones at 0.3x).
+Every utterance is thus timed warm, in a fresh run and in a resumed one alike, for every system.
+
 Word delays: every word of the transcript gets the source position (ms of audio read) of the "final" event
 that committed it. Final texts are concatenated and cut into words on whitespace; a word whose characters
 came in two final events (a chunk ended inside it) counts once, at the later event. ``elapsed`` adds that
@@ -62,6 +68,8 @@ REFERENCE_FIELDS = {"asr": "text", "translate": "translation"}
 RECORD_FIELDS = ("index", "id", "prediction", "reference", "delays", "elapsed", "source_length", "audio_s", "compute_s")
 # Fields naming the audio a record decoded (logged since they were added; older records lack them).
 SOURCE_FIELDS = ("audio", "offset", "duration")
+# Seconds of audio decoded once, unlogged, before the first timed utterance (warm-up: see `_warm_up`).
+WARM_UP_S = 1.0
 # Seconds a logged record's audio_s may differ from its segment's length (load_audio's slack for rounded times).
 LENGTH_TOLERANCE_S = 0.02
 # Rows of the quality table, in order, with the normaliser named once for the normalised ones.
@@ -266,7 +274,8 @@ def summary_text(scores: dict[str, float], config: dict) -> str:
         lines.append(f"  {name + (' (ratio)' if name == 'AP' else ''):<14}{cells}")
     if not any(name in scores for name in LATENCY_METRICS):
         lines.append("  (no utterance produced any words)")
-    lines += ["", f"RTF {scores['RTF']:.3f} (compute seconds / audio seconds)"]
+    lines += ["", f"RTF {scores['RTF']:.3f} (compute seconds / audio seconds; timed warm, after an unlogged "
+              f"{WARM_UP_S:g} s warm-up decode)"]
     if "LLM_tokens" in scores:
         extra = scores.get("LLM_reencoded_tokens", 0)
         share = f" (+{100 * extra / scores['LLM_tokens']:.1f} %)" if scores["LLM_tokens"] else ""
@@ -427,6 +436,7 @@ def _decode(todo, references, log_path: Path, baseline: str, model_name: str, de
     from tqdm import tqdm
 
     system = load_system(baseline, model_name, decoding)
+    _warm_up(system, todo[0][1])
     records = []
     show = progress and sys.stderr.isatty()
     with open(log_path, "a", encoding="utf-8") as log, tqdm(
@@ -447,6 +457,28 @@ def _decode(todo, references, log_path: Path, baseline: str, model_name: str, de
             records.append(record)
             bar.update()
     return records
+
+
+def _warm_up(system, utterance: Utterance) -> None:
+    """Decode the first ``WARM_UP_S`` seconds of ``utterance`` once and throw the result away, so that the timed
+    utterances do not pay the system's one-time costs. A file whose length cannot be read is left to the real
+    decode to report."""
+    import soundfile
+
+    length = utterance.duration
+    if length is None:
+        try:
+            info = soundfile.info(str(utterance.audio))
+        except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError, OSError):
+            return
+        length = info.frames / info.samplerate - (utterance.offset or 0.0)
+    duration = min(WARM_UP_S, length)
+    if duration <= 0:
+        return
+    try:
+        system.decode(str(utterance.audio), offset_s=utterance.offset or 0.0, duration_s=duration)
+    except InputError as error:
+        raise InputError(f'utterance "{utterance.id}": {error}') from None
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -218,6 +218,40 @@ def test_latency_equals_simuleval_on_the_log(finished_run):
             assert scores[name + ("_CA" if aware else "")] == pytest.approx(expected, abs=1e-6)
 
 
+class RecordingSystem:
+    """A system that records what it is asked to decode and writes one word at the end."""
+
+    def __init__(self):
+        self.calls = []
+
+    def decode(self, audio_path, offset_s=0.0, duration_s=None):
+        self.calls.append((Path(audio_path).name, offset_s, duration_s))
+        audio_s = duration_s or soundfile.info(audio_path).duration - offset_s
+        return [Event("final", "word", round(audio_s, 3), 0.1),
+                Event("end", "word", round(audio_s, 3), 0.1, audio_s=audio_s, compute_s=0.1)]
+
+
+@pytest.mark.parametrize("baseline", ["gpe", "whisper-offline"])
+def test_every_utterance_is_timed_after_an_unlogged_warm_up(tmp_path, monkeypatch, baseline):
+    import speechstream.eval.run as run
+
+    system = RecordingSystem()
+    monkeypatch.setattr(run, "load_system", lambda *args: system)
+    manifest = write_manifest(tmp_path / "data", [1.5, 0.5])
+    model = "tiny-random" if baseline == "gpe" else "whisper-base"
+    evaluate(manifest, tmp_path / "out", model, DECODING, "asr", progress=False, baseline=baseline)
+    assert system.calls == [("clip0.wav", 0.0, 1.0), ("clip0.wav", 0.0, None), ("clip1.wav", 0.0, None)]
+    assert [record["id"] for record in read_log(tmp_path / "out")] == ["clip-0", "clip-1"]  # the warm-up: unlogged
+
+    lines = manifest.read_text().splitlines()  # a resumed run warms up on what is left, a segment within its range
+    entry = json.loads(lines[1]) | {"id": "clip-2", "offset": 0.1, "duration": 0.3}
+    manifest.write_text("\n".join([*lines, json.dumps(entry)]) + "\n")
+    system.calls.clear()
+    evaluate(manifest, tmp_path / "out", model, DECODING, "asr", progress=False, baseline=baseline)
+    assert system.calls == [("clip1.wav", 0.1, 0.3), ("clip1.wav", 0.1, 0.3)]
+    assert "timed warm" in (tmp_path / "out" / "summary.txt").read_text()
+
+
 # -- resuming -------------------------------------------------------------------------------------------
 
 
@@ -230,13 +264,13 @@ def test_resume_after_a_cut_line_decodes_only_the_rest(finished_run, tmp_path, w
     (out / INSTANCES_FILE).write_text(lines[0] + lines[1][: len(lines[1]) // 2])  # killed while writing line 2
 
     scores = evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
-    assert len(word_sessions) == 2  # clip-0 was not decoded again
+    assert len(word_sessions) == 3  # the warm-up, then clip-1 and clip-2: clip-0 was not decoded again
     assert deterministic(scores) == deterministic(finished_scores)
     assert without_timing(read_log(out)) == without_timing(read_log(finished_out))
     assert (out / INSTANCES_FILE).read_text().startswith(lines[0])
 
     assert evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False) == scores
-    assert len(word_sessions) == 2  # a finished run only rescores
+    assert len(word_sessions) == 3  # a finished run only rescores (and loads nothing: no warm-up)
 
 
 def test_resume_with_other_options_is_refused(finished_run, tmp_path, word_sessions):
@@ -386,7 +420,7 @@ def test_a_failed_start_does_not_pin_the_options(tmp_path, word_sessions):
     with pytest.raises(InputError, match="unknown model 'no-such-model'"):
         evaluate(manifest, tmp_path / "out", "no-such-model", DECODING, "asr", progress=False)
     evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)  # nothing was logged
-    assert len(word_sessions) == 1
+    assert len(word_sessions) == 2  # the warm-up and the utterance
 
 
 def test_results_without_their_config_are_refused(finished_run, tmp_path, word_sessions):
