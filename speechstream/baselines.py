@@ -303,6 +303,39 @@ def system_options(baseline: str, decoding: DecodingConfig) -> dict:
     return {"device": decoding.device, "search": "greedy", "language": WHISPER_LANGUAGE, "timestamps": False}
 
 
+def model_languages(baseline: str, model_name: str) -> tuple[str | None, str | None]:
+    """(speech language, text language) the model of ``baseline`` supports; None where it declares none.
+
+    gpe: ``source_lang`` and ``target_lang`` of its config.yaml; the Whisper baselines: English to English (they
+    are told the speech is English and transcribe it)."""
+    if baseline == "gpe":
+        from speechstream.config import load_model_config
+        from speechstream.model import model_config_path
+
+        config = load_model_config(model_config_path(model_name))
+        return config.source_lang, config.target_lang
+    return WHISPER_LANGUAGE, WHISPER_LANGUAGE
+
+
+def resolve_languages(baseline: str, model_name: str, source_lang: str | None,
+                      target_lang: str | None) -> tuple[str | None, str | None]:
+    """The languages a run decodes with: the model's where not given (None); InputError, naming what the model
+    supports, for a given language it does not (a model that declares none takes any)."""
+    supported = model_languages(baseline, model_name)
+    resolved = []
+    for flag, given, language in (("--source-lang", source_lang, supported[0]),
+                                  ("--target-lang", target_lang, supported[1])):
+        if given is not None and (not isinstance(given, str) or not given.strip()):
+            raise InputError(f"{flag} must be a language code such as en, got {given!r}")
+        given = None if given is None else given.strip().lower()
+        if given is not None and language is not None and given != language:
+            what = "speech" if flag == "--source-lang" else "text"
+            raise InputError(f"{flag} {given}: {model_name} supports {supported[0]} speech to {supported[1]} "
+                             f"text ({flag} {language}), not {given} {what}")
+        resolved.append(given if language is None else language)
+    return resolved[0], resolved[1]
+
+
 def model_fingerprint(baseline: str, model_name: str) -> dict:
     """What identifies the model ``baseline`` runs under ``model_name``, as recorded in eval's config.json: the same
     model under another name or path has the same fingerprint, another model under the same name another one.

@@ -29,8 +29,10 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool) -> None:
     defaults = DecodingConfig()
     parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml")
     parser.add_argument("--task", choices=("asr", "translate"), default="asr")
-    parser.add_argument("--source-lang", default=None, help="language of the speech (default: en for asr, es for translate)")
-    parser.add_argument("--target-lang", default="en", help="language of the text")
+    parser.add_argument("--source-lang", default=None, help="language of the speech; refused unless the model "
+                        "supports it (default: the model's: en for the English model, es for the translation model)")
+    parser.add_argument("--target-lang", default=None, help="language of the text; refused unless the model "
+                        "supports it (default: the model's: en for both shipped models)")
     parser.add_argument("--chunk-ms", type=int, default=defaults.chunk_ms, help="audio per chunk (ms)")
     parser.add_argument("--policy", default=defaults.policy, help="read/write policy (wait-k)")
     parser.add_argument("--k", type=int, default=defaults.k, help="chunks read before the first write")
@@ -162,13 +164,16 @@ def _decoding_config(args: argparse.Namespace):
 
 def _model_name(args: argparse.Namespace, decoding=None) -> str:
     """The model to decode with (``--model`` or the task's default); with ``decoding``, the decoding options are
-    checked against the model's config first, before any weights load."""
+    checked against the model's config first, before any weights load. ``--source-lang`` / ``--target-lang`` must
+    be languages the model supports (InputError naming them)."""
+    from speechstream.baselines import resolve_languages
     from speechstream.config import load_model_config, with_model_defaults
     from speechstream.model import DEFAULT_MODELS, model_config_path
 
     name = args.model or DEFAULT_MODELS[args.task]
     if decoding is not None:
         with_model_defaults(decoding, load_model_config(model_config_path(name)))
+    resolve_languages("gpe", name, args.source_lang, args.target_lang)
     return name
 
 
@@ -277,7 +282,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.ablation != "none":
             raise InputError(f"--ablation applies to the gpe system, not to {args.baseline}")
         name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
-    evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline)
+    evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline,
+             source_lang=args.source_lang, target_lang=args.target_lang)
     sys.stdout.write((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
     if name == "tiny-random":
         print(TINY_NOTE, file=sys.stderr)

@@ -92,6 +92,10 @@ class ModelConfig:
     # frames between the windows of the fine CTC head that joint decoding scores (speechstream/ctc_head.py): 0, none
     # (the CTC head on the speech tokens, one per projector stack); 1..stack, a head of its own every that many frames
     ctc_hop: int = 0
+    # the languages the model was trained for: of its speech (e.g. "en") and of the text it writes; None: not
+    # declared (a test model): any --source-lang / --target-lang is taken as given
+    source_lang: str | None = None
+    target_lang: str | None = None
 
 
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.

@@ -171,6 +171,40 @@ def test_joint_ctc_with_the_translation_model_is_refused(capsys, tmp_path, clip)
     assert not (out / "instances.log").exists()
 
 
+@pytest.mark.parametrize("argv, match", [
+    (["transcribe", "{clip}", "--model", "smollm2-whisper-base", "--source-lang", "fr"],
+     "--source-lang fr: smollm2-whisper-base supports en speech to en text"),
+    (["transcribe", "{clip}", "--model", "smollm2-whisper-base-es-en", "--task", "translate", "--target-lang", "de"],
+     "--target-lang de: smollm2-whisper-base-es-en supports es speech to en text"),
+    (["eval", "{manifest}", "--out", "{tmp}/out", "--model", "smollm2-whisper-base-es-en", "--task", "translate",
+      "--source-lang", "en"], "--source-lang en: .* supports es speech"),
+    (["eval", "{manifest}", "--out", "{tmp}/out", "--baseline", "whisper-offline", "--source-lang", "es"],
+     "--source-lang es: whisper-base supports en speech to en text"),
+    (["serve", "--model", "smollm2-whisper-base", "--target-lang", "es"], "--target-lang es: "),
+    (["transcribe", "{clip}", "--source-lang", ""], "--source-lang must be a language code"),
+])
+def test_a_language_the_model_does_not_support_is_refused(capsys, tmp_path, clip, argv, match):
+    """Before any weights load or anything is written."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hi", "translation": "hi"}) + "\n")
+    argv = [a.format(clip=clip, tmp=tmp_path, manifest=manifest) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert_one_error(code, err, match=match)
+    assert not out and not (tmp_path / "out").exists()
+
+
+def test_eval_records_the_languages(capsys, tmp_path, clip):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hi"}) + "\n")
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "out", "--source-lang", "ES", "--target-lang",
+                       "en")
+    assert code == 0, err  # tiny-random declares no languages: taken as given
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["source_lang"], config["target_lang"]) == ("es", "en")
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "out", "--source-lang", "fr")
+    assert_one_error(code, err, match=r"other options \(source_lang 'es' -> 'fr'; target_lang 'en' -> None\)")
+
+
 def test_a_bad_file_does_not_stop_the_next(capsys, tmp_path, clip):
     bad = tmp_path / "bad.wav"
     bad.write_text("RIFF but not really")

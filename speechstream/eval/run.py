@@ -5,7 +5,7 @@ Each utterance is streamed through a `StreamingSession` by the very loop ``speec
 system with the same interface (`speechstream.baselines`: audio file in, events out), logged and scored the
 same way. What lands in the output folder:
 
-- ``config.json``: model, its fingerprint (`speechstream.baselines.model_fingerprint`: hashes of its config and
+- ``config.json``: model, the languages (``--source-lang``, ``--target-lang``, resolved), its fingerprint (`speechstream.baselines.model_fingerprint`: hashes of its config and
   weights), task, baseline and the decoding options that apply to it. A rerun into a folder that already holds
   results made with other options, or with another model (another fingerprint, whatever its name), is refused, so
   one folder never mixes results of two systems; the same model under another name or path is the same model.
@@ -49,6 +49,7 @@ from speechstream.baselines import (  # noqa: F401 (BASELINES: the CLI)
     check_baseline,
     load_system,
     model_fingerprint,
+    resolve_languages,
     system_options,
 )
 from speechstream.config import DecodingConfig, load_model_config, with_model_defaults
@@ -87,18 +88,23 @@ def evaluate(
     task: str,
     progress: bool = True,
     baseline: str = "gpe",
+    source_lang: str | None = None,
+    target_lang: str | None = None,
 ) -> dict[str, float]:
     """Decode every utterance of the manifest not yet in ``out_dir/instances.log``, then score the whole log.
 
     ``model`` is the model of the ``baseline`` system: a GPE model name or directory (as for ``--model``)
     for "gpe", a Whisper asset name or directory for "whisper-offline"; it is loaded only when something is
-    left to decode. Returns the scores also written to ``scores.json``. Raises InputError for a bad manifest, an
-    unknown task or baseline, an output folder holding a run with other options, or audio that cannot be
-    decoded (everything finished before it stays logged).
+    left to decode. ``source_lang`` / ``target_lang`` (``--source-lang`` / ``--target-lang``; None: the model's)
+    must be languages the model supports; the resolved ones are recorded in config.json. Returns the scores also
+    written to ``scores.json``. Raises InputError for a bad manifest, an unknown task or baseline, a language the
+    model does not support, an output folder holding a run with other options, or audio that cannot be decoded
+    (everything finished before it stays logged).
     """
     if task not in REFERENCE_FIELDS:
         raise InputError(f"unknown task {task!r} (known: {', '.join(REFERENCE_FIELDS)})")
     check_baseline(baseline, task)
+    source_lang, target_lang = resolve_languages(baseline, model, source_lang, target_lang)
     manifest_path, out_dir = Path(manifest_path), Path(out_dir)
     utterances = read_manifest(manifest_path)
     references = manifest_references(utterances, task, manifest_path)
@@ -115,6 +121,8 @@ def evaluate(
         "model": model,
         "model_fingerprint": model_fingerprint(baseline, model),
         "task": task,
+        "source_lang": source_lang,
+        "target_lang": target_lang,
         "baseline": baseline,
         "decoding": system_options(baseline, decoding),
         "manifest": str(manifest_path.absolute()),  # for the record only: resuming checks the utterances instead
@@ -306,6 +314,8 @@ def _check_or_write_config(out_dir: Path, config: dict, resuming: bool) -> None:
         new = {key: value for key, value in new.items() if not key.startswith("model_fingerprint")}
         if same_model:  # the same model under another name or path
             old["model"] = new["model"]
+        for key in ("source_lang", "target_lang"):  # runs from before they were recorded: the model's languages
+            old.setdefault(key, new[key])
         if config["baseline"] == "gpe":  # a decoding option added since that run, at its default, changes nothing
             # (runs from before joint CTC decoding decoded greedily: ctc_weight 0)
             defaults = _flatten({"decoding": dataclasses.asdict(DecodingConfig(ctc_weight=0.0))})

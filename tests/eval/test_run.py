@@ -304,7 +304,8 @@ def test_the_model_is_compared_by_its_fingerprint_not_its_name(finished_run, tmp
     assert deterministic(scores) == deterministic(finished_scores) and not word_sessions
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model"] == str(elsewhere)
     config = json.loads((finished_out / "config.json").read_text())
-    del config["model_fingerprint"]  # a run from before fingerprints: compared by name
+    for key in ("model_fingerprint", "source_lang", "target_lang"):  # a run from before these were recorded
+        del config[key]
     _copy_run(finished_out, tmp_path / "old")
     (tmp_path / "old" / "config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match=f"model 'tiny-random' -> '{elsewhere}'"):
