@@ -18,11 +18,15 @@ Points (``--quick`` keeps fewer):
 - baselines: ``whisper-offline`` and ``whisper-la2`` (each when ``speechstream.baselines.BASELINES`` has it),
   with their default models.
 
-Usage (from the repository root; ``recipes/eval/run.sh`` passes its arguments here)::
+Usage (``recipes/eval/run.sh`` passes its arguments here)::
 
     .venv/bin/python recipes/eval/sweep.py [--model smollm2-whisper-base] [--manifest samples/manifest.jsonl]
         [--out runs/sweep] [--quick] [--baselines auto|none|NAME,...] [--report-dir recipes] [--report-only]
         [--threads N]
+
+Relative ``--manifest``, ``--out``, ``--report-dir`` and a ``--model`` that names an existing folder or file are
+taken from the directory the script is run from; the defaults (shown above) are inside the repository, wherever
+it is run from. The evals themselves run from the repository root and are given absolute paths.
 """
 
 from __future__ import annotations
@@ -126,9 +130,12 @@ def plan(quick: bool = False, baselines: tuple[str, ...] | None = None, ctc_weig
 
 
 def manifest_ids(manifest: Path) -> list[str]:
-    """Utterance ids of a JSON-lines manifest (the eval driver checks the rest)."""
+    """Utterance ids of a JSON-lines manifest (the eval driver checks the rest), read as the eval driver reads it
+    (`speechstream.manifest`: a UTF-8 byte order mark allowed, lines split at newlines only)."""
+    from speechstream.manifest import text_lines
+
     try:
-        lines = manifest.read_text(encoding="utf-8").splitlines()
+        lines = text_lines(manifest.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or error
         raise SweepError(f"{manifest}: cannot read the manifest ({reason})") from None
@@ -259,6 +266,7 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
                      command: str, date: str, missing: list[Point], ctc_weight: float = 0.0) -> str:
     """RESULTS.md: the command, model, data and date, then one table per kind of point."""
     metric, title = quality_metric(rows)
+    model = shown(Path(model)) if Path(model).is_absolute() else model  # a model folder: as in the repository
     columns = [title, *(f"{name} (ms)" for name in LATENCY_COLUMNS), "RTF"]
     audio = f", {audio_s:.1f} s of audio" if audio_s is not None else ""
     lines = [
@@ -274,7 +282,7 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         f"- GPE model: `{model}`, decoding as it does by default: "
         + (f"joint CTC decoding, weight {ctc_weight:g} (`ctc_weight` in its config.yaml)" if ctc_weight > 0
            else "greedy"),
-        f"- data: `{manifest}` ({utterances} utterance{'s' if utterances != 1 else ''}{audio})",
+        f"- data: `{shown(manifest)}` ({utterances} utterance{'s' if utterances != 1 else ''}{audio})",
         "- quality: " + ("BLEU (higher is better)" if metric == "BLEU" else
                          "normalised WER (%, lower is better; both sides through "
                          "`speechstream.eval.quality.normalize_english`)"),
@@ -428,53 +436,76 @@ def parse_baselines(value: str) -> tuple[str, ...] | None:
     return names
 
 
+def caller_path(value: str | None, default: str) -> Path:
+    """An absolute path: ``value`` from the caller's working directory, or ``default`` inside the repository."""
+    return Path(value).expanduser().absolute() if value is not None else ROOT / default
+
+
+def caller_model(value: str) -> str:
+    """``--model`` as the evals (run from the repository root) must get it: a model folder or file that exists
+    from the caller's working directory as its absolute path, a model name as it is."""
+    path = Path(value).expanduser()
+    return str(path.absolute()) if path.exists() else value
+
+
+def shown(path: Path) -> str:
+    """A path for the report: relative to the repository when inside it."""
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _Parser(prog="recipes/eval/sweep.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"GPE model (default {DEFAULT_MODEL})")
-    parser.add_argument("--manifest", default="samples/manifest.jsonl", help="JSON-lines manifest to evaluate on")
-    parser.add_argument("--out", default="runs/sweep", help="one eval folder per point under here (resumable)")
+    parser.add_argument("--manifest", help="JSON-lines manifest to evaluate on (default: samples/manifest.jsonl "
+                        "in the repository)")
+    parser.add_argument("--out", help="one eval folder per point under here (resumable; default: runs/sweep in the "
+                        "repository)")
     parser.add_argument("--quick", action="store_true", help="fewer points: k in {1, 2} x chunk in {640, 1280}")
     parser.add_argument("--baselines", default="auto",
                         help="auto (whisper-offline, whisper-la2 when available), none, or names separated by commas")
-    parser.add_argument("--report-dir", default="recipes", help="where RESULTS.md and quality_latency.png go")
+    parser.add_argument("--report-dir", help="where RESULTS.md and quality_latency.png go (default: recipes in the "
+                        "repository)")
     parser.add_argument("--report-only", action="store_true", help="decode nothing: tabulate the results there are")
     parser.add_argument("--threads", type=int, help="CPU threads of each eval (OMP_NUM_THREADS; default: torch's)")
     try:
         args = parser.parse_args(argv)
         if args.threads is not None and args.threads < 1:
             raise SweepError("--threads must be at least 1")
-        manifest = Path(args.manifest)
+        # relative paths are the caller's; the evals run from the repository root (run_point)
+        manifest = caller_path(args.manifest, "samples/manifest.jsonl")
+        out, report_dir = caller_path(args.out, "runs/sweep"), caller_path(args.report_dir, "recipes")
+        model = caller_model(args.model)
         if not manifest.is_file():
             raise SweepError(f"{manifest}: no such manifest")
         count = len(manifest_ids(manifest))
-        ctc_weight = model_ctc_weight(args.model, strict=not args.report_only)
+        ctc_weight = model_ctc_weight(model, strict=not args.report_only)
         points = plan(args.quick, parse_baselines(args.baselines), ctc_weight)
-        report_dir = Path(args.report_dir)
         if report_dir.exists() and not report_dir.is_dir():
             raise SweepError(f"--report-dir {report_dir} is a file, not a folder")
-        if args.report_only and not collect(Path(args.out), args.model, manifest, ctc_weight):
-            raise SweepError(f"--report-only: no results of {args.model} on {manifest} under {args.out}; "
+        if args.report_only and not collect(out, model, manifest, ctc_weight):
+            raise SweepError(f"--report-only: no results of {args.model} on {manifest} under {out}; "
                              f"{report_dir / RESULTS_FILE} is left as it is")
     except SweepError as error:
         print(f"sweep: error: {error}", file=sys.stderr)
         return 2
-    out = Path(args.out)
     failed = []
     if not args.report_only:
         for point in points:
-            if is_done(point, out, args.model, manifest, count, ctc_weight):
+            if is_done(point, out, model, manifest, count, ctc_weight):
                 print(f"sweep: {point.name}: done", file=sys.stderr)
                 continue
-            status = run_point(point, args.model, manifest, out, args.threads)
+            status = run_point(point, model, manifest, out, args.threads)
             if status:
                 print(f"sweep: {point.name}: speechstream eval failed (exit {status}); going on", file=sys.stderr)
                 failed.append(point.name)
     script = os.path.relpath(__file__) if Path(__file__).is_absolute() else __file__
     command = os.environ.get("SWEEP_COMMAND") or shlex.join([".venv/bin/python", script, *argv])  # run.sh sets it
-    rows = write_report(out, Path(args.report_dir), args.model, manifest, command, points, ctc_weight=ctc_weight)
-    print(f"sweep: {len(rows)} results -> {Path(args.report_dir) / RESULTS_FILE}, {Path(args.report_dir) / PLOT_FILE}",
-          file=sys.stderr)
+    rows = write_report(out, report_dir, model, manifest, command, points, ctc_weight=ctc_weight)
+    print(f"sweep: {len(rows)} results -> {report_dir / RESULTS_FILE}, {report_dir / PLOT_FILE}", file=sys.stderr)
     if failed:
         print(f"sweep: error: failed points: {', '.join(failed)} (rerun to retry)", file=sys.stderr)
         return 1

@@ -204,3 +204,42 @@ def test_a_joint_decoding_model_gets_a_greedy_point_beside_it(sweep, tmp_path):
         "| greedy, 640 ms, k=2 (`gpe-c640-k2-greedy`) | 80.0 |")
     grid = text.split("## GPE, wait-k over chunks")[1].split("##")[0]
     assert "greedy" not in grid
+
+
+def test_relative_paths_are_the_callers_not_the_repository_root(sweep, tmp_path, monkeypatch):
+    """Run from outside the repository with relative paths: the evals (run from the repository root) get absolute
+    ones, finished points under the caller's --out are found, and the report lands in the caller's --report-dir."""
+    caller = tmp_path / "elsewhere"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    model = caller / "mymodel"
+    model.mkdir()
+    model.joinpath("config.yaml").write_text((RECIPE.parents[2] / "models" / "tiny-random" / "config.yaml").read_text())
+    manifest = _manifest(caller)
+    _fake_run(caller / "out", "gpe-c640-k2", manifest, model=str(model))
+    commands = []
+
+    def fake_run(command, cwd, **kwargs):
+        commands.append((command, cwd))
+        return sweep.subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    args = ["--model", "mymodel", "--manifest", "manifest.jsonl", "--out", "out", "--report-dir", "rep", "--quick",
+            "--baselines", "none"]
+    assert sweep.main(args) == 0
+    ran = {command[command.index("--out") + 1]: (command, cwd) for command, cwd in commands}
+    assert str(caller / "out" / "gpe-c640-k2") not in ran  # found done where the caller put it
+    command, cwd = ran[str(caller / "out" / "gpe-c640-k1")]
+    assert cwd == sweep.ROOT and command[4] == str(manifest)  # python -m speechstream eval MANIFEST
+    assert command[command.index("--model") + 1] == str(model)
+    text = (caller / "rep" / "RESULTS.md").read_text()
+    assert "| 640 ms, k=2 (`gpe-c640-k2`) | 50.0 |" in text and f"`{manifest}`" in text
+    assert not (sweep.ROOT / "out").exists() and not (sweep.ROOT / "rep").exists()
+    assert sweep.caller_model("tiny-random") == "tiny-random"  # a name stays a name
+
+
+def test_a_manifest_with_a_byte_order_mark_is_read_as_eval_reads_it(sweep, tmp_path):
+    manifest = _manifest(tmp_path, n=3)
+    text = manifest.read_text().replace('"a b"', '"a\u2028b"')  # a line separator inside a JSON string
+    manifest.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert sweep.manifest_ids(manifest) == ["u0", "u1", "u2"]
