@@ -5,8 +5,9 @@ Each utterance is streamed through a `StreamingSession` by the very loop ``speec
 system with the same interface (`speechstream.baselines`: audio file in, events out), logged and scored the
 same way. What lands in the output folder:
 
-- ``config.json``: model, the languages (``--source-lang``, ``--target-lang``, resolved), its fingerprint (`speechstream.baselines.model_fingerprint`: hashes of its config and
-  weights), task, baseline and the decoding options that apply to it. A rerun into a folder that already holds
+- ``config.json``: model, the languages (``--source-lang``, ``--target-lang``, resolved), the model's fingerprint
+  (`speechstream.baselines.model_fingerprint`: hashes of its config and weights), task, baseline and the
+  decoding options that apply to it. A rerun into a folder that already holds
   results made with other options, or with another model (another fingerprint, whatever its name), is refused, so
   one folder never mixes results of two systems; the same model under another name or path is the same model.
   (A config.json from before fingerprints were recorded is compared by the model's name.)
@@ -15,8 +16,9 @@ same way. What lands in the output folder:
   recomputed from the log alone, and the audio it decoded: `audio` (the resolved path), `offset` and `duration`
   (seconds; `duration` null: to the end of the file). A rerun checks every logged record against the manifest
   (id, position, reference, audio, offset and duration) and refuses a changed one; a record logged before
-  these three keys existed is checked by its `audio_s` against the length of the manifest's segment. Each line is flushed and fsynced when its utterance finishes: a killed run
-  loses at most the utterance in progress, and a rerun skips the ids already logged.
+  these three keys existed is checked by its `audio_s` against the length of the manifest's segment. Each line
+  is flushed and fsynced when its utterance finishes: a killed run loses at most the utterance in progress, and
+  a rerun skips the ids already logged.
 - ``scores.json``: WER/CER (raw and normalised) or BLEU/chrF, every latency metric with its ``_CA`` twin
   (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``; for the gpe system also
   ``LLM_tokens`` (tokens the LLM was fed) and ``LLM_reencoded_tokens`` (the extra ones ``--ablation reencode``
