@@ -200,6 +200,7 @@ class StreamingSession:
         self._front_open = self.vad is None  # the front end's segment has audio (with VAD: once its speech starts)
         self._released = 0  # absolute samples passed on to the front end or dropped as silence
         self._waiting = np.zeros(0, np.float32)  # with VAD, samples from _released on: not yet known to be speech
+        self._silent_end = False  # with VAD, the audio ended in silence after the last segment (nothing to read)
         self._segment_read_done = False  # the last unit of ``segment`` has been read
         self._segment_target_start = 0  # index in target_ids of this segment's first target token
         self._stats_base = 0  # index in stats of this segment's first unit
@@ -264,8 +265,9 @@ class StreamingSession:
         self._waiting = waiting.copy() if waiting.size else np.zeros(0, np.float32)
         return steps
 
-    def _front(self, step: tuple[str, object]) -> list[Event]:
-        """Carry out one routing step (``_route``) on the front end; return the events of the LLM work it allowed."""
+    def _front(self, step: tuple[str, object], advance: bool = True) -> list[Event]:
+        """Carry out one routing step (``_route``) on the front end; return the events of the LLM work it allowed
+        (none with ``advance`` False: the units are only queued)."""
         kind, value = step
         if kind == "skip":
             self._released += value
@@ -280,10 +282,10 @@ class StreamingSession:
             self._released += value.size
             for chunk in self.chunker.push(value):
                 self._add_unit(chunk, final=False)
-                events += self._advance()
+                events += self._advance() if advance else []
         else:  # "cut"
             self._end_front_segment()
-            events += self._advance()
+            events += self._advance() if advance else []
         return events
 
     def _end_front_segment(self) -> None:
@@ -322,12 +324,12 @@ class StreamingSession:
             start = self.vad.keep_from()
             for step in [("skip", start - self._released), ("start", start),
                          ("audio", self._waiting[start - self._released :])]:
-                self._front(step)
+                self._front(step, advance=False)
             self._waiting = np.zeros(0, np.float32)
         if self._front_open:
             self._add_unit(self.chunker.flush(), final=True)
-        else:  # only silence since the last cut (or since the start): the whole audio has been passed
-            self._source_s = self._samples_in / SAMPLE_RATE
+        else:  # only silence since the last cut (or since the start): it is passed over, not read
+            self._silent_end = True
         self._audio_done = True
 
     def close(self) -> list[Event]:
@@ -335,6 +337,8 @@ class StreamingSession:
         if self.finished:
             return []
         events = self._take_held()
+        if self._silent_end:  # the audio after the last segment was silence: all of it has been passed by now
+            self._source_s = max(self._source_s, self._samples_in / SAMPLE_RATE)
         tail = self.text.commit_all(force=True)
         if tail:
             events.append(self._event("final", tail))

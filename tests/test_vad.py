@@ -268,3 +268,42 @@ def test_a_short_word_at_the_end_is_still_read(tiny_model):
     audio = np.concatenate([np.zeros(SAMPLE_RATE, np.float32), clip[: int(0.45 * SAMPLE_RATE)]])
     session, events, _ = feed_all(tiny_model, audio, 4000)
     assert len(session.segment_starts) == 1 and session.stats
+
+
+def _scripted_session(model, script, own_llm=True):
+    decoding = DecodingConfig(chunk_ms=160, k=1, max_tokens_per_chunk=4, max_tail_tokens=10, vad=True)
+    session = StreamingSession(model, decoding, choose=text_favouring_chooser(model), own_llm=own_llm)
+    session.vad.model = _Script(script)
+    return session
+
+
+def test_speech_still_unconfirmed_at_the_end_comes_out_as_final_events(tiny_model):
+    """The words of a last sound shorter than min_speech_ms are read by finish(), and its final events are returned
+    (end_audio only queues the audio; it used to run the LLM and drop those events)."""
+    session = _scripted_session(tiny_model, [0.0] * 10 + [0.9] * 6)
+    audio = (np.random.default_rng(0).standard_normal(16 * 512) * 0.1).astype(np.float32)
+    events = session.feed(audio) + session.finish()
+    finals = "".join(e.text for e in events if e.type == "final")
+    assert events[-1].text and finals == events[-1].text == session.transcript
+
+
+def test_a_batched_stream_ending_in_silence_ends_at_the_end_of_its_audio(tiny_model):
+    """Speech, a cut, 1.9 s of silence, all fed before the driver runs: the end event's time is the end of the
+    audio (all of it has been passed), not the last cut."""
+    from speechstream.batch import DynamicBatch
+
+    script = [0.0] * 5 + [0.9] * 30 + [0.0] * 90
+    audio = (np.random.default_rng(1).standard_normal(len(script) * 512) * 0.1).astype(np.float32)
+    session = _scripted_session(tiny_model, script, own_llm=False)
+    batch = DynamicBatch(tiny_model)
+    batch.join(session)
+    with torch.no_grad():
+        events = session.feed(audio)
+        session.end_audio()
+        while (served := batch.step()) is not None:
+            for more in served.values():
+                events += more
+        events += session.pending_events() + session.close()
+    assert len(session.endpoints) == 1
+    assert events[-1].source_s == events[-1].audio_s == audio.size / SAMPLE_RATE
+    assert "".join(e.text for e in events if e.type == "final") == events[-1].text
