@@ -342,7 +342,8 @@ def model_fingerprint(baseline: str, model_name: str) -> dict:
 
     gpe: a hash of its config.yaml's content (parsed: comments and layout do not count; the base weights it names
     are verified assets) and the size and sha256 of its trainable weights file (``checkpoint``). Whisper: the asset
-    name (its files are verified when fetched), or for a directory the hashes of its ``*.json`` files and the size
+    name (its files are verified when fetched; its cache directory given as a path counts as the name), or for
+    another directory the hashes of its ``*.json`` files and the size
     and sha256 of its ``*.safetensors``, or a hub id as given. Raises InputError for a GPE model that is not there.
     """
     import hashlib
@@ -369,10 +370,13 @@ def model_fingerprint(baseline: str, model_name: str) -> dict:
                 "checkpoint": file_hash(checkpoint) if checkpoint and checkpoint.is_file() else None}
     from pathlib import Path
 
-    from speechstream.weights.fetch import ASSETS
+    from speechstream.weights.fetch import ASSETS, cache_root
 
     directory = Path(model_name).expanduser()
     if model_name not in ASSETS and directory.is_dir():
+        cached = {(cache_root() / name).resolve(): name for name in ASSETS}
+        if directory.resolve() in cached:  # an asset's own cache directory is that asset
+            return {"asset": cached[directory.resolve()]}
         return {"files": {file.name: file_hash(file) for file in sorted(directory.iterdir())
                           if file.is_file() and file.suffix in (".json", ".safetensors")}}
     return {"asset" if model_name in ASSETS else "hub_id": model_name}

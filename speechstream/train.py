@@ -602,6 +602,8 @@ def recipe_record(config: TrainConfig) -> dict:
     record = dataclasses.asdict(config)
     record["train_manifest_sha256"] = file_digest(config.train_manifest)
     record["model_config_sha256"] = file_digest(model_config_path(config.model))
+    if config.init_checkpoint:
+        record["init_checkpoint_sha256"] = file_digest(config.init_checkpoint)
     return record
 
 
@@ -618,7 +620,8 @@ def check_same_recipe(out_dir: Path, record: dict, step: int) -> None:
     advice = ("give another out_dir (init_checkpoint= starts from this run's trainable.safetensors) or delete "
               f"{out_dir} to start over")
     for key in sorted(set(record) | set(saved)):
-        digest = {"model": "model_config_sha256", "train_manifest": "train_manifest_sha256"}.get(key)
+        digest = {"model": "model_config_sha256", "train_manifest": "train_manifest_sha256",
+                  "init_checkpoint": "init_checkpoint_sha256"}.get(key)
         if key in FREE_FIELDS or (digest and digest in saved):
             continue  # (a file may move: its content is compared)
         old, new = saved.get(key), record.get(key)
@@ -628,7 +631,8 @@ def check_same_recipe(out_dir: Path, record: dict, step: int) -> None:
             raise InputError(f"{out_dir} holds a run of steps={old} (at step {step}); steps={new} would change its "
                              f"learning-rate schedule (cosine over steps): {advice}")
         if key.endswith("_sha256"):
-            what = "train manifest" if key.startswith("train") else "model config"
+            what = {"train_manifest_sha256": "train manifest", "model_config_sha256": "model config",
+                    "init_checkpoint_sha256": "init_checkpoint"}[key]
             raise InputError(f"{out_dir} holds a run made with another {what} (its content changed since the run "
                              f"started); {advice}")
         raise InputError(f"{out_dir} holds a run made with {key}={old!r}, not {new!r}; {advice}")

@@ -412,8 +412,9 @@ def _check_record(record, path: Path, number: int, position: dict, references: S
 
 
 def _check_source(record: dict, where: str, utterance: Utterance) -> None:
-    """The record decoded the audio the manifest names now: same file, offset and duration; a record from before
-    these were logged, audio of the segment's length (the most that can be checked)."""
+    """The record decoded the audio the manifest names now: same file name (its folder may have moved), offset and
+    duration; a record from before these were logged, audio of the segment's length (the most that can be
+    checked)."""
     expected = source_fields(utterance)
     if any(field in record for field in SOURCE_FIELDS):
         numeric = (int, float)
@@ -421,8 +422,9 @@ def _check_source(record: dict, where: str, utterance: Utterance) -> None:
                 or not (record.get("duration") is None or isinstance(record.get("duration"), numeric))):
             raise InputError(f"{where}: fields audio/offset/duration have the wrong type or are missing "
                              "(fix or delete the line, or use another --out)")
+        same = {"audio": lambda a, b: Path(a).name == Path(b).name}  # a data folder may move between runs
         changed = [f"{field} {record[field]!r} -> {expected[field]!r}" for field in SOURCE_FIELDS
-                   if record[field] != expected[field]]
+                   if not same.get(field, lambda a, b: a == b)(record[field], expected[field])]
         if changed:
             raise InputError(f'{where}: "{record["id"]}" was decoded from other audio than the manifest names now '
                              f'({"; ".join(changed)}); use another --out')

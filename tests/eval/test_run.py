@@ -331,6 +331,18 @@ def test_trained_weights_are_part_of_the_fingerprint(tmp_path):
     assert model_fingerprint("whisper-offline", "whisper-base") == {"asset": "whisper-base"}
 
 
+def test_a_whisper_asset_by_its_cache_directory_is_the_asset(tmp_path, monkeypatch):
+    from speechstream.baselines import model_fingerprint
+
+    monkeypatch.setenv("SPEECHSTREAM_CACHE", str(tmp_path))
+    (tmp_path / "whisper-tiny.en").mkdir()
+    (tmp_path / "whisper-tiny.en" / "config.json").write_text("{}")
+    assert model_fingerprint("whisper-offline", str(tmp_path / "whisper-tiny.en")) == {"asset": "whisper-tiny.en"}
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text("{}")
+    assert "files" in model_fingerprint("whisper-offline", str(tmp_path / "mine"))
+
+
 def test_log_of_another_manifest_is_refused(finished_run, tmp_path, word_sessions):
     _, finished_out, _ = finished_run
     manifest = write_manifest(tmp_path / "data", [1.0])
@@ -377,6 +389,18 @@ def test_a_log_of_other_audio_is_refused(finished_run, tmp_path, word_sessions, 
                                          f"names now \\({message}\\)"):
         evaluate(edited, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
     assert not word_sessions
+
+
+def test_a_run_resumes_after_its_data_folder_moved(finished_run, tmp_path, word_sessions):
+    """The same files under another folder (a dataset moved or mounted elsewhere) are the same audio."""
+    manifest, finished_out, finished_scores = finished_run
+
+    def moved(record):
+        record["audio"] = str(Path("/elsewhere/data") / Path(record["audio"]).name)
+
+    _copy_run(finished_out, tmp_path / "out", moved)
+    scores = evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert deterministic(scores) == deterministic(finished_scores) and not word_sessions
 
 
 def test_a_log_from_before_the_audio_fields_is_checked_by_its_length(finished_run, tmp_path, word_sessions):

@@ -520,3 +520,20 @@ def test_a_dev_clip_sharing_a_training_id_is_refused(capsys, tmp_path):
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"id {rows[0]['id']!r} is also in the train manifest" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_init_checkpoint_is_held_to_its_content_not_its_spelling(tmp_path):
+    from speechstream.errors import InputError
+    from speechstream.train import check_same_recipe, file_digest
+
+    weights = tmp_path / "ckpt.safetensors"
+    weights.write_bytes(b"first")
+    (tmp_path / "out").mkdir()
+    saved = {"init_checkpoint": "ckpt.safetensors", "init_checkpoint_sha256": file_digest(weights)}
+    (tmp_path / "out" / "recipe.json").write_text(json.dumps(saved))
+    same = {"init_checkpoint": str(weights), "init_checkpoint_sha256": file_digest(weights)}
+    check_same_recipe(tmp_path / "out", same, 3)  # the same file by another path
+    weights.write_bytes(b"other")
+    other = {"init_checkpoint": "ckpt.safetensors", "init_checkpoint_sha256": file_digest(weights)}
+    with pytest.raises(InputError, match="another init_checkpoint"):
+        check_same_recipe(tmp_path / "out", other, 3)
