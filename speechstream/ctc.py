@@ -9,8 +9,10 @@ written so far over the speech tokens read so far (both only grow, so every upda
 
 where ``g`` is the text so far and ``psi(h)`` is the CTC probability that the speech read so far begins
 with ``h`` (the prefix score of joint CTC/attention decoding, Watanabe et al. 2017). The end-of-chunk token
-stays the LLM's decision (it encodes the wait-k lag, which CTC knows nothing of); the end of the text, once
-all audio is read, compares ``log p_CTC(g complete)`` the same way. Everything is in float64 log space.
+stays the LLM's decision while audio is still coming (it encodes the wait-k lag, which CTC knows nothing of;
+after the end of the audio the rules of ``fuse`` may override it); the end of the text, once all audio is read,
+compares ``log p_CTC(g complete)`` the same way. The recursions run in float64 log space (the head's class
+log-probabilities are computed in float32 and converted).
 
 Conventions: ``lp`` rows are per-frame log-probabilities over the CTC classes with the blank last; arrays
 over time have a leading virtual frame 0 (before any speech), so ``r[t]`` covers the first ``t`` frames.
@@ -200,6 +202,8 @@ class CTCPrefixScorer:
         """log psi(g + c) - log psi(g) for each class index in ``labels``."""
         last = self.labels[-1] if self.labels else None
         labels = np.asarray(labels, dtype=np.int64)
+        if not math.isfinite(self.psi):  # the text so far cannot be emitted by the frames: nothing extends it
+            return np.full(labels.shape, NEG)
         return prefix_scores(self.r_n, self.r_b, last, labels, self._columns(labels)) - self.psi
 
     def best_path_length(self) -> int:
@@ -216,7 +220,10 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
     """The next token: the LLM's greedy choice, or among its ``candidates`` best text tokens the best fused one.
 
     ``allowed``: (V,) bool, tokens the session may write; ``class_of``: (V,) CTC class of each token id (-1:
-    not a CTC class). End-of-chunk and (before the end of the audio) end-of-text stay the LLM's choices. Once
+    not a CTC class). Candidates that are not CTC classes (tokens of no training transcript) are left out, so a
+    text token the head cannot score is never written while joint decoding: letting the LLM's best token through
+    when it is such a token cost 4.3 points of WER on the real clips (26.9 -> 31.2 %) and 0.6 on the dev set
+    (46.5 -> 47.2 %); giving it the best class candidate's CTC term instead did the same on the dev set. End-of-chunk and (before the end of the audio) end-of-text stay the LLM's choices. Once
     all the audio is read, end-of-text competes with the best fused text token by its own fused score (the CTC
     side: log p(g complete) - log psi(g)); the text ends at once when it has ``TAIL_MARGIN`` labels more than the
     CTC head's own best path or when the head finds it impossible (psi(g) = 0: more labels than the frames can
@@ -236,7 +243,7 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
         return top
     text = logp.clone()
     text[[eoc_id, eos_id]] = NEG
-    ids = torch.topk(text, candidates).indices
+    ids = torch.topk(text, min(candidates, text.numel())).indices
     ids = ids[(class_of[ids] >= 0) & torch.isfinite(text[ids])]
     if len(ids) == 0:
         return top

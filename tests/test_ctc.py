@@ -345,3 +345,23 @@ def test_a_scorer_with_a_class_table_keeps_vectors_and_scores_as_the_dense_one()
     assert compact.best_path_length() == dense.best_path_length()
     with pytest.raises(ValueError, match="vectors"):
         compact.add_frames(dense.lp)
+
+
+def test_more_candidates_than_tokens_and_an_impossible_text():
+    """--ctc-candidates above the vocabulary takes them all (it crashed in topk); a text the frames cannot emit
+    scores every extension -inf, without NaN warnings."""
+    import warnings
+
+    class_of = torch.tensor([0, 1, 2, -1, -1, -1])  # token 3: text that is no class; 4 end-of-chunk, 5 end
+    scorer = CTCPrefixScorer(3)
+    rng = np.random.default_rng(0)
+    scorer.add_frames(torch.log_softmax(torch.tensor(rng.normal(size=(10, 4))), -1).numpy())
+    logits = torch.tensor([0.0, 3.0, 0.0, 15.0, 0.0, 0.0])
+    assert fuse(logits, torch.ones(6, dtype=torch.bool), scorer, class_of, 0.5, 32, 4, 5, source_done=False) == 1
+    short = CTCPrefixScorer(3)
+    short.add_frames(torch.log_softmax(torch.tensor(rng.normal(size=(1, 4))), -1).numpy())
+    for label in (0, 1):
+        short.append(label)  # two labels over one frame: impossible
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.all(short.scores(np.array([0, 1, 2])) == -np.inf)
