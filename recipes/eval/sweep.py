@@ -15,6 +15,7 @@ Points (``--quick`` keeps fewer):
 - the ablations of ``--ablation`` (interleaved, source-sees-target, reencode) at 640 ms, k = 2;
 - where the model decodes with joint CTC by default (``ctc_weight`` in its config.yaml), greedy decoding
   (``--ctc-weight 0``) at 640 ms, k = 2 beside it; every other GPE point decodes as the model does by default;
+- GPE segmented at pauses (``--vad``, as ``transcribe`` decodes) at 640 ms, k = 2;
 - baselines: ``whisper-offline`` and ``whisper-la2`` (each when ``speechstream.baselines.BASELINES`` has it),
   with their default models.
 
@@ -77,6 +78,7 @@ class Point:
     k: int | None = None  # gpe only
     ablation: str = "none"  # gpe only
     greedy: bool = False  # gpe only: --ctc-weight 0 (else the model's default decoding)
+    vad: bool = False  # gpe only: --vad (each utterance cut at its pauses, as `transcribe` decodes)
 
     def eval_args(self, model: str, manifest: str, out: Path) -> list[str]:
         """The ``speechstream eval`` arguments of this point."""
@@ -87,14 +89,16 @@ class Point:
                 args += ["--ablation", self.ablation]
             if self.greedy:
                 args += ["--ctc-weight", "0"]
+            if self.vad:
+                args += ["--vad"]
         else:
             args += ["--baseline", self.system]
         return args
 
 
-def gpe_point(chunk_ms: int, k: int, ablation: str = "none", greedy: bool = False) -> Point:
-    suffix = ("" if ablation == "none" else f"-{ablation}") + ("-greedy" if greedy else "")
-    return Point(f"gpe-c{chunk_ms}-k{k}{suffix}", "gpe", chunk_ms, k, ablation, greedy)
+def gpe_point(chunk_ms: int, k: int, ablation: str = "none", greedy: bool = False, vad: bool = False) -> Point:
+    suffix = ("" if ablation == "none" else f"-{ablation}") + ("-greedy" if greedy else "") + ("-vad" if vad else "")
+    return Point(f"gpe-c{chunk_ms}-k{k}{suffix}", "gpe", chunk_ms, k, ablation, greedy, vad)
 
 
 def model_ctc_weight(model: str, strict: bool = True) -> float:
@@ -119,6 +123,7 @@ def plan(quick: bool = False, baselines: tuple[str, ...] | None = None, ctc_weig
     points = [gpe_point(chunk_ms, k) for chunk_ms in chunks for k in ks]
     if ctc_weight > 0:
         points.append(gpe_point(ABLATION_CHUNK_MS, ABLATION_K, greedy=True))
+    points.append(gpe_point(ABLATION_CHUNK_MS, ABLATION_K, vad=True))
     points += [gpe_point(ABLATION_CHUNK_MS, ABLATION_K, ablation) for ablation in ABLATIONS if ablation != "none"]
     if baselines is None:
         baselines = tuple(name for name in SWEEP_BASELINES if name in BASELINES)
@@ -217,7 +222,7 @@ def classify(run: Run, model: str, ctc_weight: float = 0.0) -> Point | None:
     if weight != ctc_weight and weight != 0.0:
         return None
     return gpe_point(decoding.get("chunk_ms"), decoding.get("k"), decoding.get("ablation", "none"),
-                     greedy=weight != ctc_weight)
+                     greedy=weight != ctc_weight, vad=bool(decoding.get("vad", False)))
 
 
 def collect(out: Path, model: str, manifest: Path, ctc_weight: float = 0.0) -> list[Row]:
@@ -292,8 +297,7 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         "- every number comes from the `scores.json` of the folder named in the first column "
         "(`speechstream eval --out`); `-`: undefined (no utterance produced a word, so there is no latency)",
     ]
-    grid = sorted((r for r in rows if r.point.system == "gpe" and r.point.ablation == "none" and not r.point.greedy),
-                  key=lambda r: (r.point.chunk_ms, r.point.k))
+    grid = sorted((r for r in rows if _plain(r)), key=lambda r: (r.point.chunk_ms, r.point.k))
     if grid:
         lines += ["", "## GPE, wait-k over chunks", ""]
         lines += _table("chunk (ms), k", [[f"{r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)",
@@ -309,6 +313,21 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         lines += ["", "## Joint CTC decoding against greedy", "",
                   "The model's CTC head re-ranks the LLM's best next tokens (`--ctc-weight`, `speechstream/ctc.py`); "
                   "greedy takes the LLM's own best token (`--ctc-weight 0`).", ""]
+        lines += _table("decoding", pairs, columns)
+    segmented = sorted((r for r in rows if r.point.vad), key=lambda r: (r.point.chunk_ms, r.point.k))
+    if segmented:
+        pairs = []
+        for r in segmented:
+            whole = next((g for g in grid if (g.point.chunk_ms, g.point.k) == (r.point.chunk_ms, r.point.k)), None)
+            pairs += [[f"one stream per utterance, {whole.point.chunk_ms} ms, k={whole.point.k} (`{whole.run.folder}`)",
+                       *_cells(whole, metric)]] if whole else []
+            pairs.append([f"cut at pauses (VAD), {r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)",
+                          *_cells(r, metric)])
+        lines += ["", "## Segmented at pauses, as `transcribe` decodes", "",
+                  "`--vad`: a Silero VAD cuts each utterance at its pauses of 600 ms or more and drops the silence "
+                  "between the pieces; each piece is decoded as a stream of its own (README, Long sessions). "
+                  "`transcribe`, `live` and `serve` decode this way by default; SimulEval-style scoring of "
+                  "utterances does not.", ""]
         lines += _table("decoding", pairs, columns)
     ablations = [r for r in rows if r.point.system == "gpe" and r.point.ablation != "none"]
     if ablations:
@@ -345,6 +364,12 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
     return "\n".join(lines) + "\n"
 
 
+def _plain(row: Row) -> bool:
+    """A point of the GPE grid: the model's default decoding, one stream per utterance, no ablation."""
+    point = row.point
+    return point.system == "gpe" and point.ablation == "none" and not point.greedy and not point.vad
+
+
 def plot(rows: list[Row], path: Path, model: str) -> None:
     """quality_latency.png: quality vs AL; one line per chunk size over k; ablations and baselines as points."""
     import matplotlib
@@ -359,7 +384,7 @@ def plot(rows: list[Row], path: Path, model: str) -> None:
         return None if al is None or quality is None else (al, quality)
 
     figure, axes = plt.subplots(figsize=(7.5, 5))
-    grid = [r for r in rows if r.point.system == "gpe" and r.point.ablation == "none" and not r.point.greedy and xy(r)]
+    grid = [r for r in rows if _plain(r) and xy(r)]
     for chunk_ms in sorted({r.point.chunk_ms for r in grid}):
         line = sorted((r for r in grid if r.point.chunk_ms == chunk_ms), key=lambda r: r.point.k)
         points = [xy(r) for r in line]
@@ -371,7 +396,7 @@ def plot(rows: list[Row], path: Path, model: str) -> None:
         if r in grid or not xy(r):
             continue
         x, y = xy(r)
-        kind = "greedy" if r.point.greedy else r.point.ablation
+        kind = "greedy" if r.point.greedy else "VAD" if r.point.vad else r.point.ablation
         label = f"{kind} ({r.point.chunk_ms} ms, k={r.point.k})" if r.point.system == "gpe" else r.point.system
         color = "tab:red" if r.point.system == "gpe" else "black"  # ablations red, baselines black
         axes.scatter([x], [y], marker=next(markers, "o"), s=60, color=color, label=label, zorder=3)

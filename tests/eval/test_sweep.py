@@ -28,13 +28,15 @@ def _manifest(tmp_path: Path, n: int = 2) -> Path:
 
 
 def _fake_run(out: Path, name: str, manifest: Path, baseline: str = "gpe", model: str = "m", chunk_ms=640, k=2,
-              ablation: str | None = "none", wer=50.0, al=1000.0, n=2, task="asr", extra=None):
+              ablation: str | None = "none", wer=50.0, al=1000.0, n=2, task="asr", extra=None, vad=False):
     """A folder as ``speechstream eval`` leaves it: config.json, scores.json and instances.log."""
     folder = out / name
     folder.mkdir(parents=True)
     decoding = {"chunk_ms": chunk_ms, "k": k, "policy": "wait-k"}
     if ablation is not None:  # None: a run made before the ablation option existed
         decoding["ablation"] = ablation
+    if vad:
+        decoding["vad"] = True
     if baseline != "gpe":
         decoding = {"device": "cpu", "search": "greedy"}
     config = {"model": model, "task": task, "baseline": baseline, "decoding": decoding,
@@ -98,6 +100,7 @@ def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
     _fake_run(out, "gpe-c640-k2-reencode", manifest, ablation="reencode", wer=69.5,
               extra={"LLM_tokens": 400, "LLM_reencoded_tokens": 1000})
     _fake_run(out, "gpe-c1280-k1-old", manifest, chunk_ms=1280, k=1, ablation=None, wer=77.7, al=2222.0)
+    _fake_run(out, "gpe-c640-k2-vad", manifest, vad=True, wer=44.4, al=1500.0)
     _fake_run(out, "whisper-offline", manifest, baseline="whisper-offline", model="whisper-base", wer=12.25, al=5000.0)
     _fake_run(out, "gpe-other-model", manifest, model="other", wer=1.0)  # not this model: left out
     (tmp_path / "elsewhere").mkdir()
@@ -108,7 +111,7 @@ def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
     report = tmp_path / "report"
     rows = sweep.write_report(out, report, "m", manifest, "python recipes/eval/sweep.py --model m", planned,
                               date="2026-11-30 16:00 UTC")
-    assert len(rows) == 8
+    assert len(rows) == 9
     text = (report / "RESULTS.md").read_text()
     assert text.startswith("# Quality and latency: m\n")
     assert "```sh\npython recipes/eval/sweep.py --model m\n```" in text
@@ -122,6 +125,10 @@ def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
     assert ablation_section.index("| none, 640 ms, k=2") < ablation_section.index("| interleaved")
     assert "| whisper-offline (whisper-base) (`whisper-offline`) | 12.2 | 5000 |" in text
     assert "1.0 |" not in text and "| 2.0 |" not in text
+    segmented = text.split("## Segmented at pauses")[1].split("## Decoding-time ablations")[0]
+    assert "| one stream per utterance, 640 ms, k=2 (`gpe-c640-k2`) | 60.0 |" in segmented
+    assert "| cut at pauses (VAD), 640 ms, k=2 (`gpe-c640-k2-vad`) | 44.4 | 1500 |" in segmented
+    assert "gpe-c640-k2-vad" not in text.split("## GPE, wait-k over chunks")[1].split("## Segmented")[0]
     assert "Not run yet: `gpe-c1280-k2`, `gpe-c640-k2-source-sees-target`." in text  # planned, no results
     png = (report / "quality_latency.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10000
