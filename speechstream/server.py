@@ -37,6 +37,17 @@ from speechstream.errors import InputError
 
 WEB_DIR = Path(__file__).resolve().parent / "web"  # the live page (package data)
 STATIC_FILES = {"capture-worklet.js": "text/javascript", "app.js": "text/javascript"}  # served next to the page
+def same_origin(origin: str, host: str) -> bool:
+    """Whether a browser's ``Origin`` header names the host the request was sent to (``Host``: name and port)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
 START_FIELDS = ("type", "sample_rate", "task", "model", "source_lang", "target_lang", "chunk_ms")
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192000
 
@@ -386,6 +397,10 @@ class Server:
     async def _websocket(self, request):
         from aiohttp import web
 
+        origin = request.headers.get("Origin")
+        if origin is not None and not same_origin(origin, request.host):
+            # another site's page in the user's browser (clients outside browsers send no Origin)
+            return web.Response(status=403, text="cross-origin WebSocket refused: open the page this server serves")
         ws = web.WebSocketResponse(max_msg_size=2 * self.config.max_frame_bytes + 4096)
         await ws.prepare(request)
         if self.connections >= self.config.max_sessions:

@@ -368,6 +368,31 @@ def test_health_and_the_page(tiny_model):
     assert "registerProcessor" in js and "new WebSocket" in app_js and "capture-worklet.js" in app_js
 
 
+def test_another_sites_page_cannot_open_a_stream(tiny_model):
+    """A browser sends its page's origin: the server's own page (and clients outside browsers, which send none) may
+    stream; a page of another site in the user's browser may not."""
+    from speechstream.server import same_origin
+
+    assert same_origin("http://127.0.0.1:8765", "127.0.0.1:8765") and same_origin("https://Host:1", "host:1")
+    assert not same_origin("http://evil.example", "127.0.0.1:8765") and not same_origin("null", "127.0.0.1:8765")
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=3))
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            ws_url = url.replace("http", "ws") + "ws"
+            host = url.split("//")[1].rstrip("/")
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(ws_url, headers={"Origin": "http://evil.example"})
+            async with http.ws_connect(ws_url, headers={"Origin": f"http://{host}"}) as ws:
+                await ws.send_str(json.dumps({"type": "start", "sample_rate": 16000}))
+                await ws.send_str(json.dumps({"type": "end"}))
+                events = [json.loads(m.data) async for m in ws if m.type == aiohttp.WSMsgType.TEXT]
+            return refused.value.status, events
+
+    status, events = asyncio.run(scenario())
+    assert status == 403 and events[-1]["type"] == "end"
+
+
 # -- command line ---------------------------------------------------------------------------------------
 
 

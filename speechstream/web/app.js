@@ -8,14 +8,27 @@ const ui = {
   partial: document.getElementById("partial"),
   error: document.getElementById("error"),
 };
-// what the page did, for people debugging it (and for tests): every event received, frames sent
+// what the page did, for people debugging it (and for tests): the last events received, frames sent
 window.speechstream = { events: [], framesSent: 0, samplesSent: 0, state: "idle" };
+const KEEP_EVENTS = 2000; // events kept in window.speechstream.events (a long session sends many partials)
+const BYTES_PER_SECOND = 32000; // 16 kHz int16
+const LAG_SHOWN_S = 2; // audio waiting in the socket's send buffer before the page says the server is behind
+const LAG_LIMIT_S = 60; // ... and before it stops recording (the server cannot keep up)
+const STOP_TIMEOUT_S = 30; // after Stop, how long to wait for the server's end event (plus the audio still queued)
 
 let socket = null;
 let context = null;
 let media = null;
 let node = null;
 let flushed = false; // the worklet has sent its last frame: nothing more goes to the server
+let stopTimer = null;
+
+if (!window.isSecureContext || !navigator.mediaDevices) {
+  // browsers give pages the microphone only over https or on localhost
+  ui.toggle.disabled = true;
+  ui.error.textContent = "The microphone needs a secure page: open it as http://localhost:PORT/ on the server's " +
+    "machine (or through an SSH tunnel: ssh -L PORT:localhost:PORT host), or serve it over https.";
+}
 
 function setState(state, text) {
   window.speechstream.state = state;
@@ -25,7 +38,9 @@ function setState(state, text) {
 }
 
 function onEvent(event) {
-  window.speechstream.events.push(event);
+  const events = window.speechstream.events;
+  events.push(event);
+  if (events.length > KEEP_EVENTS) events.splice(0, events.length - KEEP_EVENTS);
   if (event.type === "final") {
     ui.committed.textContent += event.text;
     ui.partial.textContent = "";
@@ -34,11 +49,20 @@ function onEvent(event) {
   } else if (event.type === "end") {
     ui.committed.textContent = event.text;
     ui.partial.textContent = "";
+    clearTimeout(stopTimer);
     setState("done", `done: ${event.audio_s.toFixed(1)} s of audio`);
   } else if (event.type === "error") {
     ui.error.textContent = event.message;
     setState("error", "error");
   }
+  const box = ui.committed.parentElement; // follow the newest text
+  box.scrollTop = box.scrollHeight;
+}
+
+function socketURL() {
+  const url = new URL("ws", location.href); // beside the page (also under a proxy's sub-path)
+  url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+  return url.href;
 }
 
 async function start() {
@@ -55,21 +79,26 @@ async function start() {
     context = new AudioContext();
     if (context.state === "suspended") await context.resume();
     await context.audioWorklet.addModule("capture-worklet.js");
-    const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`;
-    socket = new WebSocket(url);
+    const health = await fetch("health").then((response) => response.json());
+    socket = new WebSocket(socketURL());
     socket.binaryType = "arraybuffer";
     await new Promise((resolve, reject) => {
       socket.onopen = resolve;
       socket.onerror = () => reject(new Error("cannot connect to the server"));
     });
     socket.onmessage = (message) => onEvent(JSON.parse(message.data));
-    socket.onclose = () => {
+    socket.onclose = (close) => {
+      clearTimeout(stopTimer);
       if (window.speechstream.state === "recording" || window.speechstream.state === "stopping") {
         setState("error", "connection closed");
+        if (!ui.error.textContent) {
+          ui.error.textContent = `The connection closed before the transcript ended (code ${close.code}` +
+            `${close.reason ? ": " + close.reason : ""}).`;
+        }
       }
       stopAudio();
     };
-    socket.send(JSON.stringify({ type: "start", sample_rate: 16000, task: "asr" }));
+    socket.send(JSON.stringify({ type: "start", sample_rate: 16000, task: health.task }));
     node = new AudioWorkletNode(context, "speechstream-capture", { numberOfInputs: 1, numberOfOutputs: 1 });
     node.port.onmessage = (message) => {
       if (message.data instanceof ArrayBuffer) {
@@ -77,6 +106,7 @@ async function start() {
           socket.send(message.data);
           window.speechstream.framesSent += 1;
           window.speechstream.samplesSent += message.data.byteLength / 2;
+          showLag();
         }
       } else if (message.data.type === "flushed") {
         flushed = true;
@@ -91,11 +121,32 @@ async function start() {
     ui.error.textContent = String(error.message || error);
     setState("error", "error");
     stopAudio();
+    if (socket) socket.close(); // the server would keep the session's slot until the tab closed
+  }
+}
+
+function showLag() {
+  // audio the socket has not sent yet: the server reads no faster than it decodes (backpressure)
+  const behind = socket.bufferedAmount / BYTES_PER_SECOND;
+  if (window.speechstream.state !== "recording") return;
+  if (behind > LAG_LIMIT_S) {
+    ui.error.textContent = `The server is ${behind.toFixed(0)} s behind the microphone; recording stopped.`;
+    stop();
+  } else {
+    const rate = context ? context.sampleRate : 0;
+    ui.status.textContent = behind > LAG_SHOWN_S ? `recording: the server is ${behind.toFixed(1)} s behind`
+      : `recording (${rate} Hz in, 16000 Hz sent)`;
   }
 }
 
 function stop() {
   setState("stopping", "finishing the transcript");
+  const queued = socket ? socket.bufferedAmount / BYTES_PER_SECOND : 0;
+  stopTimer = setTimeout(() => {
+    ui.error.textContent = "The server did not finish the transcript in time; the connection was closed.";
+    setState("error", "error");
+    if (socket) socket.close();
+  }, (STOP_TIMEOUT_S + 2 * queued) * 1000);
   if (media) media.getTracks().forEach((track) => track.stop());
   if (node) node.port.postMessage("flush");
   else if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "end" }));

@@ -2,7 +2,7 @@
 //
 // Downsampling is band-limited: each output sample is the input convolved with a Hann-windowed sinc
 // low-pass (cut-off just under 8 kHz) evaluated at the output instant, so any input rate works
-// (48000, 44100, ...). Frames of FRAME_SAMPLES int16 samples go to the page through the port; the
+// (48000, 44100, ... and below 16 kHz, where the same kernel interpolates). Frames of FRAME_SAMPLES int16 samples go to the page through the port; the
 // message "flush" sends what is left (zero-padded on the right) followed by {type: "flushed"}.
 
 const OUT_RATE = 16000;
@@ -14,7 +14,9 @@ class CaptureProcessor extends AudioWorkletProcessor {
     super();
     this.step = sampleRate / OUT_RATE; // input samples per output sample
     this.cutoff = Math.min(1, OUT_RATE / sampleRate) * 0.95; // low-pass, as a fraction of the input rate
-    this.half = this.step > 1 ? Math.ceil(ZERO_CROSSINGS / this.cutoff) : 0; // input samples each side
+    // input samples each side; 0 only at 16 kHz in (each output sample is an input sample). Below 16 kHz the sinc
+    // interpolates (a nearest-sample read there took one stale sample past the buffer per render quantum)
+    this.half = this.step === 1 ? 0 : Math.ceil(ZERO_CROSSINGS / this.cutoff);
     this.buffer = new Float32Array(16384);
     this.base = 0; // absolute input index of buffer[0]
     this.length = 0; // samples held in buffer
