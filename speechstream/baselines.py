@@ -395,12 +395,16 @@ def load_system(baseline: str, model_name: str, decoding: DecodingConfig) -> Sys
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    """Hide transformers' advice warnings (about its own generate arguments) while Whisper loads and runs."""
+    """Hide transformers' advice warnings (about its own generate arguments) and its "Loading weights" bar while
+    Whisper loads and runs."""
     from transformers.utils import logging as hf_logging
 
-    previous = hf_logging.get_verbosity()
+    previous, shown = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(previous)
+        if shown:
+            hf_logging.enable_progress_bar()
