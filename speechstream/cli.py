@@ -260,7 +260,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         results = verify.verify_named(args.model or "tiny-random", ks, args.chunk_ms)
     for r in results:
         status = "ok" if r.ok else "FAIL"
-        print(f"{r.name:<16} k={r.k} chunk_ms={r.chunk_ms} rows={r.target_tokens:<4} max|delta logit|={r.max_delta:.3e} "
+        print(f"{r.name:<16} k={r.k} chunk_ms={r.chunk_ms} rows={r.target_tokens:<4} "
+              f"max|delta logit|={r.max_delta:.3e} "
               f"(bound {r.bound:.1e}; logits up to {r.logit_scale:.1f}) {status}")
     return 0 if all(r.ok for r in results) else 1
 

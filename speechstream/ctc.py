@@ -219,17 +219,18 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
          weight: float, candidates: int, eoc_id: int, eos_id: int, source_done: bool, eoc_run: int = 0) -> int:
     """The next token: the LLM's greedy choice, or among its ``candidates`` best text tokens the best fused one.
 
-    ``allowed``: (V,) bool, tokens the session may write; ``class_of``: (V,) CTC class of each token id (-1:
-    not a CTC class). Candidates that are not CTC classes (tokens of no training transcript) are left out, so a
-    text token the head cannot score is never written while joint decoding: letting the LLM's best token through
-    when it is such a token cost 4.3 points of WER on the real clips (26.9 -> 31.2 %) and 0.6 on the dev set
-    (46.5 -> 47.2 %); giving it the best class candidate's CTC term instead did the same on the dev set. End-of-chunk and (before the end of the audio) end-of-text stay the LLM's choices. Once
-    all the audio is read, end-of-text competes with the best fused text token by its own fused score (the CTC
-    side: log p(g complete) - log psi(g)); the text ends at once when it has ``TAIL_MARGIN`` labels more than the
-    CTC head's own best path or when the head finds it impossible (psi(g) = 0: more labels than the frames can
-    emit): whatever followed would be a loop or invention. While the text is ``SHORT_MARGIN`` or more labels
-    short of that path, the best fused text token overrides the LLM's end-of-text, and its end-of-chunk when that
-    would make ``EOC_RUN`` in a row (``eoc_run``: end-of-chunk tokens at the end of the text so far).
+    ``allowed``: (V,) bool, tokens the session may write; ``class_of``: (V,) CTC class of each token id (-1: not a
+    CTC class). Candidates that are not CTC classes (tokens of no training transcript) are left out, so a text token
+    the head cannot score is never written while joint decoding: letting the LLM's best token through when it is
+    such a token cost 4.3 points of WER on the real clips (26.9 -> 31.2 %) and 0.6 on the dev set (46.5 -> 47.2 %);
+    giving it the best class candidate's CTC term instead did the same on the dev set. End-of-chunk and (before the
+    end of the audio) end-of-text stay the LLM's choices. Once all the audio is read, end-of-text competes with the
+    best fused text token by its own fused score (the CTC side: log p(g complete) - log psi(g)); the text ends at
+    once when it has ``TAIL_MARGIN`` labels more than the CTC head's own best path or when the head finds it
+    impossible (psi(g) = 0: more labels than the frames can emit): whatever followed would be a loop or invention.
+    While the text is ``SHORT_MARGIN`` or more labels short of that path, the best fused text token overrides the
+    LLM's end-of-text, and its end-of-chunk when that would make ``EOC_RUN`` in a row (``eoc_run``: end-of-chunk
+    tokens at the end of the text so far).
     """
     logp = torch.log_softmax(llm_logits.float(), dim=-1).masked_fill(~allowed, NEG)
     top = int(torch.argmax(logp))

@@ -42,7 +42,8 @@ class VADConfig:
     # on the six real clips run together without pauses (36 s, README Long sessions): 35.5 % WER at 30 s, 30.1 % at 12
     max_segment_s: float = 12.0
     # audio kept before a segment's first speech window: about the most leading silence of the training clips (0.1 s
-    # kept + up to 0.4 s added). At 256 ms the six real clips lost 9 points of WER (26.9 -> 35.5 %, the chunk grids moved)
+    # kept + up to 0.4 s added). At 256 ms the six real clips lost 9 points of WER (26.9 -> 35.5 %: the chunk grid
+    # moved)
     speech_pad_ms: int = 512
 
 
