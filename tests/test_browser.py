@@ -6,6 +6,7 @@ received is the WAV (cross-correlation, allowing the fake device's start offset 
 a lone session on that received audio writes the same transcript; and at least 30 % of the page's
 words (52-68 % measured with the stage-1 English weights, 68 % with stage 1b, 65 % with stage 1c, 69 % with
 stage 1d) are words of the clip.
+A second recording keeps the first one's text on the page and in the saved text.
 The English checkpoint does not transcribe exactly yet, so no more is asked.
 """
 
@@ -218,4 +219,15 @@ async def drive_page(devtools_port: int, server_port: int) -> tuple[str, list[di
             tail = await tools.evaluate("document.getElementById('partial').textContent")
             events = await tools.evaluate("window.speechstream.events")
             assert tail == ""
+            # a second recording keeps the first one's text on the page, above its own, and in "Save text"
+            assert not await tools.evaluate("document.getElementById('save').disabled") or not text.strip()
+            await tools.evaluate(click, user_gesture=True)
+            await tools.wait("window.speechstream.state === 'recording'", 60, "the second recording to start")
+            takes = await tools.evaluate("Array.from(document.getElementById('takes').children, t => t.textContent)")
+            assert takes == ([text.strip()] if text.strip() else [])
+            await tools.evaluate(click, user_gesture=True)
+            await tools.wait("window.speechstream.state === 'done'", 300, "the end of the second transcript")
+            second = (await tools.evaluate("document.getElementById('committed').textContent")).strip()
+            saved = await tools.evaluate("window.speechstream.text()")
+            assert saved == "\n\n".join(part for part in (text.strip(), second) if part)
             return text, events

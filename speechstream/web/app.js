@@ -6,6 +6,8 @@ const ui = {
   status: document.getElementById("status"),
   committed: document.getElementById("committed"),
   partial: document.getElementById("partial"),
+  takes: document.getElementById("takes"),
+  save: document.getElementById("save"),
   error: document.getElementById("error"),
 };
 // what the page did, for people debugging it (and for tests): the last events received, frames sent
@@ -43,12 +45,14 @@ function onEvent(event) {
   if (events.length > KEEP_EVENTS) events.splice(0, events.length - KEEP_EVENTS);
   if (event.type === "final") {
     ui.committed.textContent += event.text;
+    ui.save.disabled = false;
     ui.partial.textContent = "";
   } else if (event.type === "partial") {
     ui.partial.textContent = event.text;
   } else if (event.type === "end") {
     ui.committed.textContent = event.text;
     ui.partial.textContent = "";
+    ui.save.disabled = !allText();
     clearTimeout(stopTimer);
     setState("done", `done: ${event.audio_s.toFixed(1)} s of audio`);
   } else if (event.type === "error") {
@@ -65,9 +69,36 @@ function socketURL() {
   return url.href;
 }
 
-async function start() {
+function keepTake() {
+  // the previous recording's text stays on the page, above the new one (and in "Save text")
+  const text = ui.committed.textContent.trim();
+  if (text) {
+    const take = document.createElement("p");
+    take.className = "take";
+    take.textContent = text;
+    ui.takes.appendChild(take);
+  }
   ui.committed.textContent = "";
   ui.partial.textContent = "";
+}
+
+function allText() {
+  const takes = Array.from(ui.takes.children, (take) => take.textContent);
+  const current = ui.committed.textContent.trim();
+  return (current ? [...takes, current] : takes).join("\n\n");
+}
+
+function save() {
+  // every take's committed text as a .txt download (the uncommitted tail is not text yet)
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(new Blob([allText() + "\n"], { type: "text/plain" }));
+  link.download = `transcript-${new Date().toISOString().replace(/[:.]/g, "-")}.txt`;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 1000);
+}
+
+async function start() {
+  keepTake();
   ui.error.textContent = "";
   window.speechstream.events = [];
   flushed = false;
@@ -158,6 +189,8 @@ function stopAudio() {
   media = context = node = null;
 }
 
+ui.save.addEventListener("click", save);
+window.speechstream.text = allText; // every take's committed text, as "Save text" writes it
 ui.toggle.addEventListener("click", () => {
   if (window.speechstream.state === "recording") stop();
   else start();
