@@ -167,12 +167,16 @@ def _model_name(args: argparse.Namespace, decoding=None) -> str:
     checked against the model's config first, before any weights load. ``--source-lang`` / ``--target-lang`` must
     be languages the model supports (InputError naming them)."""
     from speechstream.baselines import resolve_languages
-    from speechstream.config import load_model_config, with_model_defaults
+    from speechstream.config import chunk_note, load_model_config, with_model_defaults
     from speechstream.model import DEFAULT_MODELS, model_config_path
 
     name = args.model or DEFAULT_MODELS[args.task]
     if decoding is not None:
-        with_model_defaults(decoding, load_model_config(model_config_path(name)))
+        config = load_model_config(model_config_path(name))
+        with_model_defaults(decoding, config)
+        note = chunk_note(decoding, config)
+        if note:
+            print(note, file=sys.stderr)
     resolve_languages("gpe", name, args.source_lang, args.target_lang)
     return name
 

@@ -96,6 +96,9 @@ class ModelConfig:
     # declared (a test model): any --source-lang / --target-lang is taken as given
     source_lang: str | None = None
     target_lang: str | None = None
+    # the chunk size (ms) the model was trained on; None: not declared. Shorter chunks at decoding time give the
+    # encoder and the writer much less than they learned from (chunk_note)
+    train_chunk_ms: int | None = None
 
 
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.
@@ -182,6 +185,15 @@ def with_model_defaults(decoding: DecodingConfig, model: ModelConfig) -> Decodin
         raise InputError(f"model {model.name}: its CTC head transcribes the source language, not the output text, "
                          "so joint CTC decoding cannot be used (--ctc-weight 0)")
     return decoding
+
+
+def chunk_note(decoding: DecodingConfig, model: ModelConfig) -> str | None:
+    """A note for the user when the chunks are shorter than those the model was trained on, else None."""
+    if model.train_chunk_ms is None or decoding.chunk_ms >= model.train_chunk_ms:
+        return None
+    return (f"speechstream: note: {model.name} was trained on {model.train_chunk_ms} ms chunks; at "
+            f"{decoding.chunk_ms} ms it reads far less speech per step than it learned from and transcribes much "
+            f"worse (recipes/RESULTS.md)")
 
 
 def one_line(error: BaseException) -> str:

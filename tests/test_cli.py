@@ -504,3 +504,23 @@ def test_stdin_text_comes_while_the_pipe_is_still_open():
 def test_subtitles_of_several_files_are_refused(capsys, clip):
     code, out, err = run(capsys, "transcribe", clip, clip, "--format", "srt")
     assert_one_error(code, err, match="one subtitle file per audio file")
+
+
+@pytest.mark.parametrize("chunk_ms, noted", [(320, True), (640, False), (1280, False)])
+def test_chunks_shorter_than_the_models_training_are_noted(capsys, clip, chunk_ms, noted):
+    # the shipped model declares its training chunk; the language error stops the command before any weights load
+    code, _, err = run(capsys, "transcribe", clip, "--model", "smollm2-whisper-base", "--chunk-ms", chunk_ms,
+                       "--source-lang", "fr")
+    assert_one_error(code, err, match="--source-lang fr")
+    notes = [line for line in err.splitlines() if "trained on 640 ms chunks" in line]
+    assert notes == ([f"speechstream: note: smollm2-whisper-base was trained on 640 ms chunks; at {chunk_ms} ms it "
+                      "reads far less speech per step than it learned from and transcribes much worse "
+                      "(recipes/RESULTS.md)"] if noted else [])
+
+
+def test_chunk_note_needs_a_declared_training_chunk():
+    from speechstream.config import DecodingConfig, ModelConfig, chunk_note
+
+    assert chunk_note(DecodingConfig(chunk_ms=160), ModelConfig()) is None
+    assert chunk_note(DecodingConfig(chunk_ms=160), ModelConfig(train_chunk_ms=160)) is None
+    assert "at 160 ms" in chunk_note(DecodingConfig(chunk_ms=160), ModelConfig(train_chunk_ms=320))
