@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from huggingface_hub.errors import EntryNotFoundError
 from torch import nn
 
 from speechstream import features, gpe, schedule
@@ -22,7 +23,7 @@ from speechstream.config import LLMConfig, ModelConfig, load_model_config
 from speechstream.ctc_head import CTCHead
 from speechstream.decoder import GPEDecoder
 from speechstream.encoder import StreamingWhisperEncoder
-from speechstream.errors import InputError
+from speechstream.errors import InputError, SpeechstreamError
 from speechstream.projector import Projector
 from speechstream.text import byte_tokenizer
 
@@ -113,20 +114,43 @@ def build_llm(config: ModelConfig, tokenizer) -> nn.Module:
         llm_config._attn_implementation = attention_implementation(llm_config.model_type)
         torch.manual_seed(config.seed + 1)
         return AutoModelForCausalLM.from_config(llm_config)
-    from speechstream.weights.fetch import resolve
-
     from transformers.utils import logging as hf_logging
 
-    path = resolve(config.llm.base)
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a local load of a small model: no "Loading weights" bar on every command
-    try:
-        probe = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
+    def load(path):
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a local load of a small model: no "Loading weights" bar on every command
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
+
+    probe = load_pretrained(config, "llm.base", config.llm.base, load)
     probe.config._attn_implementation = attention_implementation(probe.config.model_type)
     return probe
+
+
+def load_pretrained(config: ModelConfig, field: str, name: str, load):
+    """``load(resolve(name))`` for the pretrained part ``field`` of a model config; any failure to find or read it
+    (no such directory, a hub id that cannot be reached, no safetensors weights, a damaged file) is one line naming
+    the field: an InputError, or a SpeechstreamError for a damaged copy of a cached asset (fetch it again)."""
+    from safetensors import SafetensorError
+
+    from speechstream.weights.fetch import ASSETS, resolve
+
+    where = f"model {config.name}: {field}"
+    try:
+        path = resolve(name)
+        return load(path)
+    except SpeechstreamError as error:  # a path that is no directory, no safetensors, a fetch that failed
+        raise type(error)(f"{where}: {error}") from None
+    except (OSError, ValueError, KeyError, SafetensorError, EntryNotFoundError) as error:
+        reason = " ".join(str(error).split())[:400] or type(error).__name__  # transformers' errors span lines
+        where = f"{where} {name!r}"
+        if name in ASSETS:  # the asset's own cached directory is damaged
+            raise SpeechstreamError(f"{where}: cannot load the cached copy {path} ({reason}); rebuild it with "
+                                    f"`speechstream fetch --force {name}`") from None
+        raise InputError(f"{where}: cannot load it ({reason})") from None
 
 
 def build_tokenizer(config: ModelConfig):
@@ -137,9 +161,7 @@ def build_tokenizer(config: ModelConfig):
         return byte_tokenizer(specials)
     from transformers import AutoTokenizer
 
-    from speechstream.weights.fetch import resolve
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve(config.tokenizer))
+    tokenizer = load_pretrained(config, "tokenizer", config.tokenizer, AutoTokenizer.from_pretrained)
     missing = [t for t in (config.prompt.eoc_token, config.prompt.eos_token) if t not in tokenizer.get_vocab()]
     if missing:
         raise InputError(f"tokenizer {config.tokenizer} lacks the tokens {missing}")
@@ -313,7 +335,8 @@ def build_model(config: ModelConfig, base_dir: Path | None = None, for_training:
     tokenizer = build_tokenizer(config)
     model = SpeechLLM(config, tokenizer, build_llm(config, tokenizer))
     if config.encoder.weights:
-        load_whisper_encoder(model.encoder, config.encoder.weights)
+        load_pretrained(config, "encoder.weights", config.encoder.weights,
+                        lambda path: load_whisper_encoder(model.encoder, path))
     if config.llm.lora_rank:
         add_lora(model.decoder.llm, config.llm)
     if config.checkpoint:
@@ -403,13 +426,15 @@ def load_trainable(model: SpeechLLM, path: Path) -> list[str]:
     return sorted(state)
 
 
-def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str) -> None:
-    """Copy ``model.encoder.*`` tensors of a transformers Whisper checkpoint into the encoder."""
+def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str | Path) -> None:
+    """Copy the ``model.encoder.*`` tensors of a transformers Whisper checkpoint into the encoder. ``weights`` is a
+    directory holding ``model.safetensors`` or a hub id (its ``model.safetensors``, from the hub or its cache):
+    weights are read from safetensors only."""
     from safetensors import safe_open
 
-    from speechstream.weights.fetch import resolve
-
-    path = Path(resolve(weights)) / "model.safetensors"
+    path = Path(weights) / "model.safetensors" if isinstance(weights, Path) else hub_safetensors(weights)
+    if not path.is_file():
+        raise InputError(f"{weights}: no model.safetensors in this directory (weights are read from safetensors only)")
     prefix = "model.encoder."
     state = {}
     with safe_open(str(path), framework="pt") as handle:
@@ -419,6 +444,13 @@ def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str) -> None
     missing, unexpected = encoder.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise InputError(f"{weights}: encoder weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
+def hub_safetensors(repo_id: str) -> Path:
+    """The local path of a hub model's ``model.safetensors`` (downloaded into the Hugging Face cache unless there)."""
+    from huggingface_hub import hf_hub_download
+
+    return Path(hf_hub_download(repo_id, "model.safetensors"))
 
 
 def load_model(name_or_path: str, device: str = "cpu", for_training: bool = False, int8: bool = False) -> SpeechLLM:

