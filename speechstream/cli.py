@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="long-session benchmark: memory and per-chunk latency over time")
     _bench_args(bench)
 
-    fetch = commands.add_parser("fetch", help="download, verify and convert pretrained weights into the cache")
+    fetch = commands.add_parser("fetch", help="download, verify and convert pretrained weights into the cache "
+                                "(a cached copy is checked against its recorded sha256 and rebuilt if it differs)")
     fetch.add_argument("names", nargs="*", help="assets (default: all): whisper-tiny.en, whisper-base, smollm2-135m-instruct")
     fetch.add_argument("--force", action="store_true", help="convert again even if cached")
     return parser
@@ -315,7 +316,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     if unknown:
         raise InputError(f"unknown asset {unknown[0]!r} (known: {', '.join(ASSETS)})")
     for name in names:
-        print(f"{name}: {fetch(name, force=args.force)}")
+        print(f"{name}: {fetch(name, force=args.force, verify=True)}")
     return 0
 
 

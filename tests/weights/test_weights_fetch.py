@@ -230,3 +230,88 @@ def test_registry_pins_every_asset():
             assert len(wheel.sha256) == 64 and int(wheel.sha256, 16) >= 0
             assert "==" not in wheel.version and wheel.version[0].isdigit()
     assert len(ASSETS["whisper-base"].model_parts) == 2
+
+
+def flip_a_byte(path: Path, offset: int) -> None:
+    """Damage a file in place, keeping its size (what a disk error or a stray write does)."""
+    with path.open("r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_file_damaged_in_place_is_caught_by_verify_and_rebuilt(index, cache, monkeypatch, caplog):
+    """Sizes are all a plain fetch checks (fast, on every model load); verify=True (`speechstream fetch`) compares
+    every file with the sha256 recorded when it was built and rebuilds a copy that differs."""
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    built = fetch(NAME)
+    weights = built / "model.safetensors"
+    recorded = json.loads((built / MARKER_NAME).read_text())["file_sha256"]
+    assert recorded["model.safetensors"] == sha256(weights) and set(recorded) == set(
+        json.loads((built / MARKER_NAME).read_text())["file_sizes"])
+    good = weights.read_bytes()
+    flip_a_byte(weights, weights.stat().st_size // 2)  # inside the tensor data: it would load, wrong
+    assert fetch(NAME) == built and len(index.requests) == 2  # the fast path trusts sizes
+    with caplog.at_level("WARNING"):
+        assert fetch(NAME, verify=True) == built
+    assert len(index.requests) == 4 and weights.read_bytes() == good
+    assert "corrupted model.safetensors" in caplog.text
+    assert fetch(NAME, verify=True) == built and len(index.requests) == 4  # intact: not rebuilt again
+
+
+def test_the_fetch_command_verifies_the_cached_copy(index, cache, monkeypatch, capsys):
+    from speechstream.cli import main
+
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    built = fetch(NAME)
+    flip_a_byte(built / "tokenizer.json", 10)
+    assert main(["fetch", NAME]) == 0
+    assert capsys.readouterr().out == f"{NAME}: {built}\n" and len(index.requests) == 4
+    assert json.loads((built / "tokenizer.json").read_text())  # rebuilt: valid again
+
+
+def test_an_unwritable_cache_is_one_line_naming_the_variable(index, cache, monkeypatch, capsys, tmp_path):
+    from speechstream.cli import main
+
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("SPEECHSTREAM_CACHE", str(tmp_path / "a-file" / "cache"))
+    assert main(["fetch", NAME]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"speechstream: error: cannot write the weights cache {tmp_path / 'a-file' / 'cache'}")
+    assert "$SPEECHSTREAM_CACHE" in err and index.requests == []
+
+
+def test_a_killed_fetchs_scratch_is_removed_also_when_the_asset_is_cached(index, cache, monkeypatch):
+    """A `fetch --force` killed mid-way leaves scratch beside a finished copy; later fetches return that copy
+    without building, and still remove the stale scratch."""
+    import os
+    import time
+
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    fetch(NAME)
+    old = cache / f".{NAME}.building-killed"
+    (old / "wheels").mkdir(parents=True)
+    long_ago = time.time() - fetch_module.STALE_SCRATCH_S - 60
+    os.utime(old, (long_ago, long_ago))
+    assert fetch(NAME) == cache / NAME and len(index.requests) == 2
+    assert not old.exists()
+
+
+def test_two_forced_fetches_at_once_both_succeed(index, cache, monkeypatch):
+    """Two `fetch --force` at once: the other one moves the old copy aside between this one's look and its move."""
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    fetch(NAME)
+    real_is_complete = fetch_module.is_complete
+
+    def other_fetch_moves_it_aside(directory, spec, verify=False):
+        if directory == cache / NAME and directory.exists():
+            shutil.rmtree(directory)
+        return real_is_complete(directory, spec, verify)
+
+    monkeypatch.setattr(fetch_module, "is_complete", other_fetch_moves_it_aside)
+    assert fetch(NAME, force=True) == cache / NAME
+    monkeypatch.setattr(fetch_module, "is_complete", real_is_complete)
+    assert fetch_module.is_complete(cache / NAME, ASSETS[NAME], verify=True)
