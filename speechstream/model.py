@@ -105,7 +105,7 @@ def attention_implementation(model_type: str) -> str:
     return "eager" if model_type == "gemma2" else "sdpa"
 
 
-def build_llm(config: ModelConfig, tokenizer) -> nn.Module:
+def build_llm(config: ModelConfig, tokenizer, base_dir: Path | None = None) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     if config.llm.base is None:
@@ -125,22 +125,25 @@ def build_llm(config: ModelConfig, tokenizer) -> nn.Module:
             if shown:
                 hf_logging.enable_progress_bar()
 
-    probe = load_pretrained(config, "llm.base", config.llm.base, load)
+    probe = load_pretrained(config, "llm.base", config.llm.base, load, base_dir)
     probe.config._attn_implementation = attention_implementation(probe.config.model_type)
     return probe
 
 
-def load_pretrained(config: ModelConfig, field: str, name: str, load):
+def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: Path | None = None):
     """``load(resolve(name))`` for the pretrained part ``field`` of a model config; any failure to find or read it
     (no such directory, a hub id that cannot be reached, no safetensors weights, a damaged file) is one line naming
-    the field: an InputError, or a SpeechstreamError for a damaged copy of a cached asset (fetch it again)."""
+    the field: an InputError, or a SpeechstreamError for a damaged copy of a cached asset (fetch it again).
+    A relative path is read from ``base_dir`` (the config's folder) when that folder has it, as ``checkpoint`` is;
+    otherwise from the current folder."""
     from safetensors import SafetensorError
 
     from speechstream.weights.fetch import ASSETS, resolve
 
     where = f"model {config.name}: {field}"
     try:
-        path = resolve(name)
+        local = base_dir / name if base_dir is not None and not Path(name).expanduser().is_absolute() else None
+        path = resolve(local if local is not None and local.is_dir() else name)
         return load(path)
     except SpeechstreamError as error:  # a path that is no directory, no safetensors, a fetch that failed
         raise type(error)(f"{where}: {error}") from None
@@ -153,7 +156,7 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load):
         raise InputError(f"{where}: cannot load it ({reason})") from None
 
 
-def build_tokenizer(config: ModelConfig):
+def build_tokenizer(config: ModelConfig, base_dir: Path | None = None):
     if config.tokenizer == "bytes":
         prompt = config.prompt
         texts = [prompt.source_prefix, prompt.source_suffix, prompt.target_prefix, prompt.eoc_token, prompt.eos_token]
@@ -161,7 +164,7 @@ def build_tokenizer(config: ModelConfig):
         return byte_tokenizer(specials)
     from transformers import AutoTokenizer
 
-    tokenizer = load_pretrained(config, "tokenizer", config.tokenizer, AutoTokenizer.from_pretrained)
+    tokenizer = load_pretrained(config, "tokenizer", config.tokenizer, AutoTokenizer.from_pretrained, base_dir)
     missing = [t for t in (config.prompt.eoc_token, config.prompt.eos_token) if t not in tokenizer.get_vocab()]
     if missing:
         raise InputError(f"tokenizer {config.tokenizer} lacks the tokens {missing}")
@@ -332,11 +335,11 @@ def build_model(config: ModelConfig, base_dir: Path | None = None, for_training:
 
     For inference the LoRA adapters are merged into the base weights (same function, less work per token).
     """
-    tokenizer = build_tokenizer(config)
-    model = SpeechLLM(config, tokenizer, build_llm(config, tokenizer))
+    tokenizer = build_tokenizer(config, base_dir)
+    model = SpeechLLM(config, tokenizer, build_llm(config, tokenizer, base_dir))
     if config.encoder.weights:
         load_pretrained(config, "encoder.weights", config.encoder.weights,
-                        lambda path: load_whisper_encoder(model.encoder, path))
+                        lambda path: load_whisper_encoder(model.encoder, path), base_dir)
     if config.llm.lora_rank:
         add_lora(model.decoder.llm, config.llm)
     if config.checkpoint:

@@ -61,6 +61,18 @@ def test_an_encoder_directory_is_read(tmp_path):
     assert all(bool((value == -0.5).all()) for value in model.encoder.state_dict().values())
 
 
+def test_a_relative_encoder_folder_is_read_beside_the_config(tmp_path, monkeypatch):
+    """A relative encoder.weights is read from the model's folder (as its checkpoint is), whatever the current
+    folder; a folder of that name in the current folder does not take its place."""
+    folder = model_folder(tmp_path, encoder__weights="./whisper")
+    whisper_safetensors(folder / "whisper" / "model.safetensors", 0.75)
+    elsewhere = tmp_path / "elsewhere"
+    whisper_safetensors(elsewhere / "whisper" / "model.safetensors", -1.0)
+    monkeypatch.chdir(elsewhere)
+    model = load_model(str(folder))
+    assert all(bool((value == 0.75).all()) for value in model.encoder.state_dict().values())
+
+
 def test_only_safetensors_are_read(tmp_path):
     """A directory with a pickled checkpoint and no safetensors is refused, not unpickled."""
     folder = tmp_path / "whisper"
