@@ -17,6 +17,35 @@ TINY_NOTE = "speechstream: note: tiny-random is an untrained test model: it writ
     "meaningful"
 
 
+TRANSCRIBE_FORMATS = ("text", "jsonl", "json", "srt", "vtt")
+LIVE_FORMATS = ("txt", "srt", "vtt", "json")
+EXTENSION_FORMATS = {".txt": "text", ".jsonl": "jsonl", ".json": "json", ".srt": "srt", ".vtt": "vtt"}
+
+
+def output_format(given: str | None, output: str | None, formats: tuple[str, ...]) -> str:
+    """The format to write: ``--format`` if given, else the one the extension of ``--output`` names, else the first
+    of ``formats`` (plain text). A known extension that names another format than ``--format``, or one this command
+    cannot write, is an InputError (before any audio is read)."""
+    named = EXTENSION_FORMATS.get(Path(output).suffix.lower()) if output else None
+    if named == "text" and "txt" in formats:
+        named = "txt"
+    if named is not None and named not in formats:
+        raise InputError(f"--output {output}: this command cannot write {named} (formats: {', '.join(formats)})")
+    if given is not None and named is not None and given != named:
+        raise InputError(f"--output {output} has the extension of {named}, but --format is {given}")
+    return given or named or formats[0]
+
+
+def check_writable(output: str | None) -> None:
+    """``--output`` can be written (an InputError if not), checked before the model loads and any audio is read.
+    Appending nothing: an existing file is only replaced once there is a transcript (a missing one is created)."""
+    if output:
+        try:
+            open(output, "a", encoding="utf-8").close()
+        except OSError as error:
+            raise InputError(f"{output}: cannot write the output ({error.strerror or error})") from None
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
         raise InputError(message)
@@ -80,7 +109,8 @@ def _live_args(parser: argparse.ArgumentParser) -> None:
     _decoding_args(parser, vad=True)
     parser.add_argument("--seconds", type=float, help="stop after this many seconds of audio (counted in samples)")
     parser.add_argument("--output", help="also save the transcript to this file (on Ctrl-C too)")
-    parser.add_argument("--format", choices=("txt", "srt", "vtt", "json"), default="txt", help="format of --output")
+    parser.add_argument("--format", choices=LIVE_FORMATS, help="format of --output (default: from its extension "
+                        ".txt, .srt, .vtt or .json; else txt)")
 
 
 def _bench_args(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--input-rate", type=int, default=16000,
                             help="sample rate of the PCM on stdin (with -; resampled to 16 kHz)")
     _decoding_args(transcribe, vad=True)
-    transcribe.add_argument("--format", choices=("text", "jsonl", "json", "srt", "vtt"), default="text")
+    transcribe.add_argument("--format", choices=TRANSCRIBE_FORMATS, help="default: from the extension of "
+                            "--output (.txt, .jsonl, .json, .srt, .vtt); else text")
     transcribe.add_argument("--output", help="write to this file instead of stdout")
     transcribe.add_argument("--no-partials", action="store_true", help="jsonl: omit partial events")
 
@@ -185,6 +216,7 @@ def _model_name(args: argparse.Namespace, decoding=None) -> str:
 def cmd_transcribe(args: argparse.Namespace) -> int:
     # usage errors first, before the slow imports (torch, transformers) and the model load
     decoding = _decoding_config(args)
+    args.format = output_format(args.format, args.output, TRANSCRIBE_FORMATS)
     if args.audio.count("-") > 1:
         raise InputError("- (stdin) can be given once")
     if not 1000 <= args.input_rate <= 384000:
@@ -201,6 +233,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if args.output and any(Path(args.output).resolve() == Path(p).resolve() for p in files):
         raise InputError(f"--output {args.output} is one of the input files; it would be overwritten")
     name = _model_name(args, decoding)
+    check_writable(args.output)
 
     from speechstream import outputs
     from speechstream.model import load_model
@@ -342,13 +375,10 @@ def cmd_live(args: argparse.Namespace) -> int:
         print("\n".join(live.describe_devices(live.input_devices(sd), default)))
         return 0
     decoding = _decoding_config(args)
+    args.format = output_format(args.format, args.output, LIVE_FORMATS)
     device = live.resolve_device(sd, spec)
     name = _model_name(args, decoding)
-    if args.output:
-        try:  # writable? (appending nothing: an existing file is only replaced once there is a transcript)
-            open(args.output, "a", encoding="utf-8").close()
-        except OSError as error:
-            raise InputError(f"{args.output}: cannot write the output ({error.strerror or error})") from None
+    check_writable(args.output)
 
     from speechstream import outputs
     from speechstream.model import load_model

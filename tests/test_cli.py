@@ -524,3 +524,116 @@ def test_chunk_note_needs_a_declared_training_chunk():
     assert chunk_note(DecodingConfig(chunk_ms=160), ModelConfig()) is None
     assert chunk_note(DecodingConfig(chunk_ms=160), ModelConfig(train_chunk_ms=160)) is None
     assert "at 160 ms" in chunk_note(DecodingConfig(chunk_ms=160), ModelConfig(train_chunk_ms=320))
+
+
+# -- times on the audio's own timeline, format from the extension ---------------------------------------------------
+
+SILENCE_S = 4.0
+
+
+def silence_then_speech(path: Path) -> Path:
+    """4 s of silence (dropped by the VAD, never encoded), then 2 s of a real clip."""
+    speech = soundfile.read(REPO / "samples" / "austen-0880.wav", dtype="float32")[0][: 2 * 16000]
+    soundfile.write(path, np.concatenate([np.zeros(int(SILENCE_S * 16000), np.float32), speech]), 16000)
+    return path
+
+
+def srt_cues(text: str) -> list[tuple[float, float, str]]:
+    def seconds(stamp: str) -> float:
+        h, m, s = stamp.replace(",", ".").split(":")
+        return int(h) * 3600 + int(m) * 60 + float(s)
+
+    blocks = [SRT_BLOCK.fullmatch(b if b.endswith("\n") else b + "\n") for b in text.split("\n\n")]
+    assert text and all(blocks), text
+    return [(seconds(m.group(2)), seconds(m.group(3)), m.group(4)) for m in blocks]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--format", "srt", "--output", "{tmp}/subs.vtt"], "subs.vtt has the extension of vtt, but --format is srt"),
+    (["--output", "{tmp}/subs.TXT", "--format", "json"], "extension of text, but --format is json"),
+])
+def test_an_output_extension_against_the_format_is_refused(capsys, tmp_path, clip, argv, match):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    code, out, err = run(capsys, "transcribe", clip, *argv)
+    assert_one_error(code, err, match=match)
+    assert out == "" and sorted(p.name for p in tmp_path.iterdir()) == ["clip.wav"]  # nothing created
+
+
+@pytest.mark.parametrize("name, first_line", [("out.jsonl", '{"type"'), ("out.vtt", "WEBVTT"), ("out.log", "")])
+def test_the_output_extension_picks_the_format(capsys, tmp_path, clip, name, first_line):
+    output = tmp_path / name
+    code, out, err = run(capsys, "transcribe", clip, "--output", output)
+    assert code == 0 and out == "", err
+    text = output.read_text(encoding="utf-8")
+    assert text.startswith(first_line) and (first_line or text.endswith("\n") and text.count("\n") == 1)
+
+
+class FakeSoundDevice:
+    """``sounddevice`` with one input device that plays ``audio`` (float, 16 kHz) as int16 blocks from a thread,
+    as PortAudio calls the callback (not paced in real time)."""
+
+    class CallbackStop(Exception):
+        pass
+
+    class PortAudioError(Exception):
+        pass
+
+    DEVICE = {"name": "fake mic", "hostapi": 0, "max_input_channels": 1, "default_samplerate": 16000.0}
+
+    def __init__(self, audio: np.ndarray):
+        self.audio = np.round(np.clip(audio, -1, 32767 / 32768) * 32768).astype(np.int16)
+        self.default = type("Default", (), {"device": [0, None]})()
+
+    def query_devices(self, spec=None, kind=None):
+        return [dict(self.DEVICE)] if spec is None and kind is None else dict(self.DEVICE)
+
+    def InputStream(self, device, samplerate, channels, dtype, blocksize, callback):  # noqa: N802 - its name
+        import threading
+
+        audio, stop = self.audio, self.CallbackStop
+
+        class Stream:
+            def __enter__(self):
+                def play():
+                    for start in range(0, audio.size, blocksize):
+                        block = audio[start : start + blocksize]
+                        try:
+                            callback(block[:, None], len(block), None, False)
+                        except stop:
+                            return
+
+                self.thread = threading.Thread(target=play)
+                self.thread.start()
+                return self
+
+            def __exit__(self, *exc):
+                self.thread.join()
+
+            @property
+            def active(self):
+                return self.thread.is_alive()
+
+        return Stream()
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--output", "{tmp}/x.jsonl"], "cannot write jsonl"),
+    (["--output", "{tmp}/x.vtt", "--format", "srt"], "extension of vtt, but --format is srt"),
+    (["--output", "{tmp}/no/such/folder/x.srt"], "cannot write the output"),
+])
+def test_live_refuses_a_bad_output_before_it_listens(capsys, monkeypatch, tmp_path, argv, match):
+    from speechstream import live
+
+    monkeypatch.setattr(live, "load_sounddevice", lambda: FakeSoundDevice(np.zeros(16000, np.float32)))
+    monkeypatch.setattr(live, "record", lambda *a, **k: pytest.fail("audio was read"))
+    code, out, err = run(capsys, "live", *[a.format(tmp=tmp_path) for a in argv])
+    assert_one_error(code, err, match=match)
+    assert out == "" and not list(tmp_path.glob("x.*"))
+
+
+def test_an_unwritable_output_is_refused_before_the_model_loads(capsys, monkeypatch, tmp_path, clip):
+    from speechstream import model
+
+    monkeypatch.setattr(model, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    code, out, err = run(capsys, "transcribe", clip, "--output", tmp_path / "no" / "x.srt")
+    assert_one_error(code, err, match="x.srt: cannot write the output")
