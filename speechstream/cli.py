@@ -249,6 +249,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     documents, failed = [], None
     try:
         for path in args.audio:
+            starts: list[float] = []  # where the file's VAD segments start (s): no cue starts in a dropped pause
+
             def on_event(event, path=path):
                 if args.format == "jsonl":
                     if event.type != "partial" or not args.no_partials:
@@ -261,9 +263,10 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             try:
                 if path == "-":
                     events = transcribe_pcm(model, decoding, sys.stdin.buffer, args.input_rate, on_event,
-                                            partials=args.format == "jsonl")
+                                            partials=args.format == "jsonl", segment_starts=starts)
                 else:
-                    events = transcribe_file(model, decoding, path, on_event, partials=args.format == "jsonl")
+                    events = transcribe_file(model, decoding, path, on_event, partials=args.format == "jsonl",
+                                             segment_starts=starts)
             except InputError as error:  # report, keep what was done, go on with the other files
                 print(f"speechstream: error: {error}", file=sys.stderr)
                 failed = error
@@ -271,11 +274,11 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             if args.format == "text":
                 out.write("\n")
             elif args.format == "json":
-                documents.append(outputs.json_document("stdin" if path == "-" else path, events))
+                documents.append(outputs.json_document("stdin" if path == "-" else path, events, starts))
             elif args.format == "srt":
-                out.write(outputs.srt(events))
+                out.write(outputs.srt(events, starts))
             elif args.format == "vtt":
-                out.write(outputs.vtt(events))
+                out.write(outputs.vtt(events, starts))
         # one file: its document; several: a list of the documents of the files that worked
         if args.format == "json" and (documents or len(args.audio) > 1):
             json.dump(documents[0] if len(args.audio) == 1 else documents, out, ensure_ascii=False, indent=2)
@@ -394,15 +397,17 @@ def cmd_live(args: argparse.Namespace) -> int:
         print(f"speechstream: warning: {result.overflows + result.dropped} audio blocks lost (device overflow "
               "or the model fell behind)", file=sys.stderr)
     if args.output:
+        starts = session.segment_start_times
         with open(args.output, "w", encoding="utf-8") as out:
             if args.format == "txt":
                 out.write(session.transcript + "\n")
             elif args.format == "json":
-                document = outputs.json_document(f"microphone:{device['name']}", result.events)
+                document = outputs.json_document(f"microphone:{device['name']}", result.events, starts)
                 json.dump(document, out, ensure_ascii=False, indent=2)
                 out.write("\n")
             else:
-                out.write(outputs.srt(result.events) if args.format == "srt" else outputs.vtt(result.events))
+                write = outputs.srt if args.format == "srt" else outputs.vtt
+                out.write(write(result.events, starts))
     return 0
 
 

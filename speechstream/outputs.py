@@ -1,14 +1,18 @@
 """Transcript output formats: text, jsonl, json, srt, vtt.
 
-Timestamps of json/srt/vtt cues are emission times: a cue ends at the seconds of audio
-the model had read when it committed the cue's last words, and starts where the
-previous cue ended (at most MAX_CUE_SECONDS before its end). They are not word alignments.
+Timestamps of json/srt/vtt cues are emission times on the timeline of the whole audio (silence the VAD dropped
+included): a cue ends at the seconds of audio the model had read when it committed the cue's last words, and starts
+where the previous cue ended, but at most MAX_CUE_SECONDS before its end and never before the start of the VAD
+segment its first words belong to (so a cue after a pause does not start during the pause). They are not word
+alignments.
 """
 
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Sequence
 
 from speechstream.session import Event
 
@@ -27,33 +31,43 @@ class Cue:
     text: str
 
 
-def cues(events: list[Event]) -> list[Cue]:
+def cues(events: list[Event], segment_starts: Sequence[float] = ()) -> list[Cue]:
     """Group committed text into cues of at most MAX_CUE_CHARS and MAX_CUE_SECONDS.
 
     A new cue begins when the next committed piece would take the cue past either limit (a piece longer than
     MAX_CUE_CHARS stays whole: there are no word times to split it at). A cue ends when its last words were
     committed and starts where the previous cue ended, but no earlier than MAX_CUE_SECONDS before its own end
-    (after a long silence the text is not shown long before it is spoken). Pieces committed at the moment the
-    previous cue ended (the flush at a segment end) join that cue: a cue never has zero length.
+    (after a long silence the text is not shown long before it is spoken) nor before the start of the segment
+    its first piece belongs to. ``segment_starts``: seconds where each VAD segment's audio starts, in order
+    (``StreamingSession.segment_start_times``); a piece committed at ``source_s`` belongs to the last segment
+    that starts before it. Pieces committed at the moment the previous cue ended (the flush at a segment end)
+    join that cue: a cue never has zero length.
     """
-    groups: list[list] = []  # [text, end] per cue, in order
+    starts = sorted(segment_starts)
+
+    def segment_start(source_s: float) -> float:
+        i = bisect_left(starts, source_s)  # starts[:i] are before source_s
+        return starts[i - 1] if i else 0.0
+
+    groups: list[list] = []  # [text, end, floor] per cue, in order; floor: the start of its first piece's segment
     for event in events:
         if event.type != "final" or not event.text:
             continue
         if groups:
-            text, end = groups[-1]
+            text, end, floor = groups[-1]
             start = _cue_start(groups, len(groups) - 1)
             too_long = len((text + event.text).strip()) > MAX_CUE_CHARS or event.source_s - start > MAX_CUE_SECONDS
             if not too_long or event.source_s <= end or not text.strip():
-                groups[-1] = [text + event.text, max(end, event.source_s)]
+                groups[-1] = [text + event.text, max(end, event.source_s), floor]
                 continue
-        groups.append([event.text, event.source_s])
-    return [Cue(_cue_start(groups, i), end, text.strip()) for i, (text, end) in enumerate(groups) if text.strip()]
+        groups.append([event.text, event.source_s, segment_start(event.source_s)])
+    return [Cue(_cue_start(groups, i), end, text.strip()) for i, (text, end, _) in enumerate(groups) if text.strip()]
 
 
 def _cue_start(groups: list[list], i: int) -> float:
     previous_end = groups[i - 1][1] if i else 0.0
-    return max(previous_end, groups[i][1] - MAX_CUE_SECONDS)
+    _, end, floor = groups[i]
+    return max(previous_end, end - MAX_CUE_SECONDS, floor)
 
 
 def _timestamp(seconds: float, separator: str) -> str:
@@ -74,30 +88,30 @@ def _vtt_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def srt(events: list[Event]) -> str:
+def srt(events: list[Event], segment_starts: Sequence[float] = ()) -> str:
     blocks = [
         f"{i}\n{_timestamp(c.start, ',')} --> {_timestamp(c.end, ',')}\n{_one_line(c.text)}\n"
-        for i, c in enumerate(cues(events), 1)
+        for i, c in enumerate(cues(events, segment_starts), 1)
     ]
     return "\n".join(blocks)
 
 
-def vtt(events: list[Event]) -> str:
+def vtt(events: list[Event], segment_starts: Sequence[float] = ()) -> str:
     blocks = [
         f"{_timestamp(c.start, '.')} --> {_timestamp(c.end, '.')}\n{_vtt_escape(_one_line(c.text))}\n"
-        for c in cues(events)
+        for c in cues(events, segment_starts)
     ]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
-def json_document(audio: str, events: list[Event]) -> dict:
+def json_document(audio: str, events: list[Event], segment_starts: Sequence[float] = ()) -> dict:
     end = events[-1]
     return {
         "audio": audio,
         "text": end.text,
         "audio_s": end.audio_s,
         "compute_s": end.compute_s,
-        "segments": [{"start": c.start, "end": c.end, "text": c.text} for c in cues(events)],
+        "segments": [{"start": c.start, "end": c.end, "text": c.text} for c in cues(events, segment_starts)],
     }
 
 

@@ -376,6 +376,11 @@ class StreamingSession:
         return self.text.committed
 
     @property
+    def segment_start_times(self) -> list[float]:
+        """``segment_starts`` in seconds from the start of the stream (for ``outputs.cues``)."""
+        return [start / SAMPLE_RATE for start in self.segment_starts]
+
+    @property
     def llm_cache_length(self) -> int | None:
         """Slots in this session's own LLM cache (None with an outside driver)."""
         return None if self.llm is None else int(self.llm.kinds.shape[1])
@@ -599,11 +604,13 @@ class StreamingSession:
 
 
 def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_event: Callable[[Event], None],
-                    partials: bool = True, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:
+                    partials: bool = True, offset_s: float = 0.0, duration_s: float | None = None,
+                    segment_starts: list[float] | None = None) -> list[Event]:
     """Stream one audio file through a session chunk by chunk (as a live source would); return its events.
 
     ``transcribe`` and ``eval`` both use this loop, so evaluation measures what ships. ``offset_s`` and
-    ``duration_s`` stream only that time range of the file (a manifest's segment of a long recording).
+    ``duration_s`` stream only that time range of the file (a manifest's segment of a long recording). A
+    ``segment_starts`` list is extended with the session's ``segment_start_times`` (for ``outputs.cues``).
     """
     from speechstream.audio import load_audio
     from speechstream.chunker import chunk_samples
@@ -619,15 +626,19 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
     for event in session.finish():
         events.append(event)
         on_event(event)
+    if segment_starts is not None:
+        segment_starts += session.segment_start_times
     return events
 
 
 def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO, sample_rate: int,
-                   on_event: Callable[[Event], None], partials: bool = True, block_bytes: int = 6400) -> list[Event]:
+                   on_event: Callable[[Event], None], partials: bool = True, block_bytes: int = 6400,
+                   segment_starts: list[float] | None = None) -> list[Event]:
     """Stream raw little-endian int16 mono PCM from a binary file object (a pipe, stdin) as it arrives: each read
     returns what the pipe holds (up to ``block_bytes``), resampled to 16 kHz buffer by buffer and fed to one session,
     so text comes while the audio does. The end of the input, or Ctrl-C, finishes the stream (its tail is read and
-    written); a last odd byte is dropped. The audio a file would hold gives the events that file gives."""
+    written); a last odd byte is dropped. The audio a file would hold gives the events that file gives.
+    ``segment_starts``: as in ``transcribe_file``."""
     from speechstream.audio import StreamResampler, int16_to_float
 
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or block_bytes < 2:
@@ -658,4 +669,6 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
     for event in session.finish():
         events.append(event)
         on_event(event)
+    if segment_starts is not None:
+        segment_starts += session.segment_start_times
     return events

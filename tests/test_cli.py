@@ -548,6 +548,25 @@ def srt_cues(text: str) -> list[tuple[float, float, str]]:
     return [(seconds(m.group(2)), seconds(m.group(3)), m.group(4)) for m in blocks]
 
 
+def test_cues_after_dropped_silence_stay_on_the_audio_timeline(capsys, tmp_path, wordy):
+    """The silence before the speech is dropped, yet every time is a time of the file: text is emitted after 4 s,
+    and no cue starts before the speech's segment (at most the VAD's 512 ms pad before the speech)."""
+    path = silence_then_speech(tmp_path / "late.wav")
+    options = ["--chunk-ms", "160", "--k", "1"]
+    code, out, err = run(capsys, "transcribe", path, "--format", "jsonl", "--no-partials", *options)
+    assert code == 0, err
+    finals = [e for e in map(json.loads, out.splitlines()) if e["type"] == "final"]
+    assert finals and all(e["source_s"] > SILENCE_S for e in finals)
+    output = tmp_path / "late.srt"  # no --format: the extension says srt
+    code, out, err = run(capsys, "transcribe", path, "--output", output, *options)
+    assert code == 0 and out == "", err
+    cues = srt_cues(output.read_text(encoding="utf-8"))
+    assert " ".join(c[2] for c in cues).split() == "".join(e["text"] for e in finals).split()
+    assert all(SILENCE_S - 0.6 <= start < end <= SILENCE_S + 2 + 1e-3 for start, end, _ in cues), cues
+    code, out, err = run(capsys, "transcribe", path, "--format", "json", *options)
+    assert code == 0 and [(s["start"], s["end"]) for s in json.loads(out)["segments"]] == [c[:2] for c in cues]
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--format", "srt", "--output", "{tmp}/subs.vtt"], "subs.vtt has the extension of vtt, but --format is srt"),
     (["--output", "{tmp}/subs.TXT", "--format", "json"], "extension of text, but --format is json"),
@@ -614,6 +633,24 @@ class FakeSoundDevice:
                 return self.thread.is_alive()
 
         return Stream()
+
+
+def test_live_saves_what_transcribe_writes_after_dropped_silence(capsys, monkeypatch, tmp_path, wordy):
+    """``live --output x.srt`` (no --format) saves subtitles, with the times transcribe gives the same audio."""
+    from speechstream import live
+
+    path = silence_then_speech(tmp_path / "late.wav")
+    audio = soundfile.read(path, dtype="float32")[0]
+    monkeypatch.setattr(live, "load_sounddevice", lambda: FakeSoundDevice(audio))
+    options = ["--chunk-ms", "160", "--k", "1"]
+    saved = tmp_path / "live.srt"
+    code, out, err = run(capsys, "live", "--seconds", str(audio.size / 16000), "--output", saved, *options)
+    assert code == 0, err
+    reference = tmp_path / "reference.srt"
+    code, _, err = run(capsys, "transcribe", path, "--output", reference, *options)
+    assert code == 0, err
+    assert saved.read_text(encoding="utf-8") == reference.read_text(encoding="utf-8")
+    assert all(start >= SILENCE_S - 0.6 for start, _, _ in srt_cues(saved.read_text(encoding="utf-8")))
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -177,3 +177,30 @@ def test_cues_never_have_zero_length_nor_outlast_the_limit():
     assert " ".join(cue.text for cue in cues) == "The quick brown fox jumps over the lazy dog and runs far away into " \
         "the woods later"
     assert cues[-1].start == 30.0 - outputs.MAX_CUE_SECONDS
+
+
+def test_a_cue_never_starts_before_its_segment():
+    """VAD segments at 0.5 s and 20 s (silence between dropped): the second segment's first cue starts where that
+    segment starts, not where the previous cue ended (in the pause) nor MAX_CUE_SECONDS before its end; the 7 s
+    limit is counted from there, so its words stay in one cue. A piece committed exactly at a segment start (the
+    previous segment's flush at its cut) belongs to the previous segment."""
+    events = stream(final("He was not", 1.5), final(" an ill spoken man.", 3.0),
+                    final(" He", 21.5), final(" might even", 22.0), final(" have been.", 23.5), audio_s=24.0)
+    assert cues(events) == [Cue(0.0, 3.0, "He was not an ill spoken man."), Cue(14.5, 21.5, "He"),
+                            Cue(21.5, 23.5, "might even have been.")]
+    assert cues(events, [0.5, 20.0]) == [Cue(0.5, 3.0, "He was not an ill spoken man."),
+                                         Cue(20.0, 23.5, "He might even have been.")]
+    assert outputs.srt(events, [0.5, 20.0]).splitlines()[5] == "00:00:20,000 --> 00:00:23,500"
+    assert outputs.vtt(events, [0.5, 20.0]).splitlines()[5] == "00:00:20.000 --> 00:00:23.500"
+    assert outputs.json_document("a.wav", events, [0.5, 20.0])["segments"][1]["start"] == 20.0
+    at_cut = stream(final("one", 2.0), final(" two", 3.0), final(" three", 9.0))
+    assert cues(at_cut, [0.0, 3.0]) == [Cue(0.0, 3.0, "one two"), Cue(3.0, 9.0, "three")]
+
+
+@pytest.mark.parametrize("seconds, stamp", [(359999.999, "99:59:59,999"), (360000.0, "100:00:00,000"),
+                                            (3600000.5, "1000:00:00,500")])
+def test_timestamps_past_99_hours_keep_every_digit(seconds, stamp):
+    """WebVTT allows two or more hour digits; nothing wraps or is cut at 100 hours."""
+    events = stream(final("Hi", seconds))
+    assert outputs.srt(events).splitlines()[1].split(" --> ")[1] == stamp
+    assert outputs.vtt(events).splitlines()[2].split(" --> ")[1] == stamp.replace(",", ".")
