@@ -94,6 +94,7 @@ def load_or_build_text(out: Path, seed: int) -> Corpus:
         counts = json.loads((folder / "counts.json").read_text(encoding="utf-8"))
         corpus.rejected = {source: value["rejected"] for source, value in counts.items()}
         corpus.duplicates = {source: value["duplicates"] for source, value in counts.items()}
+        corpus.overlaps = {source: value.get("overlaps", 0) for source, value in counts.items()}
         return corpus
     log.info("building the text corpus from Debian packages (about a minute)")
     corpus = build_corpus(CorpusConfig(), seed=seed)

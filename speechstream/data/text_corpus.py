@@ -24,6 +24,11 @@ come from the generator, whose meaning is known.
 Held-out split: a sentence is held out when the sha256 of its ``norm`` falls in the lowest ``heldout_percent``
 of the hash range, so the split is the same on every machine and every run, whatever the seed, the source or
 the order, and a held-out sentence can never reach training (duplicates share ``norm``, hence the split).
+A held-out sentence can also be part of a longer one: a fortune is kept whole and as its single sentences, and
+one WordNet gloss may repeat another inside it. So a training sentence is dropped (counted as ``overlaps``)
+when a held-out sentence of at least ``OVERLAP_WORDS`` words lies inside it, or it lies inside a held-out one,
+as whole words of ``norm``: no held-out sentence is spoken inside a training utterance, and no training
+sentence inside a held-out one. The held-out split itself stays as the hash makes it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import os
 import random
 import re
 import unicodedata
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +61,7 @@ LOCALE_GLOBS = (  # gettext catalogs; msgids are the same in every language of a
 FORTUNE_EXCLUDED = frozenset({"ascii-art", "perl", "translate-me", "ethnic", "men-women", "drugs"})
 
 SOURCES = ("wordnet-example", "wordnet-gloss", "fortunes", "gcide", "gettext", "numbers")
+OVERLAP_WORDS = 3  # a sentence this long or longer inside another one, across the split, is an overlap
 
 # Words that mark archaic text (frequent in the Webster 1913 quotations) or that we do not want voices to say.
 _REJECT_WORDS = frozenset(
@@ -117,15 +124,17 @@ class Corpus:
     heldout: dict[str, list[Sentence]] = field(default_factory=dict)  # source -> held-out sentences
     rejected: dict[str, int] = field(default_factory=dict)  # source -> raw candidates dropped by cleaning
     duplicates: dict[str, int] = field(default_factory=dict)  # source -> clean candidates already seen
+    overlaps: dict[str, int] = field(default_factory=dict)  # source -> training sentences overlapping held-out
 
     def counts(self) -> dict[str, dict[str, int]]:
-        """source -> {"train", "heldout", "rejected", "duplicates"} counts, for stats and the README."""
+        """source -> {"train", "heldout", "rejected", "duplicates", "overlaps"} counts, for stats and the README."""
         return {
             source: {
                 "train": len(self.train.get(source, [])),
                 "heldout": len(self.heldout.get(source, [])),
                 "rejected": self.rejected.get(source, 0),
                 "duplicates": self.duplicates.get(source, 0),
+                "overlaps": self.overlaps.get(source, 0),
             }
             for source in SOURCES
             if source in self.train or source in self.heldout or source in self.rejected
@@ -482,9 +491,33 @@ def raw_sources(config: CorpusConfig, seed: int) -> Iterator[tuple[str, list[str
     yield "numbers", read_numbers(config.number_sentences, seed)
 
 
+def overlaps_heldout(norms: Iterable[str], heldout_norms: Iterable[str], words: int = OVERLAP_WORDS) -> list[bool]:
+    """For each of ``norms``: whether a held-out norm of at least ``words`` words lies inside it, or it (at least
+    ``words`` words) lies inside a held-out norm, as whole words."""
+    starts: dict[tuple[str, ...], set[str]] = defaultdict(set)  # first ``words`` words -> held-out norms
+    grams: dict[tuple[str, ...], set[str]] = defaultdict(set)  # any ``words`` consecutive words -> held-out norms
+    for norm in heldout_norms:
+        tokens = tuple(norm.split())
+        if len(tokens) < words:
+            continue
+        starts[tokens[:words]].add(norm)
+        for index in range(len(tokens) - words + 1):
+            grams[tokens[index:index + words]].add(norm)
+    flags = []
+    for norm in norms:
+        tokens = tuple(norm.split())
+        padded = f" {' '.join(tokens)} "
+        inside = len(tokens) >= words and any(padded in f" {other} " for other in grams.get(tokens[:words], ()))
+        contains = any(f" {other} " in padded for index in range(len(tokens) - words + 1)
+                       for other in starts.get(tokens[index:index + words], ()))
+        flags.append(inside or contains)
+    return flags
+
+
 def build_corpus(config: CorpusConfig = CorpusConfig(), seed: int = 0,
                  sources: Iterable[tuple[str, list[str]]] | None = None) -> Corpus:
-    """Clean, deduplicate (by ``norm``, across sources), split by sentence hash and shuffle by ``seed``.
+    """Clean, deduplicate (by ``norm``, across sources), split by sentence hash, drop training sentences that
+    overlap held-out ones (``overlaps_heldout``) and shuffle by ``seed``.
 
     ``sources`` replaces the Debian readers (tests pass small lists).
     """
@@ -509,6 +542,11 @@ def build_corpus(config: CorpusConfig = CorpusConfig(), seed: int = 0,
             random.Random(f"{seed}-{source}-{split}").shuffle(sentences)
         corpus.train[source], corpus.heldout[source] = train, heldout
         corpus.rejected[source], corpus.duplicates[source] = rejected, duplicates
+    heldout_norms = {sentence.norm for sentences in corpus.heldout.values() for sentence in sentences}
+    for source, sentences in corpus.train.items():
+        flags = overlaps_heldout([sentence.norm for sentence in sentences], heldout_norms)
+        corpus.train[source] = [sentence for sentence, flag in zip(sentences, flags) if not flag]
+        corpus.overlaps[source] = sum(flags)
     return corpus
 
 

@@ -18,6 +18,7 @@ from speechstream.data.text_corpus import (
     mix,
     money_words,
     number_sentence,
+    overlaps_heldout,
     read_fortunes,
     read_gcide,
     read_gettext,
@@ -144,6 +145,32 @@ def test_corpus_split_is_disjoint_deduplicated_and_seed_independent():
     assert corpus.rejected["wordnet-example"] == 1 and corpus.duplicates["fortunes"] >= 501  # overlap + copy
     all_norms = [s.norm for pools in (corpus.train, corpus.heldout) for pool in pools.values() for s in pool]
     assert len(all_norms) == len(set(all_norms))
+
+
+def test_no_heldout_sentence_is_spoken_inside_a_training_one():
+    # Fortunes are kept whole and as their sentences: a held-out sentence of a training entry (or a training
+    # sentence of a held-out entry) would put held-out text into training audio.
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar".split()
+    rng = random.Random(2)
+    sentences = [" ".join(rng.sample(words, 4)).capitalize() + "." for _ in range(600)]
+    entries = [f"{first} {second}" for first, second in zip(sentences[::2], sentences[1::2])]
+    config = CorpusConfig(heldout_percent=10.0)
+    corpus = build_corpus(config, seed=0, sources=[("fortunes", entries + sentences)])
+    train = [f" {sentence.norm} " for sentence in corpus.train["fortunes"]]
+    heldout = [f" {sentence.norm} " for sentence in corpus.heldout["fortunes"]]
+    assert heldout and len(train) > 500 and corpus.overlaps["fortunes"] > 0
+    assert corpus.counts()["fortunes"]["overlaps"] == corpus.overlaps["fortunes"]
+    assert not [(h, t) for h in heldout for t in train if h in t or t in h]
+    every = {normalize_english(text) for text in entries + sentences}
+    assert {h.strip() for h in heldout} == {norm for norm in every if is_heldout(norm, 10.0)}  # split unchanged
+
+
+def test_overlaps_heldout_matches_whole_words_of_long_enough_sentences():
+    heldout = ["a warm room", "the cat sat on the mat", "an open door"]
+    norms = ["it was a warm room indeed", "a warm roomy house", "the cat sat", "on the mat", "sat on the mat",
+             "an open", "xan open door", "an open door it was", "the cat sat on the mat today"]
+    assert overlaps_heldout(norms, heldout) == [True, False, True, True, True, False, False, True, True]
+    assert overlaps_heldout(["an open door"], ["open door"]) == [False]  # held-out sentences under 3 words
 
 
 def test_mix_follows_weights_and_cycles():
