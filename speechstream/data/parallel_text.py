@@ -30,7 +30,10 @@ English has a comma, so cutting there pairs the wrong halves). Pieces get ids ``
 
 Held-out split (``is_heldout``): a pair is held out when the sha256 of its normalised Spanish text falls in the
 lowest ``heldout_percent`` of the hash range: the same on every machine and seed, and a repeated sentence can
-never be on both sides.
+never be on both sides. A training pair is then dropped when its Spanish or its English (normalised) contains a
+held-out pair's, lies inside it, or equals it (``text_corpus.overlaps_heldout``): verses often differ in one
+Spanish word ("Y habló Jehová á Moisés" / "Habló Jehová á Moisés") with the same English, and a held-out
+translation must not be a training target.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from speechstream.data.text_corpus import overlaps_heldout
 from speechstream.errors import SpeechstreamError
+from speechstream.eval.quality import normalize_english
 
 ENGLISH_MODULE = "engWEB2015eb"  # Debian sword-text-web: World English Bible
 SPANISH_MODULE = "spaRV1909eb"  # Debian sword-text-sparv: Reina-Valera 1909
@@ -271,7 +276,8 @@ def is_heldout(norm: str, percent: float) -> bool:
 
 def split_pairs(pairs: Iterable[Pair], config: AlignConfig = AlignConfig(),
                 counts: Counter | None = None) -> ParallelCorpus:
-    """Deduplicate by normalised Spanish text and split by its hash (order kept)."""
+    """Deduplicate by normalised Spanish text, split by its hash and drop training pairs that overlap held-out
+    ones (order kept)."""
     corpus = ParallelCorpus(counts=Counter() if counts is None else counts)
     seen: set[str] = set()
     for pair in pairs:
@@ -281,6 +287,12 @@ def split_pairs(pairs: Iterable[Pair], config: AlignConfig = AlignConfig(),
             continue
         seen.add(norm)
         (corpus.heldout if is_heldout(norm, config.heldout_percent) else corpus.train).append(pair)
+    spanish = overlaps_heldout([pair.norm for pair in corpus.train], {pair.norm for pair in corpus.heldout})
+    english = overlaps_heldout([normalize_english(pair.en) for pair in corpus.train],
+                               {normalize_english(pair.en) for pair in corpus.heldout})
+    kept = [pair for pair, *flags in zip(corpus.train, spanish, english) if not any(flags)]
+    corpus.counts["dropped_overlaps_heldout"] = len(corpus.train) - len(kept)
+    corpus.train = kept
     corpus.counts["pairs_train"] = len(corpus.train)
     corpus.counts["pairs_heldout"] = len(corpus.heldout)
     return corpus

@@ -19,6 +19,7 @@ from speechstream.data.parallel_text import (
     parse_imp,
     split_pairs,
 )
+from speechstream.eval.quality import normalize_english
 
 # A tiny export in mod2imp's format (raw OSIS entries, as the Debian modules have them).
 ENGLISH_IMP = """$$$[ Module Heading ]
@@ -145,6 +146,24 @@ def test_heldout_split_is_a_deterministic_function_of_the_text():
     assert is_heldout("frase número uno de prueba", 100) and not is_heldout("frase número uno de prueba", 0)
     share = sum(is_heldout(f"frase {index}", 3.0) for index in range(20000)) / 20000
     assert 0.025 < share < 0.035
+
+
+def test_training_pairs_share_no_text_with_heldout_pairs():
+    words = "uno dos tres cuatro cinco seis siete ocho nueve diez once doce trece catorce quince".split()
+    base = [Pair(f"Book 1:{index}", f"Frase número {word} de prueba", f"Test sentence {word} here")
+            for index, word in enumerate(words)]
+    same_english = [Pair(f"Book 2:{index}", f"Y frase número {word} de prueba", pair.en)
+                    for index, (word, pair) in enumerate(zip(words, base))]
+    longer = [Pair(f"Book 3:{index}", f"{pair.es} otra vez", f"{pair.en} once more") for index, pair in enumerate(base)]
+    corpus = split_pairs(base + same_english + longer, AlignConfig(heldout_percent=30))
+    assert corpus.heldout and corpus.train and corpus.counts["dropped_overlaps_heldout"] > 0
+    assert corpus.counts["pairs_train"] == len(corpus.train)
+    for kept in corpus.train:
+        for held in corpus.heldout:
+            for train_text, heldout_text in ((kept.norm, held.norm),
+                                             (normalize_english(kept.en), normalize_english(held.en))):
+                assert f" {heldout_text} " not in f" {train_text} " and f" {train_text} " not in f" {heldout_text} "
+    assert all(is_heldout(pair.norm, 30) for pair in corpus.heldout)  # the split itself is still the hash's
 
 
 def _module_installed(name: str) -> bool:
