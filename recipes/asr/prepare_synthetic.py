@@ -45,7 +45,14 @@ from speechstream.data.render import (  # noqa: E402
     write_plan,
     write_stats,
 )
-from speechstream.data.synthesize import ENGINES, estimate_seconds, fetch_piper_voice, sample_voice  # noqa: E402
+from speechstream.data.corpora import run_main  # noqa: E402
+from speechstream.data.synthesize import (  # noqa: E402
+    ENGINES,
+    HELDOUT_ENGINE_WEIGHTS,
+    estimate_seconds,
+    fetch_piper_voice,
+    sample_voice,
+)
 from speechstream.data.text_corpus import SOURCES, Corpus, CorpusConfig, Sentence, build_corpus, mix  # noqa: E402
 
 log = logging.getLogger("prepare_synthetic")
@@ -65,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.engines) - set(ENGINES)
     if unknown or not args.engines:
         parser.error(f"--engines: unknown {sorted(unknown)}; choose from {', '.join(ENGINES)}")
+    if not {name for name, _ in HELDOUT_ENGINE_WEIGHTS} & set(args.engines):
+        parser.error(f"--engines {','.join(args.engines)}: the held-out voices are espeak and flite voices; "
+                     "give at least one of them")
     check_common_arguments(parser, args)
     return args
 
@@ -228,4 +238,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

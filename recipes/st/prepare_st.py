@@ -36,6 +36,7 @@ from collections import Counter  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from speechstream.data.corpora import run_main  # noqa: E402
 from speechstream.data.parallel_text import AlignConfig, Pair, build_parallel_corpus  # noqa: E402
 from speechstream.data.render import (  # noqa: E402
     SPLITS,
@@ -210,4 +211,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -30,6 +30,7 @@ import numpy as np
 
 from speechstream.data.augment import AugmentConfig, augment
 from speechstream.data.synthesize import Voice, WordTime, synthesize, write_wav
+from speechstream.errors import InputError
 
 SPLITS = {"train": "tr", "heldout": "ho", "heldout_seen": "hs", "babble": "bb"}  # split -> id prefix
 MIN_SECONDS, MAX_SECONDS = 1.0, 12.0  # clips outside are dropped (recorded as rejected)
@@ -121,12 +122,21 @@ def read_plan(out: Path, settings: dict, hint: str = "") -> list[dict] | None:
     plan_path, settings_path = out / "plan.jsonl", out / "plan-settings.json"
     if not (plan_path.exists() and settings_path.exists()):
         return None
-    recorded = json.loads(settings_path.read_text(encoding="utf-8"))
+    recorded = read_json(settings_path)
+    if recorded is None:
+        raise InputError(f"{settings_path}: not readable JSON; delete it and {plan_path.name} to replan")
     if recorded != settings:
         print(f"error: {out} was planned with {recorded}, not {settings}: use another --out{hint}", file=sys.stderr)
         raise SystemExit(2)
+    items = []
     with plan_path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle]
+        for number, line in enumerate(handle, 1):
+            try:
+                items.append(json.loads(line))
+            except ValueError:
+                raise InputError(f"{plan_path}:{number}: not a JSON line; delete {plan_path.name} and "
+                                 f"{settings_path.name} to replan") from None
+    return items
 
 
 def write_plan(out: Path, items: list[dict], settings: dict) -> None:

@@ -3,6 +3,8 @@
 import importlib.util
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +173,29 @@ def test_recipe_end_to_end_with_espeak(tmp_path, monkeypatch):
     check_resume_and_repeat(recipe.main, out, tmp_path / "again", arguments, _seed_text)
     with pytest.raises(SystemExit):
         recipe.main(["--out", str(out), *arguments[:-2], "--workers", "1", "--seed", "1"])  # another plan
+
+
+def test_recipe_refuses_engines_without_heldout_voices(capsys):
+    recipe = load_recipe(RECIPE)
+    with pytest.raises(SystemExit) as stop:
+        recipe.parse_args(["--out", "unused", "--hours", "0.01", "--engines", "piper"])
+    assert stop.value.code == 2
+    assert "held-out voices are espeak and flite" in capsys.readouterr().err
+    assert recipe.parse_args(["--out", "unused", "--hours", "0.01", "--engines", "piper,flite"]).engines == (
+        "piper", "flite")
+
+
+@pytest.mark.parametrize("broken", ["settings", "plan"])
+def test_recipe_reports_a_damaged_plan_in_one_line(tmp_path, broken):
+    recipe = load_recipe(RECIPE)
+    out = tmp_path / "synth"
+    _seed_text(out)
+    arguments = ["--out", str(out), "--hours", "0.0005", "--heldout-hours", "0.0005", "--engines", "espeak"]
+    settings = recipe.plan_settings(recipe.parse_args(arguments))
+    (out / "plan-settings.json").write_text("{\n" if broken == "settings" else json.dumps(settings))
+    (out / "plan.jsonl").write_text('{"id": "tr-000000"}\n{"id": \n' if broken == "plan" else "")
+    result = subprocess.run([sys.executable, str(RECIPE), *arguments], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    where = "plan-settings.json: not readable JSON" if broken == "settings" else "plan.jsonl:2: not a JSON line"
+    last = result.stderr.strip().splitlines()[-1]  # after the log's warning about the missing text sources
+    assert last.startswith("speechstream: error: ") and where in last
