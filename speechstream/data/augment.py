@@ -10,7 +10,8 @@ Definitions:
 - SNR is ``10 log10(sum(speech**2) / sum(noise**2))`` over the whole clip as it is when the noise is added
   (padding included), so the noise added is exactly as loud as asked.
 - Speed perturbation by ``factor`` resamples so the clip lasts ``1 / factor`` as long (pitch moves with it,
-  as in Kaldi's 3-way speed perturbation); word times are divided by ``factor``.
+  as in Kaldi's 3-way speed perturbation); word times are divided by ``factor``. A slow-down that would make
+  the clip longer than ``max_seconds`` is left out, and padding is shortened (to whole milliseconds) to fit.
 - Reverberation convolves with a synthetic room impulse response: a unit direct path followed by Gaussian
   noise decaying by 60 dB over ``rt60`` seconds, scaled to a direct-to-reverberant ratio; the output keeps the
   input's length and RMS (the direct path has no delay, so word times stay).
@@ -20,6 +21,7 @@ Definitions:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,7 +49,7 @@ class AugmentConfig:
         ("white", 0.2), ("pink", 0.3), ("brown", 0.2), ("babble", 0.3))
     snr_range: tuple[float, float] = (5.0, 40.0)  # SNR in dB
     gain_range: tuple[float, float] = (-12.0, 6.0)  # gain in dB (then limited to PEAK_LIMIT)
-    max_seconds: float = 12.0  # padding is shortened so the clip never grows past this
+    max_seconds: float = 12.0  # padding is shortened, and a slow-down left out, so no clip grows past this
 
 
 # --- single steps --------------------------------------------------------------------------------------------------
@@ -182,15 +184,19 @@ def augment(samples: np.ndarray, word_ends: Sequence[float], config: AugmentConf
     noise_seed, reverb_seed = (int(value) for value in rng.integers(0, 2**31, size=2))
 
     ends = list(word_ends)
+    limit = int(config.max_seconds * SAMPLE_RATE)  # samples
     if draws[0] < config.speed_prob and factor != 1.0:
-        samples, ends = speed_perturb(samples, ends, factor)
-        description["speed"] = factor
-    room = max(0.0, config.max_seconds - len(samples) / SAMPLE_RATE)
-    if lead + tail > room:  # keep the clip within max_seconds
-        shrink = room / (lead + tail) if lead + tail > 0 else 0.0
-        lead, tail = lead * shrink, tail * shrink
-    samples, ends = pad(samples, ends, round(lead, 3), round(tail, 3))
-    description["pad"] = [round(lead, 3), round(tail, 3)]
+        slowed, slowed_ends = speed_perturb(samples, ends, factor)
+        if len(slowed) <= max(limit, len(samples)):  # a slow-down past the limit is left out
+            samples, ends = slowed, slowed_ends
+            description["speed"] = factor
+    lead, tail = round(lead, 3), round(tail, 3)
+    room = max(0, limit - len(samples))
+    if round(lead * SAMPLE_RATE) + round(tail * SAMPLE_RATE) > room:  # keep the clip within max_seconds
+        shrink = room / SAMPLE_RATE / (lead + tail) if lead + tail > 0 else 0.0
+        lead, tail = math.floor(lead * shrink * 1000) / 1000, math.floor(tail * shrink * 1000) / 1000  # whole ms
+    samples, ends = pad(samples, ends, lead, tail)
+    description["pad"] = [lead, tail]
     if draws[1] < config.reverb_prob:
         impulse = room_impulse_response(rt60, drr, np.random.default_rng(reverb_seed))
         samples = reverberate(samples, impulse)

@@ -105,5 +105,22 @@ def test_augment_never_pads_past_the_limit():
     clean = _speechlike(11.9)
     config = AugmentConfig(speed_prob=0.0, lead_range=(0.3, 0.4), tail_range=(0.3, 0.4), max_seconds=12.0)
     samples, _, description = augment(clean, [11.0], config, np.random.default_rng(0))
-    assert len(samples) / SAMPLE_RATE <= 12.0 + 1e-3
+    assert len(samples) <= 12 * SAMPLE_RATE
     assert "babble" not in str(description)  # no clips given: babble is never drawn
+
+
+def test_augmented_clips_never_pass_max_seconds():
+    # The recipe drops clips over 12 s: rounding the shrunk padding to milliseconds, or slowing a long clip
+    # down, must not push a clip that fits over the limit.
+    config = AugmentConfig(speed_prob=0.5, lead_range=(0.2, 0.4), tail_range=(0.2, 0.3), max_seconds=12.0)
+    slowed = 0
+    for seed in range(60):
+        seconds = 11.0 + seed / 60
+        clean = _speechlike(seconds, seed)
+        samples, ends, description = augment(clean, [seconds - 0.2], config, np.random.default_rng(seed))
+        assert len(samples) <= 12 * SAMPLE_RATE, (seed, len(samples) / SAMPLE_RATE, description)
+        assert ends[0] <= len(samples) / SAMPLE_RATE
+        lead, tail = description["pad"]
+        assert lead >= 0 and tail >= 0 and round(lead * 1000, 6).is_integer()
+        slowed += description.get("speed", 1.0) < 1.0
+    assert slowed  # slow-downs that fit are kept
