@@ -208,7 +208,12 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
             continue
         try:
             row = json.loads(line)
+            if not isinstance(row.get("text"), str):
+                raise TypeError(f"text must be a string, got {row.get('text')!r}")
             words = tuple(TimedWord(w["w"], float(w["end"])) for w in row.get("words", []))
+            ends = [word.end_s for word in words]
+            if not all(math.isfinite(end) and end >= 0 for end in ends) or ends != sorted(ends):
+                raise ValueError("word end times must be finite, non-negative and in order")
             translation = row.get("translation")
             if task == "translate" and not (isinstance(translation, str) and translation.strip()):
                 raise KeyError("translation")

@@ -537,3 +537,24 @@ def test_init_checkpoint_is_held_to_its_content_not_its_spelling(tmp_path):
     other = {"init_checkpoint": "ckpt.safetensors", "init_checkpoint_sha256": file_digest(weights)}
     with pytest.raises(InputError, match="another init_checkpoint"):
         check_same_recipe(tmp_path / "out", other, 3)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"text": 12}, "text must be a string"),
+    ({"text": None}, "text must be a string"),
+    ({"words": [{"w": "a", "end": 0.5}, {"w": "b", "end": 0.2}]}, "in order"),
+    ({"words": [{"w": "a", "end": float("nan")}]}, "finite"),
+    ({"words": [{"w": "a", "end": -1}]}, "non-negative"),
+])
+def test_manifest_lines_with_bad_text_or_word_times_are_refused(tmp_path, change, match):
+    """A training line whose text is no string, or whose word end times are NaN, negative or out of order, is one
+    error naming the line (its text was turned into a string; NaN ends went into the last chunk)."""
+    from speechstream.errors import InputError
+    from speechstream.train import read_examples
+
+    row = json.loads((ROOT / "samples" / "manifest.jsonl").read_text().splitlines()[0])
+    row["audio"] = str(ROOT / "samples" / row["audio"])
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps(row) + "\n" + json.dumps({**row, "id": "second", **change}) + "\n")
+    with pytest.raises(InputError, match=f"m.jsonl:2: bad manifest line .*{match}"):
+        read_examples(str(manifest))
