@@ -135,14 +135,15 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: 
     (no such directory, a hub id that cannot be reached, no safetensors weights, a damaged file) is one line naming
     the field: an InputError, or a SpeechstreamError for a damaged copy of a cached asset (fetch it again).
     A relative path is read from ``base_dir`` (the config's folder) when that folder has it, as ``checkpoint`` is;
-    otherwise from the current folder."""
+    otherwise from the current folder. The name of a known asset is always that asset."""
     from safetensors import SafetensorError
 
     from speechstream.weights.fetch import ASSETS, resolve
 
     where = f"model {config.name}: {field}"
     try:
-        local = base_dir / name if base_dir is not None and not Path(name).expanduser().is_absolute() else None
+        relative = base_dir is not None and name not in ASSETS and not Path(name).expanduser().is_absolute()
+        local = base_dir / name if relative else None
         path = resolve(local if local is not None and local.is_dir() else name)
         return load(path)
     except SpeechstreamError as error:  # a path that is no directory, no safetensors, a fetch that failed

@@ -167,16 +167,18 @@ def fetch(name: str, cache_dir: str | Path | None = None, force: bool = False, v
 
 
 def resolve(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path | str:
-    """Something ``from_pretrained`` accepts: a local directory as is, a known asset fetched, else a hub id as is.
+    """Something ``from_pretrained`` accepts: a known asset fetched, a local directory as is, else a hub id as is.
 
-    A path that looks local (``./x``, ``/x``, ``~/x``) but is no directory is an InputError, not a hub id.
+    The bare name of an asset is always the asset, even where the current folder has a folder of that name (write
+    ``./whisper-base`` for that one). A path that looks local (``./x``, ``/x``, ``~/x``) but is no directory is an
+    InputError, not a hub id.
     """
     text = str(name_or_path)
+    if text in ASSETS and not isinstance(name_or_path, Path):
+        return fetch(text, cache_dir)
     path = Path(text).expanduser()
     if path.is_dir():
         return path
-    if text in ASSETS:
-        return fetch(text, cache_dir)
     if path.exists() or text.startswith((".", "/", "~")):
         raise InputError(f"{text}: not a model directory (and not a known asset or hub id)")
     return text

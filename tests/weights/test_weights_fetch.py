@@ -222,6 +222,14 @@ def test_resolve(index, cache, monkeypatch, tmp_path):
         resolve(tmp_path / "file.bin")
 
 
+def test_an_asset_name_is_the_asset_even_beside_a_folder_of_that_name(index, cache, monkeypatch, tmp_path):
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    (tmp_path / "work" / NAME).mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work")
+    assert resolve(NAME) == cache / NAME
+    assert resolve(f"./{NAME}") == Path(f"./{NAME}")  # that folder, asked for as a path
+
+
 def test_registry_pins_every_asset():
     assert set(ASSETS) == {"whisper-tiny.en", "whisper-base", "smollm2-135m-instruct"}
     for spec in ASSETS.values():
