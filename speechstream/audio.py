@@ -33,6 +33,24 @@ def load_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None
     import soundfile
 
     path = Path(path)
+    start, stop = check_audio(path, offset_s, duration_s)
+    try:
+        samples, sample_rate = soundfile.read(str(path), start=start, stop=stop, dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
+        raise InputError(f"{path}: not a readable audio file ({_reason(error)})") from None
+    try:
+        return prepare_samples(samples, sample_rate)
+    except InputError as error:
+        raise InputError(f"{path}: {error}") from None
+
+
+def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None = None) -> tuple[int, int | None]:
+    """What ``load_audio`` checks before it reads samples, from the file's header alone (cheap): the file exists,
+    is a non-empty audio file, and holds the time range. Returns the (start, stop) frames to read (stop None: to
+    the end); raises InputError with a one-line reason."""
+    import soundfile
+
+    path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.is_dir():
@@ -40,20 +58,18 @@ def load_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None
     if path.stat().st_size == 0:
         raise InputError(f"{path}: the file is empty")
     try:
-        start = stop = None
+        info = soundfile.info(str(path))
         if offset_s or duration_s is not None:
-            start, stop = _frame_range(soundfile.info(str(path)), offset_s, duration_s)
-        samples, sample_rate = soundfile.read(str(path), start=start or 0, stop=stop, dtype="float32",
-                                              always_2d=True)
+            return _frame_range(info, offset_s, duration_s)
+        return 0, None
     except InputError as error:
         raise InputError(f"{path}: {error}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise InputError(f"{path}: not a readable audio file ({reason})") from None
-    try:
-        return prepare_samples(samples, sample_rate)
-    except InputError as error:
-        raise InputError(f"{path}: {error}") from None
+        raise InputError(f"{path}: not a readable audio file ({_reason(error)})") from None
+
+
+def _reason(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def _frame_range(info, offset_s: float, duration_s: float | None) -> tuple[int, int]:

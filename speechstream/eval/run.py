@@ -100,8 +100,9 @@ def evaluate(
     left to decode. ``source_lang`` / ``target_lang`` (``--source-lang`` / ``--target-lang``; None: the model's)
     must be languages the model supports; the resolved ones are recorded in config.json. Returns the scores also
     written to ``scores.json``. Raises InputError for a bad manifest, an unknown task or baseline, a language the
-    model does not support, an output folder holding a run with other options, or audio that cannot be decoded
-    (everything finished before it stays logged).
+    model does not support, an output folder holding a run with other options, or audio that cannot be read (its
+    header and segment range are checked for every utterance left to decode before the model loads; a file that
+    still fails while decoding stops the run with everything finished before it logged).
     """
     if task not in REFERENCE_FIELDS:
         raise InputError(f"unknown task {task!r} (known: {', '.join(REFERENCE_FIELDS)})")
@@ -134,6 +135,7 @@ def evaluate(
 
     finished = {record["id"] for record in records}
     todo = [(index, utterance) for index, utterance in enumerate(utterances) if utterance.id not in finished]
+    _check_audio(todo, manifest_path)
     if todo:
         records += _decode(todo, references, out_dir / INSTANCES_FILE, baseline, model, decoding, progress,
                            len(utterances))
@@ -442,6 +444,19 @@ def _check_source(record: dict, where: str, utterance: Utterance) -> None:
     if abs(record["audio_s"] - length) > LENGTH_TOLERANCE_S:
         raise InputError(f'{where}: "{record["id"]}" decoded {record["audio_s"]:.3f} s of audio but the manifest\'s '
                          f"segment is {length:.3f} s long (changed?); use another --out")
+
+
+def _check_audio(todo, manifest_path: Path) -> None:
+    """Every utterance left to decode has readable audio holding its time range (file headers only), so that a bad
+    file is reported before the model loads, not after hours of decoding the utterances before it."""
+    from speechstream.audio import check_audio
+
+    for _, utterance in todo:
+        try:
+            check_audio(utterance.audio, utterance.offset or 0.0, utterance.duration)
+        except InputError as error:
+            raise InputError(f'{manifest_path}: utterance "{utterance.id}": {error} (found before '
+                             "decoding; fix or remove it)") from None
 
 
 def _decode(todo, references, log_path: Path, baseline: str, model_name: str, decoding, progress: bool,

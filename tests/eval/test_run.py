@@ -545,3 +545,26 @@ def test_kill_9_then_rerun_finishes_every_id_once(tmp_path):
     reference = evaluate(manifest, reference_out, "tiny-random", DecodingConfig(), "asr", progress=False)
     assert deterministic(json.loads((out / "scores.json").read_text())) == deterministic(reference)
     assert without_timing(after) == without_timing(read_log(reference_out))
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("garbage", "not a readable audio file"),
+    ("empty", "the file is empty"),
+    ("range", "bad time range|not inside|past the end|is only"),
+])
+def test_a_bad_audio_file_is_reported_before_any_decoding(tmp_path, word_sessions, damage, match):
+    """The last utterance's audio is unreadable (or its segment lies outside it): the run stops before the model
+    decodes anything, naming the utterance, instead of after decoding every utterance before it."""
+    manifest = write_manifest(tmp_path / "data", [1.5, 2.0, 2.5])
+    if damage == "garbage":
+        (tmp_path / "data" / "clip2.wav").write_bytes(b"RIFF not really a wav file" * 40)
+    elif damage == "empty":
+        (tmp_path / "data" / "clip2.wav").write_bytes(b"")
+    else:
+        rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+        rows[2].update(offset=9.0, duration=1.0)
+        manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(InputError, match=f'utterance "clip-2": .*({match}).*found before decoding'):
+        evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions  # no warm-up, no utterance
+    assert not (tmp_path / "out" / INSTANCES_FILE).exists() or not read_log(tmp_path / "out")
