@@ -1,6 +1,6 @@
 """Stage 3 helper of the ASR recipe: greedy decoding of the model's auxiliary CTC head.
 
-    python recipes/asr/ctc_probe.py --model smollm2-whisper-base --manifest samples/manifest.jsonl \
+    python recipes/asr/ctc_probe.py --model smollm2-whisper-base --manifest samples/manifest.jsonl \\
         --recipe recipes/asr/smollm2-whisper-base.yaml --out runs/eval-smollm2-whisper-base/real-ctc.json
 
 The CTC head (the fine one of ``ctc_hop`` where the model has it, else the one on the speech tokens) scores

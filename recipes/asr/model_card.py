@@ -1,10 +1,12 @@
-"""Stage 4 of the ASR recipe: write the model card from the run and the evaluation outputs.
+"""End of stage 3 of the ASR recipe: write the model card from the run and the evaluation outputs.
 
-    python recipes/asr/model_card.py --model smollm2-whisper-base --run runs/smollm2-whisper-base-1d \
+    python recipes/asr/model_card.py --model smollm2-whisper-base --run runs/smollm2-whisper-base-1d \\
         --eval runs/eval-smollm2-whisper-base
 
-Every figure in the card is read from files the recipe wrote (log.jsonl, stats.json,
-scores.json); nothing is typed in by hand.
+Every figure this script writes (Training, Results) is read from files the recipe wrote (log.jsonl,
+stats.json, scores.json); nothing is typed in by hand. It rewrites the card whole: the shipped card's later
+sections (Status onwards: the stages tried, the figures measured by hand) and its edits to the Results notes are
+not produced here, so carry them over when the card is regenerated.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CoVoST 2 -> manifest (speech translation: translation, and text when the TSV has it).
 
-    python recipes/data/prepare_covost.py covost_v2.es_en.tsv --clips /data/cv-corpus/es/clips --split test \
+    python recipes/data/prepare_covost.py covost_v2.es_en.tsv --clips /data/cv-corpus/es/clips --split test \\
         --out data/covost-es-en-test.jsonl
 
 TSV is covost_v2.<src>_<tgt>.tsv (columns path, translation, split, and sentence once joined with Common Voice, as

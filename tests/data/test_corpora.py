@@ -362,3 +362,15 @@ def test_synthesis_recipes_refuse_impossible_sizes_and_a_trial_over_a_finished_s
                                 timeout=120)
         assert result.returncode == 2 and match in result.stderr, (args, result.stderr)
     assert (finished / "train.jsonl").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("script", sorted(str(path.relative_to(ROOT)) for path in (ROOT / "recipes").rglob("*.py")))
+def test_the_usage_examples_in_recipe_docstrings_keep_their_line_breaks(script: str):
+    """A docstring example continued with a lone backslash loses its line break (Python joins the lines), so
+    `--help`, which prints the docstring, showed one long line with a run of spaces in it."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse((ROOT / script).read_text(encoding="utf-8"))) or ""
+    for line in doc.splitlines():
+        if line.strip().startswith("python "):
+            assert "  " not in line.strip(), line
