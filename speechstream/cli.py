@@ -56,34 +56,42 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool) -> None:
     from speechstream.config import DecodingConfig
 
     defaults = DecodingConfig()
-    parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml")
-    parser.add_argument("--task", choices=("asr", "translate"), default="asr")
+    parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml (default: the task's "
+                        "model, smollm2-whisper-base, or smollm2-whisper-base-es-en with --task translate)")
+    parser.add_argument("--task", choices=("asr", "translate"), default="asr", help="default: %(default)s")
     parser.add_argument("--source-lang", default=None, help="language of the speech; refused unless the model "
                         "supports it (default: the model's: en for the English model, es for the translation model)")
     parser.add_argument("--target-lang", default=None, help="language of the text; refused unless the model "
                         "supports it (default: the model's: en for both shipped models)")
-    parser.add_argument("--chunk-ms", type=int, default=defaults.chunk_ms, help="audio per chunk (ms)")
-    parser.add_argument("--policy", default=defaults.policy, help="read/write policy (wait-k)")
-    parser.add_argument("--k", type=int, default=defaults.k, help="chunks read before the first write")
+    parser.add_argument("--chunk-ms", type=int, default=defaults.chunk_ms,
+                        help="audio per chunk (ms; default: %(default)s)")
+    parser.add_argument("--policy", default=defaults.policy,
+                        help="read/write policy (default: %(default)s, the only one)")
+    parser.add_argument("--k", type=int, default=defaults.k,
+                        help="chunks read before the first write (default: %(default)s)")
     parser.add_argument("--max-tokens-per-chunk", type=int, default=defaults.max_tokens_per_chunk,
-                        help="tokens written at most between two reads (then the next chunk is read)")
+                        help="tokens written at most between two reads (then the next chunk is read; "
+                        "default: %(default)s)")
     parser.add_argument("--max-repeats", type=int, default=defaults.max_repeats,
-                        help="stop a chunk's writing when a token block repeats this often (0: off; else at least 2)")
+                        help="stop a chunk's writing when a token block repeats this often (0: off; else at least 2; "
+                        "default: %(default)s)")
     parser.add_argument("--device", default=defaults.device, help="torch device (cpu, cuda)")
     parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate)")
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
-                        "none (GPE), interleaved, source-sees-target or reencode; see README.md, Ablations and the sweep")
+                        "none (GPE), interleaved, source-sees-target or reencode; see README.md, Ablations and the "
+                        "sweep")
     parser.add_argument("--ctc-weight", type=float, default=defaults.ctc_weight,
                         help="joint CTC decoding: weight of the model's CTC head against the LLM, at least 0 and "
                         "below 1 (0: off; default: the model's own, ctc_weight in its config.yaml)")
     parser.add_argument("--ctc-candidates", type=int, default=defaults.ctc_candidates,
-                        help="joint CTC decoding: the LLM's best text tokens re-ranked at each step")
+                        help="joint CTC decoding: the LLM's best text tokens re-ranked at each step "
+                        "(default: %(default)s)")
     parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=vad,
                         help="end segments at pauses (Silero VAD) and restart the caches, so that long audio "
                         "decodes as the model was trained, in sentence-long pieces "
                         f"(default: {'on' if vad else 'off'})")
     parser.add_argument("--vad-min-silence-ms", type=int, default=defaults.vad_min_silence_ms,
-                        help="with --vad: the pause that ends a segment (ms)")
+                        help="with --vad: the pause that ends a segment (ms; default: %(default)s)")
 
 
 def _serve_args(parser: argparse.ArgumentParser) -> None:
@@ -91,14 +99,18 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
 
     defaults = ServerConfig()
     parser.add_argument("--host", default=defaults.host, help="interface to listen on (default: localhost only)")
-    parser.add_argument("--port", type=int, default=defaults.port, help="TCP port (0: any free port)")
+    parser.add_argument("--port", type=int, default=defaults.port,
+                        help="TCP port (0: any free port; default: %(default)s)")
     _decoding_args(parser, vad=True)
-    parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions, help="concurrent streams")
-    parser.add_argument("--max-frame-bytes", type=int, default=defaults.max_frame_bytes, help="largest audio frame")
+    parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions,
+                        help="concurrent streams (default: %(default)s)")
+    parser.add_argument("--max-frame-bytes", type=int, default=defaults.max_frame_bytes,
+                        help="largest audio frame (bytes; default: %(default)s)")
     parser.add_argument("--max-session-s", type=float, default=defaults.max_session_s,
-                        help="seconds of audio one stream may send")
+                        help="seconds of audio one stream may send (default: %(default)s)")
     parser.add_argument("--queue-frames", type=int, default=defaults.queue_frames,
-                        help="frames queued per stream before its socket is no longer read (backpressure)")
+                        help="frames queued per stream before its socket is no longer read (backpressure; "
+                        "default: %(default)s)")
     parser.add_argument("--record-dir", help="debug: write each stream's received audio and sent events here")
 
 
@@ -114,11 +126,13 @@ def _live_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _bench_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--minutes", type=float, default=30.0, help="length of the synthetic stream")
-    parser.add_argument("--window-minutes", type=float, default=5.0, help="report one line per window of audio")
+    parser.add_argument("--minutes", type=float, default=30.0,
+                        help="length of the synthetic stream (default: %(default)s)")
+    parser.add_argument("--window-minutes", type=float, default=5.0,
+                        help="report one line per window of audio (default: %(default)s)")
     parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml (default: "
                         "tiny-random, the untrained test model: its speed, not its text)")
-    parser.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms)")
+    parser.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms; default: %(default)s)")
     parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=False,
                         help="end segments at pauses and reset the caches (default: off)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
@@ -133,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("audio", nargs="+", help="audio files (wav, flac, ogg, mp3); - reads raw little-endian "
                             "int16 mono PCM from stdin as it arrives (e.g. from ffmpeg -f s16le -ac 1 -)")
     transcribe.add_argument("--input-rate", type=int, default=16000,
-                            help="sample rate of the PCM on stdin (with -; resampled to 16 kHz)")
+                            help="sample rate of the PCM on stdin (with -; resampled to 16 kHz; "
+                            "default: %(default)s)")
     _decoding_args(transcribe, vad=True)
     transcribe.add_argument("--format", choices=TRANSCRIBE_FORMATS, help="default: from the extension of "
                             "--output (.txt, .jsonl, .json, .srt, .vtt); else text")
@@ -144,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     group = verify.add_mutually_exclusive_group()
     group.add_argument("--model", help="model name or directory (default: the tiny model)")
     group.add_argument("--all-architectures", action="store_true", help="tiny seeded Llama, Qwen2, Gemma2 and Phi3")
-    verify.add_argument("--chunk-ms", type=int, default=640)
-    verify.add_argument("--k", type=int, nargs="+", default=[1, 3])
+    verify.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms; default: %(default)s)")
+    verify.add_argument("--k", type=int, nargs="+", default=[1, 3], help="wait-k values to check (default: 1 3)")
 
     evaluate = commands.add_parser("eval", help="decode a manifest and score quality, latency and speed")
     evaluate.add_argument("manifest", help="JSON-lines manifest (id, audio, text, translation, ...)")
@@ -154,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--baseline", default="gpe", help="system to evaluate: gpe (this package's streaming "
                           "decoder, its model given by --model), whisper-offline (Whisper over the whole audio) or "
                           "whisper-la2 (Whisper re-run every --chunk-ms over a growing buffer, LocalAgreement-2, as "
-                          "whisper_streaming; --chunk-ms 1000 is its default)")
+                          "whisper_streaming, whose own default is --chunk-ms 1000; default: %(default)s)")
     evaluate.add_argument("--baseline-model", help="model of a baseline other than gpe; whisper-offline, whisper-la2: "
                           "whisper-base (default), whisper-tiny.en or a transformers Whisper directory")
 
@@ -174,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     fetch = commands.add_parser("fetch", help="download, verify and convert pretrained weights into the cache "
                                 "(a cached copy is checked against its recorded sha256 and rebuilt if it differs)")
-    fetch.add_argument("names", nargs="*", help="assets (default: all): whisper-tiny.en, whisper-base, smollm2-135m-instruct")
+    fetch.add_argument("names", nargs="*",
+                       help="assets (default: all): whisper-tiny.en, whisper-base, smollm2-135m-instruct")
     fetch.add_argument("--force", action="store_true", help="convert again even if cached")
     return parser
 

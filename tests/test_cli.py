@@ -674,3 +674,30 @@ def test_an_unwritable_output_is_refused_before_the_model_loads(capsys, monkeypa
     monkeypatch.setattr(model, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     code, out, err = run(capsys, "transcribe", clip, "--output", tmp_path / "no" / "x.srt")
     assert_one_error(code, err, match="x.srt: cannot write the output")
+
+
+@pytest.mark.parametrize("command, shown", [
+    ("transcribe", ["--chunk-ms CHUNK_MS", "default: 640", "default: 2)", "default: 24)", "default: 4)",
+                    "default: 32)", "default: 600)", "default: 16000)", "smollm2-whisper-base-es-en"]),
+    ("serve", ["default: 8765)", "default: 8)", "default: 262144)", "default: 3600.0)", "default: 64)"]),
+    ("eval", ["whose own default is --chunk-ms 1000; default: gpe)"]),
+    ("bench", ["default: 30.0)", "default: 5.0)", "default: 640)"]),
+    ("verify", ["default: 640)", "default: 1 3)"]),
+])
+def test_help_names_the_defaults(capsys, command, shown):
+    """A newcomer reads the defaults in --help, and they are the ones the options really take."""
+    from speechstream.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for part in shown:
+        assert part in text, part
+    head = {"transcribe": ["a.wav"], "eval": ["m.jsonl", "--out", "o"]}.get(command, [])
+    args = build_parser().parse_args([command, *head])
+    if command == "transcribe":
+        assert (args.chunk_ms, args.k, args.max_tokens_per_chunk, args.max_repeats, args.ctc_candidates,
+                args.vad_min_silence_ms, args.input_rate) == (640, 2, 24, 4, 32, 600, 16000)
+    if command == "serve":
+        assert (args.port, args.max_sessions, args.max_frame_bytes, args.max_session_s, args.queue_frames) == (
+            8765, 8, 262144, 3600.0, 64)
