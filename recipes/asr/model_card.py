@@ -4,9 +4,9 @@
         --eval runs/eval-smollm2-whisper-base
 
 Every figure this script writes (Training, Results) is read from files the recipe wrote (log.jsonl,
-stats.json, scores.json); nothing is typed in by hand. It rewrites the card whole: the shipped card's later
-sections (Status onwards: the stages tried, the figures measured by hand) and its edits to the Results notes are
-not produced here, so carry them over when the card is regenerated.
+stats.json, scores.json); nothing is typed in by hand. It rewrites the title, Training and Results and keeps every
+other section of an existing card (Status onwards: the stages tried, the figures measured by hand) after them, as
+it was (``carried_sections``); hand edits inside Training or Results are not kept.
 """
 
 from __future__ import annotations
@@ -28,6 +28,20 @@ DEV_PREFIX = "dev-w"  # dev-w<weight>: the joint CTC weights tried on data/dev/h
 # the training stages, in order
 RECIPES = ["smollm2-whisper-base", "smollm2-whisper-base-more", "smollm2-whisper-base-1c",
            "smollm2-whisper-base-1d", "smollm2-whisper-base-ctc"]
+
+
+GENERATED_SECTIONS = ("Training", "Results")  # the "## " sections this script writes
+
+
+def carried_sections(card: str) -> list[str]:
+    """The lines of every "## " section of ``card`` that this script does not write, in order (empty if none)."""
+    kept, keeping = [], False
+    for line in card.splitlines():
+        if line.startswith("## "):
+            keeping = line[3:].strip() not in GENERATED_SECTIONS
+        if keeping:
+            kept.append(line)
+    return kept
 
 
 def fmt(scores: dict, key: str, digits: int = 1) -> str:
@@ -151,7 +165,9 @@ def main() -> None:
                   f"real clips (640 ms block-causal encoder{right}) gives WER {ctc['WER_normalized']:.1f} % normalized "
                   f"(`recipes/asr/ctc_probe.py`): what the speech side carries before the LLM reads it."]
     lines += ["", "Training curve of the last stage: `loss.png` (copied from its run).", ""]
-    (Path("models") / args.model / "MODEL_CARD.md").write_text("\n".join(lines))
+    card = Path("models") / args.model / "MODEL_CARD.md"
+    carried = carried_sections(card.read_text()) if card.exists() else []
+    card.write_text("\n".join(lines + carried) + ("\n" if carried else ""))
     png = args.run / "loss.png"
     if png.exists():
         (Path("models") / args.model / "loss.png").write_bytes(png.read_bytes())
