@@ -19,7 +19,7 @@ from speechstream.session import Event
 FORMATS = ("text", "jsonl", "json", "srt", "vtt")
 MAX_CUE_CHARS = 42  # a subtitle line
 MAX_CUE_SECONDS = 7.0
-TIME_DECIMALS = 3  # jsonl times are written in whole milliseconds
+TIME_DECIMALS = 3  # jsonl and json times are written in whole milliseconds
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,15 @@ def json_document(audio: str, events: list[Event], segment_starts: Sequence[floa
     return {
         "audio": audio,
         "text": end.text,
-        "audio_s": end.audio_s,
-        "compute_s": end.compute_s,
-        "segments": [{"start": c.start, "end": c.end, "text": c.text} for c in cues(events, segment_starts)],
+        "audio_s": _ms(end.audio_s),
+        "compute_s": _ms(end.compute_s),
+        "segments": [{"start": _ms(c.start), "end": _ms(c.end), "text": c.text} for c in cues(events, segment_starts)],
     }
+
+
+def _ms(seconds: float | None) -> float | None:
+    """Seconds rounded to the millisecond, as every written time is."""
+    return None if seconds is None else round(seconds, TIME_DECIMALS)
 
 
 def jsonl_line(event: Event) -> str:

@@ -143,6 +143,14 @@ def test_json_document():
     assert json.loads(json.dumps(document)) == document
 
 
+def test_json_times_are_whole_milliseconds_as_in_jsonl():
+    events = [final("one", 1.00049), final(" two", 2.12351)]
+    events.append(Event("end", "one two", 2.12351, 3.0, audio_s=2.50049, compute_s=0.1234567))
+    document = outputs.json_document("clip.wav", events)
+    assert (document["audio_s"], document["compute_s"]) == (2.5, 0.123)
+    assert document["segments"] == [{"start": 0.0, "end": 2.124, "text": "one two"}]
+
+
 def test_jsonl_lines():
     lines = [outputs.jsonl_line(e) for e in EVENTS]
     assert all("\n" not in line for line in lines)
