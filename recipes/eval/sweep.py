@@ -351,8 +351,8 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
     baselines = sorted((r for r in rows if r.point.system != "gpe"), key=lambda r: r.point.system)
     if baselines:
         lines += ["", "## Baselines", ""]
-        lines += _table("system (model)", [[f"{r.point.system} ({r.run.config.get('model', '?')}) (`{r.run.folder}`)",
-                                           *_cells(r, metric)] for r in baselines], columns)
+        lines += _table("system (model)", [[f"{_baseline_label(r)} (`{r.run.folder}`)", *_cells(r, metric)]
+                                           for r in baselines], columns)
     if not rows:
         lines += ["", "No results yet."]
     if missing:
@@ -368,6 +368,13 @@ def _plain(row: Row) -> bool:
     """A point of the GPE grid: the model's default decoding, one stream per utterance, no ablation."""
     point = row.point
     return point.system == "gpe" and point.ablation == "none" and not point.greedy and not point.vad
+
+
+def _baseline_label(row: Row) -> str:
+    """A baseline's name, its model and, for re-run baselines, how often it re-runs."""
+    every = row.run.config.get("decoding", {}).get("min_chunk_ms")
+    model = row.run.config.get("model", "?") + (f", re-run every {every} ms of audio" if every else "")
+    return f"{row.point.system} ({model})"
 
 
 def plot(rows: list[Row], path: Path, model: str) -> None:

@@ -39,6 +39,8 @@ def _fake_run(out: Path, name: str, manifest: Path, baseline: str = "gpe", model
         decoding["vad"] = True
     if baseline != "gpe":
         decoding = {"device": "cpu", "search": "greedy"}
+        if baseline == "whisper-la2":
+            decoding["min_chunk_ms"] = chunk_ms
     config = {"model": model, "task": task, "baseline": baseline, "decoding": decoding,
               "manifest": str(manifest.absolute())}
     scores = {"AL": al, "LAAL": al + 10, "StartOffset": al / 2, "EndOffset": 300.0, "RTF": 0.5, "num_instances": n}
@@ -102,6 +104,7 @@ def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
     _fake_run(out, "gpe-c1280-k1-old", manifest, chunk_ms=1280, k=1, ablation=None, wer=77.7, al=2222.0)
     _fake_run(out, "gpe-c640-k2-vad", manifest, vad=True, wer=44.4, al=1500.0)
     _fake_run(out, "whisper-offline", manifest, baseline="whisper-offline", model="whisper-base", wer=12.25, al=5000.0)
+    _fake_run(out, "whisper-la2", manifest, baseline="whisper-la2", model="whisper-base", wer=14.5, al=1500.0)
     _fake_run(out, "gpe-other-model", manifest, model="other", wer=1.0)  # not this model: left out
     (tmp_path / "elsewhere").mkdir()
     _fake_run(out, "other-data", _manifest(tmp_path / "elsewhere"), chunk_ms=320, k=3, wer=2.0)  # other data: left out
@@ -111,7 +114,7 @@ def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
     report = tmp_path / "report"
     rows = sweep.write_report(out, report, "m", manifest, "python recipes/eval/sweep.py --model m", planned,
                               date="2026-11-30 16:00 UTC")
-    assert len(rows) == 9
+    assert len(rows) == 10
     text = (report / "RESULTS.md").read_text()
     assert text.startswith("# Quality and latency: m\n")
     assert "```sh\npython recipes/eval/sweep.py --model m\n```" in text
@@ -124,6 +127,7 @@ def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
     ablation_section = text.split("## Decoding-time ablations")[1].split("## Baselines")[0]
     assert ablation_section.index("| none, 640 ms, k=2") < ablation_section.index("| interleaved")
     assert "| whisper-offline (whisper-base) (`whisper-offline`) | 12.2 | 5000 |" in text
+    assert "| whisper-la2 (whisper-base, re-run every 640 ms of audio) (`whisper-la2`) | 14.5 | 1500 |" in text
     assert "1.0 |" not in text and "| 2.0 |" not in text
     segmented = text.split("## Segmented at pauses")[1].split("## Decoding-time ablations")[0]
     assert "| one stream per utterance, 640 ms, k=2 (`gpe-c640-k2`) | 60.0 |" in segmented
