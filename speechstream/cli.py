@@ -18,7 +18,8 @@ TINY_NOTE = "speechstream: note: tiny-random is an untrained test model: it writ
 
 
 TRANSCRIBE_FORMATS = ("text", "jsonl", "json", "srt", "vtt")
-LIVE_FORMATS = ("txt", "srt", "vtt", "json")
+LIVE_FORMATS = ("text", "srt", "vtt", "json")
+FORMAT_ALIASES = {"txt": "text"}  # --format txt is text, in every command
 EXTENSION_FORMATS = {".txt": "text", ".jsonl": "jsonl", ".json": "json", ".srt": "srt", ".vtt": "vtt"}
 
 
@@ -27,8 +28,7 @@ def output_format(given: str | None, output: str | None, formats: tuple[str, ...
     of ``formats`` (plain text). A known extension that names another format than ``--format``, or one this command
     cannot write, is an InputError (before any audio is read)."""
     named = EXTENSION_FORMATS.get(Path(output).suffix.lower()) if output else None
-    if named == "text" and "txt" in formats:
-        named = "txt"
+    given = FORMAT_ALIASES.get(given, given)
     if named is not None and named not in formats:
         raise InputError(f"--output {output}: this command cannot write {named} (formats: {', '.join(formats)})")
     if given is not None and named is not None and given != named:
@@ -121,8 +121,8 @@ def _live_args(parser: argparse.ArgumentParser) -> None:
     _decoding_args(parser, vad=True)
     parser.add_argument("--seconds", type=float, help="stop after this many seconds of audio (counted in samples)")
     parser.add_argument("--output", help="also save the transcript to this file (on Ctrl-C too)")
-    parser.add_argument("--format", choices=LIVE_FORMATS, help="format of --output (default: from its extension "
-                        ".txt, .srt, .vtt or .json; else txt)")
+    parser.add_argument("--format", choices=(*LIVE_FORMATS, *FORMAT_ALIASES),
+                        help="format of --output (default: from its extension .txt, .srt, .vtt or .json; else text)")
 
 
 def _bench_args(parser: argparse.ArgumentParser) -> None:
@@ -150,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="sample rate of the PCM on stdin (with -; resampled to 16 kHz; "
                             "default: %(default)s)")
     _decoding_args(transcribe, vad=True)
-    transcribe.add_argument("--format", choices=TRANSCRIBE_FORMATS, help="default: from the extension of "
-                            "--output (.txt, .jsonl, .json, .srt, .vtt); else text")
+    transcribe.add_argument("--format", choices=(*TRANSCRIBE_FORMATS, *FORMAT_ALIASES),
+                            help="default: from the extension of --output (.txt, .jsonl, .json, .srt, .vtt); else text")
     transcribe.add_argument("--output", help="write to this file instead of stdout")
     transcribe.add_argument("--no-partials", action="store_true", help="jsonl: omit partial events")
 
@@ -415,7 +415,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     if args.output:
         starts = session.segment_start_times
         with open(args.output, "w", encoding="utf-8") as out:
-            if args.format == "txt":
+            if args.format == "text":
                 out.write(session.transcript + "\n")
             elif args.format == "json":
                 document = outputs.json_document(f"microphone:{device['name']}", result.events, starts)

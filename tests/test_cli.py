@@ -701,3 +701,11 @@ def test_help_names_the_defaults(capsys, command, shown):
     if command == "serve":
         assert (args.port, args.max_sessions, args.max_frame_bytes, args.max_session_s, args.queue_frames) == (
             8765, 8, 262144, 3600.0, 64)
+
+
+@pytest.mark.parametrize("fmt", ["txt", "text"])
+def test_txt_and_text_name_the_same_format_in_transcribe(capsys, tmp_path, clip, fmt):
+    out = tmp_path / "out.txt"
+    code, _, err = run(capsys, "transcribe", clip, "--format", fmt, "--output", out)
+    assert code == 0, err
+    assert out.read_text().endswith("\n") and not out.read_text().startswith(("{", "1\n", "WEBVTT"))
