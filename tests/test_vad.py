@@ -307,3 +307,104 @@ def test_a_batched_stream_ending_in_silence_ends_at_the_end_of_its_audio(tiny_mo
     assert len(session.endpoints) == 1
     assert events[-1].source_s == events[-1].audio_s == audio.size / SAMPLE_RATE
     assert "".join(e.text for e in events if e.type == "final") == events[-1].text
+
+
+class _Loudness:
+    """A stand-in for the Silero model whose speech probability follows each window's loudness (10 x RMS), so that
+    random noise gives random segments that depend on the audio alone, not on the call order."""
+
+    def reset_states(self):
+        pass
+
+    def __call__(self, window, rate):
+        return torch.tensor([[min(1.0, 10 * float(window.pow(2).mean().sqrt()))]])
+
+
+def _random_case(rng):
+    """A decoding config (VAD on or off), VAD options, and audio of stretches of silence and noise at loudness
+    below, between and above the VAD thresholds (0, 0.3, 0.4, 1), some of them shorter than a window."""
+    decoding = DecodingConfig(chunk_ms=int(rng.choice([40, 160, 320, 640])), k=int(rng.integers(1, 3)),
+                              max_tokens_per_chunk=4, max_tail_tokens=10, vad=bool(rng.random() < 0.75),
+                              vad_min_silence_ms=int(rng.choice([64, 300])))
+    config = VADConfig(min_silence_ms=decoding.vad_min_silence_ms, min_speech_ms=int(rng.choice([32, 250])),
+                       max_segment_s=float(rng.choice([0.5, 12.0])), speech_pad_ms=int(rng.choice([0, 512])))
+    parts = [float(rng.choice([0.0, 0.03, 0.04, 0.2, 0.2])) * rng.standard_normal(int(rng.integers(1, 12000)))
+             for _ in range(int(rng.integers(1, 12)))]
+    audio = np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+    return decoding, config, audio
+
+
+def _random_slices(rng, n):
+    """Feed sizes adding up to n: empty feeds, single samples, and buffers of up to 1.25 s."""
+    sizes = []
+    while sum(sizes) < n:
+        sizes.append(min(n - sum(sizes), int(rng.choice([0, 1, rng.integers(2, 2000), rng.integers(2000, 20000)]))))
+    return sizes + [0]
+
+
+def _check_events(events, session, audio):
+    end = events[-1]
+    assert [e.type for e in events].count("end") == 1 and end.type == "end"
+    assert all(a.source_s <= b.source_s and a.wall_s <= b.wall_s for a, b in zip(events, events[1:]))
+    assert "".join(e.text for e in events if e.type == "final") == end.text == session.transcript
+    assert end.audio_s == round(audio.size / SAMPLE_RATE, 6) and end.source_s == round(audio.size / SAMPLE_RATE, 3)
+    starts = session.segment_starts
+    assert starts == sorted(set(starts)) and all(0 <= s < audio.size for s in starts)
+    assert all(c <= s for c, s in zip([e.cut for e in session.endpoints], starts[1:]))
+
+
+def test_random_streams_alone_sliced_and_batched_give_the_same_events(tiny_model, monkeypatch):
+    """A seeded mini-fuzz of the streaming invariants, VAD on and off: a stream fed whole, fed in random slices
+    (empty, single samples, long), and fed in those slices inside a dynamic batch that streams join and leave at
+    different times, gives the same events (the batch: the same final and end events), in order of time."""
+    from speechstream.batch import DynamicBatch
+
+    monkeypatch.setattr("speechstream.vad.load_vad_model", _Loudness)
+    choose = text_favouring_chooser(tiny_model)
+    cases = [_random_case(np.random.default_rng(seed)) for seed in range(20)]
+    slices = [_random_slices(np.random.default_rng(100 + seed), audio.size) for seed, (_, _, audio) in
+              enumerate(cases)]
+
+    def session(decoding, config, own_llm=True):
+        made = StreamingSession(tiny_model, decoding, choose=choose, own_llm=own_llm)
+        if made.vad is not None:
+            made.vad.config = config
+        return made
+
+    expected = []
+    for (decoding, config, audio), sizes in zip(cases, slices):
+        whole = session(decoding, config)
+        events = whole.feed(audio) + whole.finish()
+        _check_events(events, whole, audio)
+        sliced = session(decoding, config)
+        pieces = [sliced.feed(piece) for piece in np.split(audio, np.cumsum(sizes)[:-1])]
+        sliced_events = sum(pieces, []) + sliced.finish()
+        strip = lambda events: [(e.type, e.text, e.source_s) for e in events]  # noqa: E731
+        assert strip(sliced_events) == strip(events)
+        assert (sliced.target_ids, sliced.segment_starts) == (whole.target_ids, whole.segment_starts)
+        expected.append((strip(e for e in events if e.type != "partial"), whole.segment_starts))
+    assert sum(bool(e[0][-1][1]) for e in expected) >= 5 and sum(len(e[1]) > 1 for e in expected) >= 3
+
+    batch, batched = DynamicBatch(tiny_model), [session(d, c, own_llm=False) for d, c, _ in cases]
+    got = [[] for _ in cases]
+    with torch.no_grad():
+        for t in range(max(len(s) for s in slices) + 3 * len(cases)):
+            for i, (stream, (_, _, audio), sizes) in enumerate(zip(batched, cases, slices)):
+                j = t - 3 * i  # stream i joins at round 3 i, then gets a slice a round
+                if j == 0:
+                    batch.join(stream)
+                if 0 <= j < len(sizes):
+                    got[i] += stream.feed(audio[sum(sizes[:j]) : sum(sizes[: j + 1])])
+                elif j == len(sizes):
+                    stream.end_audio()
+            for stream, events in zip(list(batch.sessions), batch.run()):
+                i = batched.index(stream)
+                got[i] += events + stream.pending_events()
+                if stream._audio_done and not stream.waiting_for_llm:
+                    got[i] += stream.close()
+                    batch.leave(stream)
+    assert len(batch) == 0
+    for (_, _, audio), stream, events, (want, starts) in zip(cases, batched, got, expected):
+        _check_events(events, stream, audio)
+        assert [(e.type, e.text, e.source_s) for e in events if e.type != "partial"] == want
+        assert stream.segment_starts == starts
