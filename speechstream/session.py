@@ -235,7 +235,8 @@ class StreamingSession:
         before a segment's speech, ("start", sample) a segment's audio begins, ("cut", None) the segment ends.
 
         Without VAD all audio is encoded. With it, audio before a segment's speech is confirmed waits in
-        ``_waiting`` (at most the VAD's look-back) and is dropped, except the ``speech_pad_ms`` before the speech."""
+        ``_waiting`` (at most the VAD's look-back: ``speech_pad_ms``, plus up to ``max_segment_s`` while speech heard
+        is not yet confirmed) and is dropped, except the ``speech_pad_ms`` before the speech."""
         if self.vad is None:
             return [("audio", samples)]
         found = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant

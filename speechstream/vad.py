@@ -6,7 +6,8 @@ the result does not depend on how the audio was sliced) and returns, in order, w
 segment's speech starts and where each segment ends.
 
 A segment *starts* once ``min_speech_ms`` of speech have been heard since the last cut
-(shorter blips followed by ``min_silence_ms`` of non-speech are forgotten): ``SpeechStart.start``
+(shorter blips followed by ``min_silence_ms`` of non-speech, or not confirmed within ``max_segment_s``
+of their first speech window, are forgotten): ``SpeechStart.start``
 is ``speech_pad_ms`` before its first speech window (never before the last cut). Audio before
 it is silence the session drops: fed to the model it would be transcribed as words ("I, I,
 I, ...") and, at length, push the speech that follows off the model's trained ground.
@@ -161,8 +162,12 @@ class Endpointer:
                 self._segment_start = self.keep_from()
                 self._onset = None
                 return SpeechStart(start=self._segment_start, confirmed=now)
-            if self._in_speech and self._silence_windows >= windows_ms(config.min_silence_ms):
-                self._in_speech = False  # a blip too short to be speech: forget it
+            too_long = self._onset is not None and now - self._onset >= config.max_segment_s * SAMPLE_RATE
+            if self._in_speech and (self._silence_windows >= windows_ms(config.min_silence_ms) or too_long):
+                # a blip too short to be speech: forget it. Also one still unconfirmed after max_segment_s (a loud
+                # window, then audio between the thresholds, which neither confirms nor ends it): the session holds
+                # the audio from its onset on, which would otherwise grow without bound
+                self._in_speech = False
                 self._speech_windows = self._silence_windows = 0
                 self._onset = None
             return None

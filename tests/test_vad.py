@@ -309,6 +309,24 @@ def test_a_batched_stream_ending_in_silence_ends_at_the_end_of_its_audio(tiny_mo
     assert "".join(e.text for e in events if e.type == "final") == events[-1].text
 
 
+
+def test_speech_never_confirmed_is_forgotten_after_the_segment_limit(tiny_model):
+    """One speech window, then a minute of audio between the thresholds (neither speech nor silence, so it neither
+    confirms the speech nor forgets it as a blip): after max_segment_s the onset is forgotten, so the audio the session
+    holds for it stays bounded. It used to hold (and copy at every feed) all the audio since that window."""
+    session = _scripted_session(tiny_model, [0.0] * 4 + [0.9] + [0.4] * (60 * SAMPLE_RATE // 512))
+    config = session.vad.config
+    held = []
+    for _ in range(60):
+        session.feed(np.zeros(SAMPLE_RATE, np.float32))
+        held.append(session._waiting.size)
+    assert max(held) <= (config.max_segment_s + config.speech_pad_ms / 1000) * SAMPLE_RATE + 512
+    assert session.vad.pending_onset is None and held[-1] <= config.speech_pad_ms * SAMPLE_RATE // 1000 + 512
+    events = session.finish()
+    assert session.segment_starts == [] and session.stats == [] and [e.type for e in events] == ["end"]
+    assert events[-1].source_s == 60.0
+
+
 class _Loudness:
     """A stand-in for the Silero model whose speech probability follows each window's loudness (10 x RMS), so that
     random noise gives random segments that depend on the audio alone, not on the call order."""
