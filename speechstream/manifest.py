@@ -5,7 +5,10 @@
 
 ``id`` and ``audio`` are required; ``audio`` is absolute or relative to the manifest's folder. ``offset`` and
 ``duration`` (seconds, optional) make the utterance a time range of the audio file (a segment of a long talk,
-as MuST-C gives them): only that range is read. Other fields
+as MuST-C gives them): only that range is read. ``segments`` (optional) makes it a long-form utterance, a whole
+talk decoded as one stream and scored per reference sentence: a list of ``{"offset", "duration", "text",
+"translation"}``, times in seconds from the start of the utterance, in order; a line without ``text``
+(``translation``) gets its sentences' joined by spaces when every sentence has one. Other fields
 are optional and unknown fields are ignored (manifests written by other tools often carry more). Blank lines
 are skipped. Every problem is reported as one line naming the manifest and the line number.
 """
@@ -25,7 +28,8 @@ MAX_MISSING_SHOWN = 3
 _OPTIONAL_FIELDS = ("text", "translation", "source_lang", "target_lang")
 # Optional number fields (seconds): the utterance's time range inside its audio file.
 _RANGE_FIELDS = ("offset", "duration")
-
+# Reference fields a long-form utterance's sentences may carry.
+_SEGMENT_TEXT_FIELDS = ("text", "translation")
 
 
 def text_lines(text: str) -> list[str]:
@@ -33,6 +37,16 @@ def text_lines(text: str) -> list[str]:
     U+0085 and other characters that JSON strings and corpus texts may hold as they are."""
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     return lines[:-1] if lines and lines[-1] == "" else lines
+
+@dataclass(frozen=True)
+class Segment:
+    """One reference sentence of a long-form utterance (``segments`` of a manifest line)."""
+
+    offset: float  # seconds from the start of the utterance (its ``offset`` in the file, if any)
+    duration: float  # seconds
+    text: str | None = None
+    translation: str | None = None
+
 
 @dataclass(frozen=True)
 class Utterance:
@@ -46,6 +60,7 @@ class Utterance:
     target_lang: str | None = None  # language of the text to produce, e.g. "en"
     offset: float | None = None  # seconds into the audio file where the utterance starts (None: 0)
     duration: float | None = None  # seconds of audio from the offset (None: to the end of the file)
+    segments: tuple[Segment, ...] | None = None  # long-form: the reference sentences, in order
 
 
 def read_manifest(path: str | Path) -> list[Utterance]:
@@ -109,10 +124,48 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
             raise InputError(f'{where}: "{key}" must be a string, got {value!r}')
         optional[key] = value
     for key in _RANGE_FIELDS:
-        value = entry.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value < 0 or (key == "duration" and value == 0)):
-            kind = "a positive number of seconds" if key == "duration" else "a number of seconds >= 0"
-            raise InputError(f'{where}: "{key}" must be {kind}, got {value!r}')
-        optional[key] = None if value is None else float(value)
+        optional[key] = _seconds(entry, key, f'{where}: "{key}"')
+    if entry.get("segments") is not None:
+        optional["segments"] = segments = _parse_segments(entry["segments"], where)
+        for key in _SEGMENT_TEXT_FIELDS:
+            texts = [getattr(segment, key) for segment in segments]
+            if optional[key] is None and all(text is not None for text in texts):
+                optional[key] = " ".join(texts)
     return Utterance(id=entry["id"], audio=path.parent / Path(entry["audio"]).expanduser(), **optional)
+
+
+def _seconds(entry: dict, key: str, name: str) -> float | None:
+    """An optional time field: None, or a finite number of seconds >= 0 (> 0 for a duration)."""
+    value = entry.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or value < 0 or (key == "duration" and value == 0)):
+        kind = "a positive number of seconds" if key == "duration" else "a number of seconds >= 0"
+        raise InputError(f"{name} must be {kind}, got {value!r}")
+    return None if value is None else float(value)
+
+
+def _parse_segments(value, where: str) -> tuple[Segment, ...]:
+    """``segments``: a non-empty list of sentences with ``offset`` and ``duration``, offsets in order."""
+    if not isinstance(value, list) or not value:
+        raise InputError(f'{where}: "segments" must be a non-empty list of sentences, got {value!r:.60}')
+    segments = []
+    for number, entry in enumerate(value):
+        name = f'{where}: "segments"[{number}]'
+        if not isinstance(entry, dict):
+            raise InputError(f"{name} must be an object, got {entry!r:.60}")
+        for key in ("offset", "duration"):
+            if entry.get(key) is None:
+                raise InputError(f'{name} lacks "{key}"')
+        texts = {}
+        for key in _SEGMENT_TEXT_FIELDS:
+            text = entry.get(key)
+            if text is not None and not isinstance(text, str):
+                raise InputError(f'{name}: "{key}" must be a string, got {text!r:.60}')
+            texts[key] = text
+        segment = Segment(_seconds(entry, "offset", f'{name}: "offset"'),
+                          _seconds(entry, "duration", f'{name}: "duration"'), **texts)
+        if segments and segment.offset < segments[-1].offset:
+            raise InputError(f"{name} starts at {segment.offset:g} s, before the sentence ahead of it "
+                             f"({segments[-1].offset:g} s): sentences must be in order")
+        segments.append(segment)
+    return tuple(segments)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from speechstream.errors import InputError
-from speechstream.manifest import Utterance, read_manifest
+from speechstream.manifest import Segment, Utterance, read_manifest
 
 
 def write_lines(path: Path, lines: list) -> Path:
@@ -49,6 +49,19 @@ def test_segments_carry_offset_and_duration(clips: Path):
     assert (second.offset, second.duration) == (None, None)
 
 
+def test_long_form_lines_carry_their_sentences(clips: Path):
+    sentences = [{"offset": 0.5, "duration": 2, "text": "Hello there.", "translation": "Hola."},
+                 {"offset": 3, "duration": 1.5, "text": " General  Kenobi "}]
+    lines = [{"id": "a", "audio": "clips/a.wav", "segments": sentences},
+             {"id": "b", "audio": "clips/b.wav", "text": "own", "segments": sentences}]
+    manifest = write_lines(clips / "m.jsonl", lines)
+    first, second = read_manifest(manifest)
+    assert first.segments == (Segment(0.5, 2.0, "Hello there.", "Hola."), Segment(3.0, 1.5, " General  Kenobi "))
+    assert first.text == "Hello there.  General  Kenobi "  # joined when the line has none of its own
+    assert first.translation is None  # not every sentence has one
+    assert second.text == "own"
+
+
 def test_relative_to_the_manifest_folder_not_the_working_directory(clips: Path, monkeypatch):
     manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav"}])
     monkeypatch.chdir(clips / "clips")
@@ -69,6 +82,16 @@ def test_relative_to_the_manifest_folder_not_the_working_directory(clips: Path, 
         ('{"id": "b", "audio": "clips/b.wav", "offset": "3"}', 'm.jsonl:2: "offset" must be a number of seconds'),
         ('{"id": "b", "audio": "clips/b.wav", "duration": 0}', 'm.jsonl:2: "duration" must be a positive number'),
         ('{"id": "b", "audio": "clips/b.wav", "duration": true}', 'm.jsonl:2: "duration" must be a positive number'),
+        ('{"id": "b", "audio": "clips/b.wav", "segments": []}', 'm.jsonl:2: "segments" must be a non-empty list'),
+        ('{"id": "b", "audio": "clips/b.wav", "segments": [3]}', 'm.jsonl:2: "segments"[0] must be an object'),
+        ('{"id": "b", "audio": "clips/b.wav", "segments": [{"offset": 0}]}', '"segments"[0] lacks "duration"'),
+        ('{"id": "b", "audio": "clips/b.wav", "segments": [{"offset": 0, "duration": -1}]}',
+         '"segments"[0]: "duration" must be a positive number of seconds'),
+        ('{"id": "b", "audio": "clips/b.wav", "segments": [{"offset": 0, "duration": 1, "text": 5}]}',
+         '"segments"[0]: "text" must be a string'),
+        ('{"id": "b", "audio": "clips/b.wav", "segments": [{"offset": 2, "duration": 1}, {"offset": 1, '
+         '"duration": 1}]}',
+         '"segments"[1] starts at 1 s, before the sentence ahead of it (2 s)'),
     ],
 )
 def test_bad_lines_name_the_line(clips: Path, line: str, message: str):

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""MuST-C -> manifest of segments (offset/duration inside each talk's wav; text and translation).
+"""MuST-C -> manifest of segments (offset/duration inside each talk's wav; text and translation), or of talks.
 
     python recipes/data/prepare_mustc.py /data/MUST-C --lang de --split tst-COMMON --out data/mustc-en-de-tst.jsonl
+    python recipes/data/prepare_mustc.py /data/MUST-C --lang de --talks --out data/mustc-en-de-tst-talks.jsonl
 
 ROOT holds en-<lang>/ (or is it): en-<lang>/data/<split>/txt/<split>.yaml, <split>.en, <split>.<lang> and wav/.
-`speechstream eval` reads only each segment's time range of its talk.
+`speechstream eval` reads only each segment's time range of its talk. With --talks each line is a whole talk
+with its sentences as "segments" (long form: `speechstream eval --vad` decodes the talk as one stream and adds
+StreamLAAL, each sentence's LAAL after the hypothesis is resegmented into the sentences).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
 from speechstream.data.corpora import (mustc_entries, recipe_parser, require_names, run_main,  # noqa: E402
-                                       write_from_args)
+                                       talk_entries, write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,10 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("root", help="the MuST-C folder (holding en-<lang>/) or en-<lang>/ itself")
     command.add_argument("--lang", required=True, help="target language, e.g. de")
     command.add_argument("--split", default="tst-COMMON", help="train, dev, tst-COMMON, tst-HE (default: tst-COMMON)")
+    command.add_argument("--talks", action="store_true",
+                         help="one line per talk, its sentences as segments (long-form evaluation)")
     args = command.parse_args(argv)
     require_names("--lang", args.lang)
     require_names("--split", args.split)
-    write_from_args(mustc_entries(args.root, args.lang, args.split), args)
+    entries = mustc_entries(args.root, args.lang, args.split)
+    write_from_args(talk_entries(entries) if args.talks else entries, args)
     return 0
 
 

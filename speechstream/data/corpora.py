@@ -200,6 +200,23 @@ def mustc_entries(root: str | Path, target: str, split: str = "tst-COMMON") -> I
                "offset": round(float(offset), 6), "duration": round(float(duration), 6)}
 
 
+def talk_entries(entries: Iterable[dict]) -> Iterator[dict]:
+    """Segment entries (``offset``/``duration`` inside a talk's audio, as `mustc_entries` yields them) -> one
+    long-form entry per talk: ``id`` (the audio file's stem), ``audio``, the languages and ``segments``, the talk's
+    sentences in time order with their ``offset``, ``duration``, ``text`` and ``translation``. Talks come in the
+    order of their first segment."""
+    talks: dict[Path, dict] = {}
+    for entry in entries:
+        talk = talks.setdefault(Path(entry["audio"]), {
+            "id": Path(entry["audio"]).stem, "audio": entry["audio"], "source_lang": entry.get("source_lang"),
+            "target_lang": entry.get("target_lang"), "segments": []})
+        talk["segments"].append({key: entry[key] for key in ("offset", "duration", "text", "translation")
+                                 if entry.get(key) is not None})
+    for talk in talks.values():
+        talk["segments"].sort(key=lambda segment: segment["offset"])
+        yield talk
+
+
 # -- plain JSONL ----------------------------------------------------------------------------------------------------
 
 

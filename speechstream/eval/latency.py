@@ -351,3 +351,65 @@ def corpus_latency(
             per_metric.setdefault(name, []).append(value)
     names = [*LATENCY_METRICS, *(name + COMPUTATION_AWARE_SUFFIX for name in LATENCY_METRICS)]
     return {name: float(statistics.mean(per_metric[name])) for name in names if name in per_metric}
+
+
+# Long-form latency: the key in scores.json (and with "_CA").
+STREAM_LAAL = "StreamLAAL"
+
+
+def sentence_delays(record: Mapping) -> list[dict]:
+    """One long-form record's hypothesis shared out among its reference sentences (`speechstream.eval.resegment`).
+
+    ``record["segments"]``: the reference sentences, each ``{"offset", "duration"}`` (ms from the start of the
+    record's audio) and ``"reference"``. Returns, per sentence, ``delays`` and ``elapsed`` of the words it was
+    given, measured from the sentence's offset (a word emitted before its sentence began has a negative delay),
+    with the sentence's ``duration`` and ``reference``.
+    """
+    from speechstream.eval.resegment import assign_words
+
+    segments = record["segments"]
+    shares = assign_words([segment["reference"] for segment in segments], record["prediction"])
+    delays, elapsed = record.get("delays") or [], record.get("elapsed") or []
+    if sum(map(len, shares)) != len(delays):
+        raise ValueError(f"{record.get('id')}: {len(delays)} delays for {sum(map(len, shares))} words")
+    sentences, start = [], 0
+    for segment, words in zip(segments, shares):
+        end = start + len(words)
+        offset = segment["offset"]
+        sentences.append({
+            "delays": [delay - offset for delay in delays[start:end]],
+            "elapsed": [value - offset for value in elapsed[start:end]],
+            "duration": segment["duration"],
+            "reference": segment["reference"],
+        })
+        start = end
+    return sentences
+
+
+def stream_laal(records: Iterable[Mapping]) -> dict[str, float]:
+    """StreamLAAL (Papi et al. 2024, StreamAtt) and its ``_CA`` twin over long-form records.
+
+    Each record's hypothesis is resegmented into its reference sentences (`sentence_delays`), LAAL is computed per
+    sentence with the delays measured from the sentence's start, |X| = the sentence's duration and |Y_ref| its
+    reference (in words, as SimulEval counts them), and the corpus value is the mean over every sentence of every
+    record that was given at least one word (a sentence given none is skipped, as SimulEval skips an utterance with
+    no output). Empty when a record has no ``segments`` or no sentence got a word.
+    """
+    records = list(records)
+    if not records or any(not record.get("segments") for record in records):
+        return {}
+    plain: list[float] = []
+    aware: list[float] = []
+    for record in records:
+        for sentence in sentence_delays(record):
+            length = reference_length(sentence["reference"])
+            if sentence["delays"]:
+                plain.append(laal(sentence["delays"], sentence["duration"], length))
+            if sentence["elapsed"]:
+                aware.append(laal(sentence["elapsed"], sentence["duration"], length))
+    scores = {}
+    if plain:
+        scores[STREAM_LAAL] = float(statistics.mean(plain))
+    if aware:
+        scores[STREAM_LAAL + COMPUTATION_AWARE_SUFFIX] = float(statistics.mean(aware))
+    return scores

@@ -20,7 +20,9 @@ same way. What lands in the output folder:
   is flushed and fsynced when its utterance finishes: a killed run loses at most the utterance in progress, and
   a rerun skips the ids already logged.
 - ``scores.json``: WER/CER (raw and normalised) or BLEU/chrF, every latency metric with its ``_CA`` twin
-  (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``; for the gpe system also
+  (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``; for a long-form
+  manifest (``segments`` on every line: whole talks, each scored per reference sentence) also ``StreamLAAL`` and
+  ``StreamLAAL_CA`` (`speechstream.eval.latency.stream_laal` on the records' ``segments``); for the gpe system also
   ``LLM_tokens`` (tokens the LLM was fed) and ``LLM_reencoded_tokens`` (the extra ones ``--ablation reencode``
   fed again), summed from the records' ``llm_tokens`` and ``llm_reencoded_tokens``.
 - ``summary.txt``: the same scores as a small table a person can read.
@@ -56,7 +58,14 @@ from speechstream.baselines import (  # noqa: F401 (BASELINES: the CLI)
 )
 from speechstream.config import DecodingConfig, load_model_config, with_model_defaults
 from speechstream.errors import InputError
-from speechstream.eval.latency import COMPUTATION_AWARE_SUFFIX, LATENCY_METRICS, corpus_latency, split_units
+from speechstream.eval.latency import (
+    COMPUTATION_AWARE_SUFFIX,
+    LATENCY_METRICS,
+    STREAM_LAAL,
+    corpus_latency,
+    split_units,
+    stream_laal,
+)
 from speechstream.manifest import Utterance, read_manifest
 
 # Files written into the output folder.
@@ -111,6 +120,7 @@ def evaluate(
     manifest_path, out_dir = Path(manifest_path), Path(out_dir)
     utterances = read_manifest(manifest_path)
     references = manifest_references(utterances, task, manifest_path)
+    sentences = sentence_references(utterances, task, manifest_path)
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -130,15 +140,15 @@ def evaluate(
         "decoding": system_options(baseline, decoding),
         "manifest": str(manifest_path.absolute()),  # for the record only: resuming checks the utterances instead
     }
-    records = _resume(out_dir / INSTANCES_FILE, utterances, references)
+    records = _resume(out_dir / INSTANCES_FILE, utterances, references, sentences)
     _check_or_write_config(out_dir, config, resuming=bool(records))
 
     finished = {record["id"] for record in records}
     todo = [(index, utterance) for index, utterance in enumerate(utterances) if utterance.id not in finished]
     _check_audio(todo, manifest_path)
     if todo:
-        records += _decode(todo, references, out_dir / INSTANCES_FILE, baseline, model, decoding, progress,
-                           len(utterances))
+        records += _decode(todo, references, sentences, out_dir / INSTANCES_FILE, baseline, model, decoding,
+                           progress, len(utterances))
     records.sort(key=lambda record: record["index"])
 
     scores = score_instances(records, task)
@@ -171,6 +181,33 @@ def manifest_references(utterances: Sequence[Utterance], task: str, manifest_pat
         raise InputError(f'{manifest_path}: {len(empty)} utterance{"s" if len(empty) > 1 else ""} with an empty '
                          f'"{field}" ({shown}); BLEU/chrF need a reference to score against')
     return references
+
+
+def sentence_references(utterances: Sequence[Utterance], task: str, manifest_path: Path) -> list[list[dict] | None]:
+    """Per utterance, the ``segments`` field of its instances.log record: its reference sentences as
+    ``{"offset", "duration"}`` (ms from the start of the utterance) and ``"reference"`` (whitespace collapsed); None
+    for all when the manifest is not long-form. A manifest where only some lines have ``segments``, or a sentence
+    without the task's reference, is refused."""
+    field = REFERENCE_FIELDS[task]
+    with_segments = [utterance for utterance in utterances if utterance.segments]
+    if not with_segments:
+        return [None] * len(utterances)
+    if len(with_segments) < len(utterances):
+        lacking = next(utterance.id for utterance in utterances if not utterance.segments)
+        raise InputError(f'{manifest_path}: {len(with_segments)} of {len(utterances)} utterances have "segments" '
+                         f'(not "{lacking}"); long-form scoring needs them on every line or on none')
+    result = []
+    for utterance in utterances:
+        sentences = []
+        for number, segment in enumerate(utterance.segments):
+            reference = " ".join((getattr(segment, field) or "").split())
+            if not reference:
+                raise InputError(f'{manifest_path}: utterance "{utterance.id}": sentence {number} of its "segments" '
+                                 f'has no "{field}" (task {task} scores every sentence against one)')
+            sentences.append({"offset": round(segment.offset * 1000, 3), "duration": round(segment.duration * 1000, 3),
+                              "reference": reference})
+        result.append(sentences)
+    return result
 
 
 def word_delays(events: Iterable, source_length: float) -> tuple[list[float], list[float]]:
@@ -254,6 +291,7 @@ def score_instances(records: Sequence[dict], task: str) -> dict[str, float]:
         scorer = transcription_scores if task == "asr" else translation_scores
         scores.update(scorer(predictions, references))
     scores.update(corpus_latency(records))
+    scores.update(stream_laal(records))
     scores["RTF"] = sum(record["compute_s"] for record in records) / sum(record["audio_s"] for record in records)
     for field, name in LLM_WORK.items():
         if all(field in record for record in records):
@@ -280,7 +318,7 @@ def summary_text(scores: dict[str, float], config: dict) -> str:
     else:
         lines.append("quality: not scored (no references)")
     lines += ["", f"latency (ms){'plain':>16}{'comp.-aware':>14}"]
-    for name in LATENCY_METRICS:
+    for name in (*LATENCY_METRICS, *((STREAM_LAAL,) if STREAM_LAAL in scores else ())):
         plain, aware = scores.get(name), scores.get(name + COMPUTATION_AWARE_SUFFIX)
         cells = "".join(f"{value:>14.3f}" if value is not None else f"{'-':>14}" for value in (plain, aware))
         lines.append(f"  {name + (' (ratio)' if name == 'AP' else ''):<14}{cells}")
@@ -349,7 +387,8 @@ def _flatten(config: dict, prefix: str = "") -> dict:
     return flat
 
 
-def _resume(path: Path, utterances: Sequence[Utterance], references: Sequence[str | None]) -> list[dict]:
+def _resume(path: Path, utterances: Sequence[Utterance], references: Sequence[str | None],
+            sentences: Sequence[list[dict] | None]) -> list[dict]:
     """The records of a previous run, checked against the manifest.
 
     A last line without its newline, or a last line that is not valid JSON, is the utterance a killed run
@@ -375,7 +414,7 @@ def _resume(path: Path, utterances: Sequence[Utterance], references: Sequence[st
                 cut = True
                 break
             raise InputError(f"{path}:{number}: not a JSON record (fix or delete the line, or use another --out)")
-        _check_record(record, path, number, position, references, utterances)
+        _check_record(record, path, number, position, references, sentences, utterances)
         if any(previous["id"] == record["id"] for previous in records):
             raise InputError(f'{path}:{number}: id "{record["id"]}" logged twice')
         records.append(record)
@@ -391,7 +430,7 @@ def source_fields(utterance: Utterance) -> dict:
 
 
 def _check_record(record, path: Path, number: int, position: dict, references: Sequence[str | None],
-                  utterances: Sequence[Utterance]) -> None:
+                  sentences: Sequence[list[dict] | None], utterances: Sequence[Utterance]) -> None:
     """A logged record must be complete and match the manifest it is resumed with, its audio included."""
     where = f"{path}:{number}"
     if not isinstance(record, dict) or any(field not in record for field in RECORD_FIELDS):
@@ -408,7 +447,8 @@ def _check_record(record, path: Path, number: int, position: dict, references: S
     index = position.get(record["id"])
     if index is None:
         raise InputError(f'{where}: id "{record["id"]}" is not in the manifest; use another --out')
-    if record["index"] != index or record["reference"] != references[index]:
+    if (record["index"] != index or record["reference"] != references[index]
+            or record.get("segments") != sentences[index]):
         raise InputError(f'{where}: "{record["id"]}" no longer matches the manifest (changed?); use another --out')
     _check_source(record, where, utterances[index])
 
@@ -459,7 +499,7 @@ def _check_audio(todo, manifest_path: Path) -> None:
                              "decoding; fix or remove it)") from None
 
 
-def _decode(todo, references, log_path: Path, baseline: str, model_name: str, decoding, progress: bool,
+def _decode(todo, references, sentences, log_path: Path, baseline: str, model_name: str, decoding, progress: bool,
             total: int) -> list[dict]:
     """Decode each (index, utterance) with the baseline's system; append and fsync its record as soon as it is done."""
     from tqdm import tqdm
@@ -480,6 +520,8 @@ def _decode(todo, references, log_path: Path, baseline: str, model_name: str, de
             record = instance_record(index, utterance.id, references[index], events)
             record.update(getattr(system, "last_stats", None) or {})  # gpe: its LLM work
             record.update(source_fields(utterance))
+            if sentences[index] is not None:
+                record["segments"] = sentences[index]
             log.write(json.dumps(record, ensure_ascii=False) + "\n")
             log.flush()
             os.fsync(log.fileno())

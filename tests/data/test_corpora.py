@@ -219,6 +219,19 @@ def test_mustc_mismatched_lines_are_an_error(mustc: Path):
         list(mustc_entries(mustc, "fr"))
 
 
+def test_mustc_talks_are_long_form_lines(mustc: Path):
+    out = mustc / "talks.jsonl"
+    result = run_recipe("prepare_mustc.py", mustc, "--lang", "de", "--talks", "--out", out)
+    assert result.returncode == 0, result.stderr
+    first, second = read_manifest(out)
+    assert (first.id, second.id) == ("ted_1", "ted_2") and first.offset is None and first.duration is None
+    assert first.audio == mustc / "en-de/data/tst-COMMON/wav/ted_1.wav"
+    assert [(s.offset, s.duration, s.text, s.translation) for s in first.segments] == [
+        (0.5, 0.4, "one two", "eins zwei"), (1.2, 0.6, "three four", "drei vier")]
+    assert (first.text, first.translation) == ("one two three four", "eins zwei drei vier")
+    assert second.segments[0].text == "five"
+
+
 def test_segment_ranges_are_checked_against_the_audio(mustc: Path, tmp_path: Path):
     entries = list(mustc_entries(mustc, "de"))
     entries[2] = entries[2] | {"offset": 0.9, "duration": 0.5}  # ted_2 is 1.0 s long

@@ -28,8 +28,10 @@ from speechstream.eval.latency import (
     instance_latency,
     laal,
     reference_length,
+    sentence_delays,
     split_units,
     start_offset,
+    stream_laal,
 )
 
 TOLERANCE = 1e-6
@@ -305,3 +307,40 @@ def test_simuleval_score_only_runs_match(simuleval_scorers, random_records, tmp_
         assert aware_run[name] == aware_run[name + "_CA"]  # SimulEval's quirk, see the docstring
     expected = {**plain_run, **{key: value for key, value in aware_run.items() if key.endswith("_CA")}}
     assert_same_scores(corpus_latency(lines), expected)
+
+
+# -- long-form: StreamLAAL ------------------------------------------------------------------------------
+
+
+def long_form_record(prediction: str, delays: list[float], segments: list[tuple[float, float, str]]) -> dict:
+    return {"id": "talk", "prediction": prediction, "delays": delays, "elapsed": [d + 100 for d in delays],
+            "source_length": 4000.0,
+            "segments": [{"offset": o, "duration": d, "reference": r} for o, d, r in segments]}
+
+
+def test_stream_laal_by_hand():
+    record = long_form_record("a b c d", [500, 1500, 2600, 3100], [(0, 2000, "a b"), (2000, 1000, "c d e")])
+    sentences = sentence_delays(record)
+    assert [s["delays"] for s in sentences] == [[500, 1500], [600, 1100]]  # from each sentence's start
+    # sentence 1: |X| 2000, 2 words: lags 500, 1500 - 1000 -> 500; sentence 2: |X| 1000, |Y_ref| 3: lags 600,
+    # 1100 - 1000/3, which is past the end and closes the sum
+    first, second = 500.0, (600 + 1100 - 1000 / 3) / 2
+    scores = stream_laal([record])
+    assert scores["StreamLAAL"] == pytest.approx((first + second) / 2, abs=1e-9)
+    assert scores["StreamLAAL_CA"] == pytest.approx((first + 100 + second + 100) / 2, abs=1e-9)
+    # each sentence's value is LAAL of its own delays (LAAL itself is checked against simuleval above)
+    assert laal([600, 1100], 1000, 3) == pytest.approx(second)
+
+
+def test_stream_laal_skips_sentences_without_words_and_needs_segments_everywhere():
+    record = long_form_record("alpha beta zeta", [300, 900, 2900],
+                              [(0, 1000, "alpha beta"), (1000, 1000, "gamma delta"), (2000, 1000, "epsilon zeta")])
+    assert [len(s["delays"]) for s in sentence_delays(record)] == [2, 0, 1]
+    expected = (laal([300, 900], 1000, 2) + laal([900], 1000, 2)) / 2
+    assert stream_laal([record])["StreamLAAL"] == pytest.approx(expected)
+    plain = {key: value for key, value in record.items() if key != "segments"}
+    assert stream_laal([record, plain]) == {} and stream_laal([]) == {}
+    silent = long_form_record("", [], [(0, 1000, "a")])
+    assert stream_laal([silent]) == {}
+    with pytest.raises(ValueError, match="delays"):
+        sentence_delays(long_form_record("a b", [1.0], [(0, 1000, "a b")]))

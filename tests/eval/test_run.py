@@ -568,3 +568,58 @@ def test_a_bad_audio_file_is_reported_before_any_decoding(tmp_path, word_session
         evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
     assert not word_sessions  # no warm-up, no utterance
     assert not (tmp_path / "out" / INSTANCES_FILE).exists() or not read_log(tmp_path / "out")
+
+
+# -- long form: whole talks scored per sentence -----------------------------------------------------------
+
+
+def long_form_manifest(folder: Path) -> Path:
+    """The three clips as 'talks', each with two reference sentences (the line's text is their join)."""
+    manifest = write_manifest(folder, list(DURATIONS))
+    lines = []
+    for line, duration in zip(manifest.read_text().splitlines(), DURATIONS):
+        entry = json.loads(line)
+        del entry["text"]
+        half = duration / 2
+        entry["segments"] = [{"offset": 0.0, "duration": half, "text": "the clip"},
+                             {"offset": half, "duration": half, "text": " ends  here"}]
+        lines.append(json.dumps(entry))
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+def test_long_form_eval_scores_stream_laal_and_resumes_only_with_the_same_sentences(tmp_path, word_sessions):
+    from speechstream.eval.latency import stream_laal
+
+    manifest = long_form_manifest(tmp_path / "data")
+    out = tmp_path / "out"
+    scores = evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    records = read_log(out)
+    assert records[0]["reference"] == "the clip ends here"  # the sentences joined, whitespace collapsed
+    half_ms = DURATIONS[0] * 1000 / 2
+    assert records[0]["segments"] == [{"offset": 0.0, "duration": half_ms, "reference": "the clip"},
+                                      {"offset": half_ms, "duration": half_ms, "reference": "ends here"}]
+    assert all(record["delays"] for record in records)
+    assert scores["StreamLAAL"] == stream_laal(records)["StreamLAAL"]
+    assert "StreamLAAL_CA" in scores and "LAAL" in scores and "WER" in scores
+    assert "StreamLAAL" in (out / "summary.txt").read_text()
+
+    moved = manifest.read_text().replace('"offset": 0.75', '"offset": 0.7')
+    manifest.write_text(moved)
+    with pytest.raises(InputError, match='"clip-0" no longer matches the manifest'):
+        evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+
+
+def test_long_form_manifests_are_checked_before_decoding(tmp_path, word_sessions):
+    manifest = long_form_manifest(tmp_path / "data")
+    lines = manifest.read_text().splitlines()
+    first = json.loads(lines[0])
+    del first["segments"]
+    first["text"] = "a whole clip"
+    mixed = tmp_path / "data" / "mixed.jsonl"
+    mixed.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    with pytest.raises(InputError, match=r'2 of 3 utterances have "segments" \(not "clip-0"\)'):
+        evaluate(mixed, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    with pytest.raises(InputError, match='"clip-0": sentence 0 of its "segments" has no "translation"'):
+        evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "translate", progress=False)
+    assert word_sessions == [] and not (tmp_path / "out" / INSTANCES_FILE).exists()

@@ -1,0 +1,89 @@
+"""Resegmentation of a long hypothesis into reference sentences (speechstream/eval/resegment.py)."""
+
+from __future__ import annotations
+
+import jiwer
+import numpy as np
+import pytest
+
+from speechstream.eval.resegment import align, assign_words, comparison_form, edit_distance_table
+
+
+def levenshtein(reference: list[str], hypothesis: list[str]) -> int:
+    """Plain Python word edit distance (the textbook recurrence), to check the vectorised table against."""
+    previous = list(range(len(hypothesis) + 1))
+    for i, word in enumerate(reference, 1):
+        current = [i]
+        for j, other in enumerate(hypothesis, 1):
+            current.append(min(previous[j - 1] + (word != other), previous[j] + 1, current[j - 1] + 1))
+        previous = current
+    return previous[-1]
+
+
+def random_words(rng: np.random.Generator, size: int) -> list[str]:
+    return [f"w{n}" for n in rng.integers(0, 6, size)]
+
+
+def test_edit_distance_table_matches_the_textbook_recurrence_and_jiwer():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        reference, hypothesis = random_words(rng, rng.integers(0, 12)), random_words(rng, rng.integers(0, 12))
+        table = edit_distance_table(reference, hypothesis)
+        assert table.shape == (len(reference) + 1, len(hypothesis) + 1)
+        assert table[-1, -1] == levenshtein(reference, hypothesis)
+        if reference and hypothesis:
+            counts = jiwer.process_words(" ".join(reference), " ".join(hypothesis))
+            assert table[-1, -1] == counts.substitutions + counts.deletions + counts.insertions
+
+
+def test_alignment_is_monotonic_and_costs_the_minimum():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        reference, hypothesis = random_words(rng, rng.integers(0, 12)), random_words(rng, rng.integers(0, 12))
+        aligned = align(reference, hypothesis)
+        pairs = [(i, j) for j, i in enumerate(aligned) if i is not None]
+        assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(pairs, pairs[1:]))
+        cost = sum(reference[i] != hypothesis[j] for i, j in pairs)
+        cost += (len(reference) - len(pairs)) + (len(hypothesis) - len(pairs))
+        assert cost == levenshtein(reference, hypothesis)
+
+
+def test_words_compare_without_case_or_punctuation():
+    assert comparison_form("Hello,") == comparison_form("hello") == "hello"
+    assert comparison_form("don't") == "dont"
+    assert align(["Hello,", "World."], ["hello", "world"]) == [0, 1]
+
+
+def test_a_perfect_hypothesis_is_cut_at_the_sentence_boundaries():
+    sentences = ["the cat sat.", "On the mat", "it purred"]
+    assert assign_words(sentences, "The cat sat on the mat. It purred!") == [
+        ["The", "cat", "sat"], ["on", "the", "mat."], ["It", "purred!"]]
+
+
+def test_errors_and_insertions_go_to_the_nearest_aligned_word():
+    sentences = ["one two three", "four five six"]
+    # "extra" is inserted after "three": it joins the sentence of the aligned word before it
+    assert assign_words(sentences, "one too three extra four fife six") == [
+        ["one", "too", "three", "extra"], ["four", "fife", "six"]]
+    # words before the first aligned word join its sentence
+    assert assign_words(sentences, "uh um one two three four five six")[0][:3] == ["uh", "um", "one"]
+    # a sentence the hypothesis skipped gets nothing
+    assert assign_words(["alpha beta", "gamma delta", "epsilon zeta"], "alpha beta epsilon zeta") == [
+        ["alpha", "beta"], [], ["epsilon", "zeta"]]
+
+
+def test_concatenated_shares_give_the_hypothesis_back():
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        sentences = [" ".join(random_words(rng, rng.integers(1, 6))) for _ in range(rng.integers(1, 5))]
+        hypothesis = " ".join(random_words(rng, rng.integers(0, 20)))
+        shares = assign_words(sentences, hypothesis)
+        assert len(shares) == len(sentences)
+        assert [word for share in shares for word in share] == hypothesis.split()
+
+
+def test_edge_cases():
+    assert assign_words(["a b"], "") == [[]]
+    assert assign_words(["", ""], "x y") == [["x", "y"], []]  # no reference word: all to the first sentence
+    with pytest.raises(ValueError, match="at least one reference sentence"):
+        assign_words([], "x")
