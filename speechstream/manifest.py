@@ -119,10 +119,7 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
             raise InputError(f'{where}: "{key}" must be a non-empty string, got {entry[key]!r}')
     optional = {}
     for key in _OPTIONAL_FIELDS:
-        value = entry.get(key)
-        if value is not None and not isinstance(value, str):
-            raise InputError(f'{where}: "{key}" must be a string, got {value!r}')
-        optional[key] = value
+        optional[key] = _string(entry, key, f'{where}: "{key}"')
     for key in _RANGE_FIELDS:
         optional[key] = _seconds(entry, key, f'{where}: "{key}"')
     if entry.get("segments") is not None:
@@ -132,6 +129,14 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
             if optional[key] is None and all(text is not None for text in texts):
                 optional[key] = " ".join(texts)
     return Utterance(id=entry["id"], audio=path.parent / Path(entry["audio"]).expanduser(), **optional)
+
+
+def _string(entry: dict, key: str, name: str) -> str | None:
+    """An optional string field: None or a string."""
+    value = entry.get(key)
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"{name} must be a string, got {value!r:.60}")
+    return value
 
 
 def _seconds(entry: dict, key: str, name: str) -> float | None:
@@ -156,12 +161,7 @@ def _parse_segments(value, where: str) -> tuple[Segment, ...]:
         for key in ("offset", "duration"):
             if entry.get(key) is None:
                 raise InputError(f'{name} lacks "{key}"')
-        texts = {}
-        for key in _SEGMENT_TEXT_FIELDS:
-            text = entry.get(key)
-            if text is not None and not isinstance(text, str):
-                raise InputError(f'{name}: "{key}" must be a string, got {text!r:.60}')
-            texts[key] = text
+        texts = {key: _string(entry, key, f'{name}: "{key}"') for key in _SEGMENT_TEXT_FIELDS}
         segment = Segment(_seconds(entry, "offset", f'{name}: "offset"'),
                           _seconds(entry, "duration", f'{name}: "duration"'), **texts)
         if segments and segment.offset < segments[-1].offset:
