@@ -38,7 +38,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from speechstream.audio import SAMPLE_RATE, load_audio
+from speechstream.audio import SAMPLE_RATE, check_audio, load_audio
 from speechstream.config import check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError
@@ -56,7 +56,7 @@ class TrainConfig:
     """A training recipe (``recipes/*/<name>.yaml``; ``key=value`` overrides on the command line)."""
 
     model: str  # model config: a name under models/ or a path
-    train_manifest: str  # JSONL with id, audio, text and optional words [{"w", "end"}]
+    train_manifest: str  # JSONL with id, audio, text, optional offset/duration and words [{"w", "end"}]
     dev_manifest: str | None = None  # held-out JSONL for periodic evaluation
     out_dir: str = "runs/asr"  # checkpoints, logs, plots, feature cache
     chunk_ms: int = 640  # chunk size the model is trained for
@@ -76,7 +76,7 @@ class TrainConfig:
     # classes of init_checkpoint (a continuation of the same task keeps what it scored)
     ctc_vocab: str = "full"
     word_margin_s: float = 0.1  # a word is written after the chunk covering its end + this margin
-    max_audio_s: float = 15.0  # longer utterances are skipped
+    max_audio_s: float = 15.0  # longer utterances are skipped (length: the line's duration, else the file's)
     seed: int = 0
     log_every: int = 10  # steps between log lines
     save_every: int = 100  # steps between checkpoints
@@ -120,6 +120,12 @@ class TrainConfig:
                      "weight_decay", "ctc_weight", "word_margin_s", "lr_projector", "lr_lora"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must not be negative, not {getattr(self, name)}")
+        for field in dataclasses.fields(self):  # (a NaN passes every comparison below and trains NaN weights)
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InputError(f"{field.name} must be a finite number, not {value}")
+        if not 0 <= self.seed < 2**63:  # (numpy's generators take no negative seed, torch's none past 64 bits)
+            raise InputError(f"seed must be a whole number from 0 to 2**63 - 1, not {self.seed}")
         if not self.max_audio_s > 0:
             raise InputError(f"max_audio_s must be positive, not {self.max_audio_s}")
         for name in ("mask_time", "mask_channels"):
@@ -152,6 +158,25 @@ class Example:
     text: str  # reference transcript
     words: tuple[TimedWord, ...]  # word end times (empty: all words after the last chunk)
     translation: str | None = None  # reference translation (the target of task "translate")
+    offset: float = 0.0  # seconds into the audio file where the utterance starts (the manifest's ``offset``)
+    duration: float | None = None  # seconds of audio from the offset (None: to the end of the file)
+
+
+def example_audio(example: Example) -> np.ndarray:
+    """The utterance's samples: its time range of the audio file (16 kHz mono float32)."""
+    return load_audio(example.audio, example.offset, example.duration)
+
+
+def example_seconds(example: Example) -> float:
+    """The utterance's length, from the audio file's header (cheap); a one-line input error when the file is not
+    a readable audio file or does not hold the range."""
+    import soundfile
+
+    check_audio(example.audio, example.offset, example.duration)
+    if example.duration is not None:
+        return example.duration
+    info = soundfile.info(str(example.audio))
+    return info.frames / info.samplerate - example.offset
 
 
 def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
@@ -195,10 +220,11 @@ def parse_k_choices(text: str) -> list[int]:
 
 
 def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr") -> list[Example]:
-    """Manifest lines -> examples (audio relative to the manifest's folder); task "translate" needs a
-    ``translation`` on every line."""
+    """Manifest lines -> examples (audio relative to the manifest's folder; ``offset``/``duration``: the time range
+    of the file, word end times counted from its start); task "translate" needs a ``translation`` on every line.
+    Utterances longer than ``max_audio_s`` are skipped (their length from ``duration`` or the file's header)."""
     folder = Path(path).resolve().parent
-    examples, seen = [], set()
+    examples, seen, skipped = [], set(), 0
     try:
         lines = text_lines(Path(path).read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as error:
@@ -217,9 +243,15 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
             translation = row.get("translation")
             if task == "translate" and not (isinstance(translation, str) and translation.strip()):
                 raise KeyError("translation")
+            offset, duration = (row.get(key) for key in ("offset", "duration"))
+            for key, value in (("offset", offset), ("duration", duration)):
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or
+                                          not math.isfinite(value) or value < 0 or (key == "duration" and not value)):
+                    raise ValueError(f"{key} must be a {'positive' if key == 'duration' else 'non-negative'} number "
+                                     f"of seconds, not {value!r}")
             example = Example(str(row["id"]), folder / row["audio"], str(row["text"]), words,
-                              None if translation is None else str(translation))
-            duration = float(row["duration"]) if row.get("duration") else None
+                              None if translation is None else str(translation), float(offset or 0.0),
+                              None if duration is None else float(duration))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
             raise InputError(f"{path}:{number}: bad manifest line ({type(error).__name__}: {error})") from None
         if not example.audio.is_file():
@@ -227,12 +259,30 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
         if example.id in seen:  # features are cached by id: a second utterance would train on the first's audio
             raise InputError(f"{path}:{number}: duplicate id {example.id!r}")
         seen.add(example.id)
-        if max_audio_s and duration and duration > max_audio_s:
+        try:
+            seconds = example_seconds(example)
+        except InputError as error:
+            raise InputError(f"{path}:{number}: {error}") from None
+        if max_audio_s and seconds > max_audio_s:
+            skipped += 1
             continue
         examples.append(example)
     if not examples:
-        raise InputError(f"{path}: no utterances")
+        longer = f" (all {skipped} are longer than max_audio_s={max_audio_s})" if skipped else ""
+        raise InputError(f"{path}: no utterances{longer}")
     return examples
+
+
+def check_texts(train: list[Example], dev: list[Example], config: TrainConfig) -> None:
+    """Refuse (one line) an ASR train manifest whose transcripts are all empty (nothing to learn) and a dev set
+    whose transcripts all normalise to nothing (its WER, taken after the steps, would be undefined)."""
+    from speechstream.eval.quality import normalize_english
+
+    if config.task == "asr" and not any(example.text.split() for example in train):
+        raise InputError(f"{config.train_manifest}: every transcript (text) is empty: nothing to learn")
+    if dev and not any(normalize_english(example.text).split() for example in dev):
+        raise InputError(f"{config.dev_manifest}: every transcript (text) of the dev utterances is empty once "
+                         "normalised: their WER is undefined")
 
 
 def written_words(example: Example) -> list[TimedWord]:
@@ -288,10 +338,14 @@ def encoder_fingerprint(model: SpeechLLM) -> str:
     return digest.hexdigest()[:12]
 
 
-def audio_identity(path: Path) -> str:
-    """The audio file an entry was encoded from (resolved path, size, modification time), as stored with it."""
-    stat = path.stat()
-    return json.dumps({"audio": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+def audio_identity(example: Example) -> str:
+    """The audio an entry was encoded from (the file's resolved path, size, modification time, and the time range
+    where the utterance is one), as stored with it."""
+    stat = example.audio.stat()
+    identity = {"audio": str(example.audio.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    if example.offset or example.duration is not None:
+        identity.update(offset=example.offset, duration=example.duration)
+    return json.dumps(identity)
 
 
 class FeatureCache:
@@ -322,7 +376,7 @@ class FeatureCache:
         path = self.path(example)
         try:
             with safe_open(str(path), framework="pt") as handle:
-                if (handle.metadata() or {}).get("source") != audio_identity(example.audio):
+                if (handle.metadata() or {}).get("source") != audio_identity(example):
                     return None
                 return {key: handle.get_tensor(key) for key in handle.keys()}
         except (OSError, SafetensorError):  # missing (or torn: written again)
@@ -333,8 +387,7 @@ class FeatureCache:
         stored = self._stored(example)
         if stored is not None:
             return stored["frames"].float(), stored["frame_ends"].tolist(), int(stored["samples"])
-        audio = load_audio(example.audio)
-        return self._encode_and_store([example], [audio])[0]
+        return self._encode_and_store([example], [example_audio(example)])[0]
 
     def fill(self, examples: list[Example], batch_size: int, progress: bool = False) -> int:
         """Encode every example not cached yet (or cached from another audio file), ``batch_size`` utterances of
@@ -346,7 +399,7 @@ class FeatureCache:
         def current(example: Example) -> bool:
             try:
                 with safe_open(str(self.path(example)), framework="pt") as handle:
-                    return (handle.metadata() or {}).get("source") == audio_identity(example.audio)
+                    return (handle.metadata() or {}).get("source") == audio_identity(example)
             except (OSError, SafetensorError):
                 return False
 
@@ -355,7 +408,7 @@ class FeatureCache:
         with tqdm(total=len(missing), disable=not progress or not missing, desc="features", unit="utt") as bar:
             for start in range(0, len(missing), max(1, batch_size)):
                 group = missing[start : start + max(1, batch_size)]
-                self._encode_and_store(group, [load_audio(e.audio) for e in group])
+                self._encode_and_store(group, [example_audio(e) for e in group])
                 bar.update(len(group))
         return len(missing)
 
@@ -371,7 +424,7 @@ class FeatureCache:
             path = self.path(example)
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # DDP processes may draw the same clip at once
             save_file({"frames": frames, "frame_ends": torch.tensor(ends), "samples": torch.tensor(len(audio))},
-                      str(tmp), metadata={"source": audio_identity(example.audio)})
+                      str(tmp), metadata={"source": audio_identity(example)})
             tmp.rename(path)
             out.append((frames.float(), ends, len(audio)))
         return out
@@ -380,11 +433,11 @@ class FeatureCache:
 def check_dev_ids(train: list[Example], dev: list[Example], dev_manifest: str) -> None:
     """Features are cached by id: a dev utterance with a training utterance's id but other audio is refused
     (one of the two would be read with the other's frames)."""
-    audio = {e.id: e.audio.resolve() for e in train}
+    audio = {e.id: (e.audio.resolve(), e.offset, e.duration) for e in train}
     for example in dev:
-        if example.id in audio and audio[example.id] != example.audio.resolve():
+        if example.id in audio and audio[example.id] != (example.audio.resolve(), example.offset, example.duration):
             raise InputError(f"{dev_manifest}: id {example.id!r} is also in the train manifest, with other audio "
-                             f"({audio[example.id]}); features are cached by id, so give the dev clips other ids")
+                             f"({audio[example.id][0]}); features are cached by id, so give the dev clips other ids")
 
 
 class StreamingLoss(nn.Module):
@@ -776,6 +829,12 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
 
     if config.threads:
         torch.set_num_threads(config.threads)
+    # the manifests first: a bad line, a missing clip or an empty manifest stops the run before anything is built
+    # or written
+    examples = read_examples(config.train_manifest, config.max_audio_s, config.task)
+    dev = read_examples(config.dev_manifest, task=config.task)[: config.eval_utterances] if config.dev_manifest else []
+    check_dev_ids(examples, dev, config.dev_manifest or "")
+    check_texts(examples, dev, config)
     from accelerate import DistributedDataParallelKwargs
 
     # the CTC-only warm-up leaves the LoRA weights without gradients, and ctc_weight 0 the CTC blank: DDP must be told
@@ -816,9 +875,6 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         groups.append({"params": lora_params, "lr": config.lr_lora})
     optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
     base_lrs = [g["lr"] for g in groups]
-    examples = read_examples(config.train_manifest, config.max_audio_s, config.task)
-    dev = read_examples(config.dev_manifest, task=config.task)[: config.eval_utterances] if config.dev_manifest else []
-    check_dev_ids(examples, dev, config.dev_manifest or "")
     ctc_classes = ctc_class_ids(model, examples, config)
     model.ctc_classes = ctc_classes  # saved with the checkpoints: joint CTC decoding scores these classes
     objective = StreamingLoss(model, config.ctc_weight, ctc_classes, config.ctc_head_only)
@@ -905,6 +961,14 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
                 with log_path.open("a") as log:
                     log.write(json.dumps(row) + "\n")
             window = []
+        save_now = done % config.save_every == 0 or done in (config.steps, last_step)
+        if save_now:  # before the dev evaluation: a failure there loses no step
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:  # before the state: the weights of a finished run are never older
+                save_trainable(accelerator.unwrap_model(objective).model, out_dir / "trainable.safetensors")
+            save_checkpoint(accelerator, out_dir, {"step": done, "window": window})
+            if accelerator.is_main_process:
+                write_file_durably(progress_file, json.dumps({"step": done}))
         evaluate_now = dev and ((config.eval_every and done % config.eval_every == 0) or done == config.steps)
         if evaluate_now and accelerator.is_main_process:
             inner = accelerator.unwrap_model(objective).model
@@ -913,14 +977,8 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
             inner.train()
             with log_path.open("a") as log:
                 log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
-        if done % config.save_every == 0 or done in (config.steps, last_step):
-            accelerator.wait_for_everyone()
-            if accelerator.is_main_process:  # before the state: the weights of a finished run are never older
-                save_trainable(accelerator.unwrap_model(objective).model, out_dir / "trainable.safetensors")
-            save_checkpoint(accelerator, out_dir, {"step": done, "window": window})
-            if accelerator.is_main_process:
-                write_file_durably(progress_file, json.dumps({"step": done}))
-                plot_losses(log_path, out_dir / "loss.png")
+        if save_now and accelerator.is_main_process:
+            plot_losses(log_path, out_dir / "loss.png")
     bar.close()
     accelerator.wait_for_everyone()
     return out_dir / "trainable.safetensors"

@@ -62,8 +62,11 @@ def test_read_examples_needs_translations_for_translate(tmp_path):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"id": "a", "audio": "a.wav", "text": "hola", "translation": "hello"}\n'
                         '{"id": "b", "audio": "b.wav", "text": "adiós"}\n')
-    for name in ("a.wav", "b.wav"):  # (read_examples checks that the audio exists, not what it holds)
-        (tmp_path / name).write_bytes(b"")
+    import numpy as np
+    import soundfile
+
+    for name in ("a.wav", "b.wav"):  # (read_examples reads the audio's header: its length, for max_audio_s)
+        soundfile.write(str(tmp_path / name), np.zeros(1600, dtype=np.float32), 16000)
     assert [example.translation for example in read_examples(str(manifest))] == ["hello", None]
     with pytest.raises(InputError, match=":2: bad manifest line"):
         read_examples(str(manifest), task="translate")

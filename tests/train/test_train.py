@@ -321,6 +321,18 @@ def test_recipe_lookahead_gives_the_encoder_right_context_its_own_cache_and_late
     assert example_pieces(example, 0.64, 3, recipe, lookahead_s=0.32)[0] == ["", " hello", " there"]
 
 
+def special_manifest(folder: Path, kind: str) -> str:
+    """The path of an empty manifest, of the sample clips with blank transcripts, or of no file at all."""
+    path = folder / {"EMPTY": "empty.jsonl", "NO-TEXT": "no-text.jsonl", "MISSING": "nowhere.jsonl"}[kind]
+    rows = [json.loads(line) for line in (ROOT / "samples" / "manifest.jsonl").read_text().splitlines()]
+    if kind == "EMPTY":
+        path.write_text("\n")
+    elif kind == "NO-TEXT":
+        path.write_text("".join(json.dumps(row | {"text": " ", "audio": str(ROOT / "samples" / row["audio"])}) + "\n"
+                                for row in rows))
+    return str(path)
+
+
 @pytest.mark.parametrize("overrides, match", [
     ({"steps": 0}, "steps must be at least 1"),
     ({"batch_size": 0}, "batch_size must be at least 1"),
@@ -340,11 +352,25 @@ def test_recipe_lookahead_gives_the_encoder_right_context_its_own_cache_and_late
     ({"warmup_steps": 7}, "warmup_steps (7) must not exceed the joint phase"),
     ({"ctc_only_steps": 2, "warmup_steps": 3}, "warmup_steps (3) must not exceed the CTC-only phase"),
     ({"ctc_only_steps": 3, "warmup_steps": 4}, "warmup_steps (4) must not exceed the"),
+    ({"lr_projector": float("nan")}, "lr_projector must be a finite number, not nan"),
+    ({"lr_lora": float("inf")}, "lr_lora must be a finite number, not inf"),
+    ({"ctc_weight": float("inf")}, "ctc_weight must be a finite number"),
+    ({"weight_decay": float("nan")}, "weight_decay must be a finite number"),
+    ({"word_margin_s": float("inf")}, "word_margin_s must be a finite number"),
+    ({"seed": -1}, "seed must be a whole number from 0"),
+    ({"seed": 2**64}, "seed must be a whole number from 0"),
+    ({"max_audio_s": 2.0}, "no utterances (all 6 are longer than max_audio_s=2.0)"),
+    ({"train_manifest": "EMPTY"}, "empty.jsonl: no utterances"),
+    ({"train_manifest": "NO-TEXT"}, "every transcript (text) is empty: nothing to learn"),
+    ({"dev_manifest": "NO-TEXT"}, "of the dev utterances is empty once normalised"),
+    ({"dev_manifest": "MISSING"}, "cannot read manifest"),
 ])
 def test_bad_recipe_values_are_one_line_errors_before_any_work(capsys, tmp_path, overrides, match):
     from speechstream.cli import main
 
     recipe = yaml.safe_load(write_recipe(tmp_path).read_text())
+    overrides = {key: special_manifest(tmp_path, value) if value in ("EMPTY", "NO-TEXT", "MISSING") else value
+                 for key, value in overrides.items()}
     recipe.update(overrides)
     recipe = {key: value for key, value in recipe.items() if value is not None}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
@@ -558,3 +584,64 @@ def test_manifest_lines_with_bad_text_or_word_times_are_refused(tmp_path, change
     manifest.write_text(json.dumps(row) + "\n" + json.dumps({**row, "id": "second", **change}) + "\n")
     with pytest.raises(InputError, match=f"m.jsonl:2: bad manifest line .*{match}"):
         read_examples(str(manifest))
+
+
+def test_manifest_segments_train_on_their_time_range_and_long_clips_are_skipped_by_their_length(tmp_path):
+    """``offset``/``duration`` make an utterance a time range of its file (docs/manifest.md), in training as in eval:
+    the cache encodes that range (each range its own entry); ``max_audio_s`` skips by the clip's length, read from
+    the file's header where the line gives no duration; a range outside the file is one error naming the line."""
+    from speechstream.audio import load_audio
+    from speechstream.config import ModelConfig, from_dict
+    from speechstream.errors import InputError
+    from speechstream.model import build_model
+    from speechstream.train import FeatureCache, read_examples
+
+    jfk = str(ROOT / "samples" / "jfk.wav")  # 11 s
+    short = str(ROOT / "samples" / "austen-0880.wav")  # 2.99 s
+    rows = [{"id": "a", "audio": jfk, "text": "and so", "offset": 1.0, "duration": 2.5},
+            {"id": "b", "audio": jfk, "text": "my fellow", "offset": 4.0, "duration": 2.0},
+            {"id": "whole", "audio": jfk, "text": "ask not"},
+            {"id": "short", "audio": short, "text": "he was not"}]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    examples = read_examples(str(manifest), max_audio_s=5.0)
+    assert [e.id for e in examples] == ["a", "b", "short"]  # "whole" is 11 s: skipped though it gives no duration
+    assert (examples[0].offset, examples[0].duration) == (1.0, 2.5)
+    torch.manual_seed(0)
+    model = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
+    cache = FeatureCache(tmp_path / "features", model, 640)
+    assert cache.fill(examples, 4) == 3  # two ranges of one file: two entries
+    for example in examples[:2]:
+        frames, ends, samples = cache.frames(example)
+        assert samples == round(example.duration * 16000)
+        audio = load_audio(jfk, example.offset, example.duration)
+        with torch.no_grad():
+            expected = model.encode([audio], 640)
+        assert ends == expected.frame_ends[0]
+        assert torch.allclose(frames, expected.frames[0, : ends[-1]].half().float(), atol=2e-3)
+    assert not torch.equal(cache.frames(examples[0])[0][:10], cache.frames(examples[1])[0][:10])
+    manifest.write_text(json.dumps(rows[0] | {"offset": 10.0}) + "\n")
+    with pytest.raises(InputError, match=r"m.jsonl:1: .*not inside the audio"):
+        read_examples(str(manifest))
+    manifest.write_text(json.dumps(rows[0] | {"duration": -1}) + "\n")
+    with pytest.raises(InputError, match=r"m.jsonl:1: bad manifest line .*duration must be a positive number"):
+        read_examples(str(manifest))
+
+
+def test_a_failing_dev_evaluation_loses_no_training(tmp_path, monkeypatch):
+    """The steps are saved before the dev set is scored: an error there (here a stand-in) leaves the last step's
+    checkpoint and weights, and the rerun only finishes the evaluation."""
+    import speechstream.train as train_module
+
+    recipe = load_train_config(str(write_recipe(tmp_path, steps=3, save_every=10,
+                                                dev_manifest=str(ROOT / "samples" / "manifest.jsonl"))), [])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("dev evaluation failed")
+
+    monkeypatch.setattr(train_module, "dev_ctc_wer", broken)
+    with pytest.raises(RuntimeError, match="dev evaluation failed"):
+        train(recipe, progress=False)
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 3
+    assert json.loads((tmp_path / "run" / "state" / "step.json").read_text())["step"] == 3
+    assert (tmp_path / "run" / "trainable.safetensors").is_file()
