@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -59,14 +60,30 @@ def export(args: argparse.Namespace) -> None:
     half = {name: tensor.to(torch.float16).contiguous() if tensor.is_floating_point() else tensor.contiguous()
             for name, tensor in state.items()}
     target = args.model / "trainable.safetensors"
-    save_file(half, str(target), metadata={"step": str(progress["step"])})
     config_path = args.model / "config.yaml"
     text = config_path.read_text()
     config = yaml.safe_load(text)
+    # each file through a temporary one and a rename: a kill or a full disk leaves the model as it was
+    replace_atomically(target, lambda tmp: save_file(half, str(tmp), metadata={"step": str(progress["step"])}))
     if config.get("checkpoint") != target.name:
-        config_path.write_text(text.rstrip("\n") + f"\ncheckpoint: {target.name}\n")
+        lines = [line for line in text.splitlines() if not line.startswith("checkpoint:")]  # (no duplicate key)
+        new_text = "\n".join(lines).rstrip("\n") + f"\ncheckpoint: {target.name}\n"
+        replace_atomically(config_path, lambda tmp: tmp.write_text(new_text))
     size = target.stat().st_size / 2**20
     print(f"{target}: {len(half)} tensors, {size:.1f} MiB, step {progress['step']}")
+
+
+def replace_atomically(path: Path, write) -> None:
+    """``write(tmp)`` writes the new content of ``path`` into a temporary file beside it, flushed, then renamed
+    over ``path``; on any error the temporary file goes and ``path`` is left untouched."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

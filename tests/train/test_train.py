@@ -645,3 +645,49 @@ def test_a_failing_dev_evaluation_loses_no_training(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 3
     assert json.loads((tmp_path / "run" / "state" / "step.json").read_text())["step"] == 3
     assert (tmp_path / "run" / "trainable.safetensors").is_file()
+
+
+def test_export_replaces_the_models_files_atomically_and_transcribe_loads_the_run(tmp_path, monkeypatch, capsys):
+    """recipes/asr/export.py: a write that fails halfway leaves the model's weights and config as they were; a
+    completed export names its weights once in config.yaml, and ``speechstream transcribe`` runs on the weights the
+    training run saved."""
+    import argparse
+
+    from speechstream.cli import main
+    from speechstream.model import load_model
+    from tests.helpers import load_recipe
+
+    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
+    train(load_train_config(str(write_recipe(tmp_path, steps=2)), []), progress=False)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA | {"checkpoint": "old.safetensors"}))
+    (model_dir / "trainable.safetensors").write_bytes(b"the weights shipped before")
+    args = argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None)
+    real_save = export.save_file
+
+    def torn_save(tensors, path, metadata=None):
+        Path(path).write_bytes(b"torn")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(export, "save_file", torn_save)
+    before = {path.name: path.read_bytes() for path in model_dir.iterdir()}
+    with pytest.raises(OSError, match="No space left"):
+        export.export(args)
+    assert {path.name: path.read_bytes() for path in model_dir.iterdir()} == before
+    monkeypatch.setattr(export, "save_file", real_save)
+    export.export(args)
+    config_text = (model_dir / "config.yaml").read_text()
+    assert config_text.count("checkpoint:") == 1
+    assert yaml.safe_load(config_text)["checkpoint"] == "trainable.safetensors"
+    assert sorted(path.name for path in model_dir.iterdir()) == ["config.yaml", "trainable.safetensors"]
+    trained = load_file(str(tmp_path / "run" / "trainable.safetensors"))
+    loaded = load_model(str(model_dir), for_training=True).state_dict()  # (adapters unmerged)
+    weights = [key for key in trained if trained[key].is_floating_point()]
+    assert any(key.startswith("projector.") for key in weights) and any("lora_" in key for key in weights)
+    for key in weights:  # (export ships float16)
+        assert torch.equal(loaded[key], trained[key].half().float()), key
+    capsys.readouterr()
+    assert main(["transcribe", str(ROOT / "samples" / "austen-0880.wav"), "--model", str(model_dir),
+                 "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["audio_s"] == pytest.approx(2.99, abs=0.01)
