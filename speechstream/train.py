@@ -15,6 +15,12 @@ Runs through accelerate: the same command trains on one CPU, several GPUs or nod
 (seed, step), so a resumed run sees exactly the batches it would have seen; each rank's loss is weighted
 by its share of the global batch's target tokens and utterances (``global_batch_loss``), so the weights
 and the logged figures are those of one process taking the whole batch.
+
+``out_dir/log.jsonl``: a row every ``log_every`` steps with the means since the last row of ``loss``, ``lm`` (LM
+cross-entropy per target token), ``accuracy``, ``ctc`` and ``ctc_unfit``: the share of utterances whose CTC target
+has more labels (plus repeats) than their speech frames; their CTC loss counts as 0 (``unfit_ctc_targets``), so a
+large share means the CTC signal comes from few utterances; plus ``step``, ``k``, ``lr_factor``, ``elapsed_s``; and
+``{"step", "dev_ctc_wer"}`` rows for the dev evaluations.
 """
 
 from __future__ import annotations
@@ -461,11 +467,13 @@ class StreamingLoss(nn.Module):
         model = self.model
         if self.ctc_head_only:
             ctc = self.head_ctc_loss(frames, frame_ends, texts)
-            return {"ctc": ctc, "loss": ctc}
+            windows = [-(-ends[-1] // model.ctc_head.hop) for ends in frame_ends]
+            return {"ctc": ctc, "loss": ctc, "ctc_unfit": torch.tensor(float(unfit_ctc_targets(windows, texts)))}
         source = model.source_from_frames(EncodedBatch(frames, frame_ends))
+        unfit = torch.tensor(float(unfit_ctc_targets(source.speech_lengths.tolist(), texts)))
         if ctc_only:
             ctc = self.ctc_loss(source, texts)
-            return {"ctc": ctc, "loss": ctc}
+            return {"ctc": ctc, "loss": ctc, "ctc_unfit": unfit}
         logits = model.forward_train(source, targets, k)  # (B, T, V)
         header = len(model.header_ids)
         rows, labels = [], []
@@ -483,6 +491,7 @@ class StreamingLoss(nn.Module):
         if self.ctc_weight > 0:
             ctc = self.ctc_loss(source, texts)
             out["ctc"] = ctc
+            out["ctc_unfit"] = unfit
             loss = loss + self.ctc_weight * ctc
         out["loss"] = loss
         return out
@@ -511,6 +520,14 @@ class StreamingLoss(nn.Module):
                 raise ValueError("a CTC target token is outside ctc_classes")
         return F.ctc_loss(log_probs, flat, lengths, torch.tensor([len(t) for t in texts]),
                           blank=blank, reduction="mean", zero_infinity=True)
+
+
+def unfit_ctc_targets(lengths: list[int], texts: list[list[int]]) -> int:
+    """How many items' CTC targets no path over their frames can emit: a target of L labels with R adjacent
+    repeats needs L + R frames (a blank between repeats). Their loss is infinite; the CTC loss counts them as
+    zero (``zero_infinity``), so they teach the CTC head nothing and lower its logged figure."""
+    return sum(len(text) + sum(a == b for a, b in zip(text, text[1:])) > length
+               for length, text in zip(lengths, texts))
 
 
 def ctc_class_ids(model: SpeechLLM, examples: list[Example], config: TrainConfig) -> torch.Tensor | None:
@@ -596,9 +613,10 @@ def global_batch_loss(out: dict[str, torch.Tensor], items: int, ctc_weight: floa
     local = [float(out["lm_sum"].detach()) * weight if "lm_sum" in out else 0.0,
              float(out["tokens"]) * weight if "tokens" in out else 0.0,
              float(out["correct"]) * weight if "correct" in out else 0.0,
-             float(out["ctc"].detach()) * items if "ctc" in out else 0.0, float(items)]
+             float(out["ctc"].detach()) * items if "ctc" in out else 0.0, float(items),
+             float(out["ctc_unfit"]) * weight if "ctc_unfit" in out else 0.0]
     total = [float(x) for x in reduce_sum(torch.tensor(local, dtype=torch.float64))]
-    lm_sum, tokens, correct, ctc_sum, n_items = total
+    lm_sum, tokens, correct, ctc_sum, n_items, unfit = total
     loss = out["loss"] * 0.0  # (keeps every rank's graph, also one whose share does not count)
     row = {}
     if "lm_sum" in out:
@@ -608,6 +626,8 @@ def global_batch_loss(out: dict[str, torch.Tensor], items: int, ctc_weight: floa
         joint = "lm_sum" in out
         loss = loss + (ctc_weight if joint else 1.0) * out["ctc"] * (items * world / max(n_items, 1.0))
         row["ctc"] = ctc_sum / max(n_items, 1.0)
+        if "ctc_unfit" in out:  # the share of utterances too short in frames for their CTC target
+            row["ctc_unfit"] = unfit / max(n_items, 1.0)
     row["loss"] = row.get("lm", 0.0) + (ctc_weight if "lm" in row else 1.0) * row.get("ctc", 0.0)
     return loss, row
 

@@ -691,3 +691,29 @@ def test_export_replaces_the_models_files_atomically_and_transcribe_loads_the_ru
     assert main(["transcribe", str(ROOT / "samples" / "austen-0880.wav"), "--model", str(model_dir),
                  "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["audio_s"] == pytest.approx(2.99, abs=0.01)
+
+
+def test_ctc_targets_longer_than_their_frames_count_as_zero_and_are_logged(tmp_path):
+    """An utterance whose CTC target needs more frames than it has (labels plus a blank between repeats) adds 0 to
+    the CTC loss (zero_infinity) and nothing to its gradient; the log says which share of the batch that was
+    (the tiny byte-level model hears 4 of the 6 sample clips at 12.5 speech tokens/s, too few for their letters)."""
+    from speechstream.model import load_model
+    from speechstream.train import StreamingLoss, unfit_ctc_targets
+
+    assert unfit_ctc_targets([3, 3, 3, 2, 0], [[1, 2, 3], [1, 1, 2], [1, 1], [], [5]]) == 2
+    torch.manual_seed(0)
+    speech = torch.randn(1, 3, 64, requires_grad=True)
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(TINY_LORA))
+    model = load_model(str(tmp_path / "model.yaml"), for_training=True)
+    source = type("Source", (), {"speech": speech, "speech_lengths": torch.tensor([3])})()
+    loss = StreamingLoss(model, 1.0)
+    unfit = loss.ctc_loss(source, [[7, 7, 8]])  # needs 4 frames
+    unfit.backward()
+    assert float(unfit) == 0.0 and not speech.grad.any()
+    blank_only = loss.ctc_loss(source, [[]])  # an empty target: every frame blank
+    expected = -model.ctc_logits(speech).log_softmax(-1)[0, :, -1].sum()
+    assert torch.allclose(blank_only, expected)
+    train(load_train_config(str(write_recipe(tmp_path, steps=2, batch_size=6, ctc_only_steps=1, warmup_steps=1)), []),
+          progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [row["ctc_unfit"] for row in rows] == [pytest.approx(4 / 6), pytest.approx(4 / 6)]
