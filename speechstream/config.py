@@ -216,7 +216,7 @@ def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
         raise InputError(f"a config{' key ' + where.rstrip('.') if where else ''} must be a mapping of keys to values")
     data = dict(data or {})
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(map(str, set(data) - set(fields)))  # (YAML keys need not be strings: ``1: 2``)
     if unknown:
         raise InputError(f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(where + k for k in unknown)}")
     missing = [name for name, f in fields.items() if name not in data and f.default is dataclasses.MISSING

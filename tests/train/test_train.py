@@ -388,6 +388,7 @@ def test_bad_recipe_values_are_one_line_errors_before_any_work(capsys, tmp_path,
     ("row-list", "bad manifest line"),
     ("no-audio", "no such audio file"),
     ("out-file", "is not a folder"),
+    ("number-keys", "unknown config keys 1, 2.5"),
 ])
 def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
     from speechstream.cli import main
@@ -400,6 +401,8 @@ def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
         path.write_text("model: [a,\n  b: c\n")
     elif kind == "override":
         argv.append("steps=[")
+    elif kind == "number-keys":
+        path.write_text(path.read_text() + "1: 2\n2.5: x\n")
     elif kind in ("duplicate", "row-list", "no-audio"):
         manifest = tmp_path / "m.jsonl"
         line = (ROOT / "samples" / "manifest.jsonl").read_text().splitlines()[0]
