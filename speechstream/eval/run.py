@@ -87,6 +87,9 @@ LENGTH_TOLERANCE_S = 0.02
 # Rows of the quality table, in order, with the normaliser named once for the normalised ones.
 QUALITY_METRICS = ("WER", "CER", "WER_normalized", "CER_normalized", "BLEU", "chrF")
 NORMALIZER = "speechstream.eval.quality.normalize_english"
+# Printed when a long-form manifest is decoded by the gpe system without VAD segmentation.
+LONG_FORM_NOTE = ("note: these are long recordings (\"segments\") decoded without --vad, each as one stream; the "
+                  "models were trained on single utterances and do far better cut at pauses (--vad)")
 # Optional record fields (LLM work of the gpe system) -> their sums in scores.json.
 LLM_WORK = {"llm_tokens": "LLM_tokens", "llm_reencoded_tokens": "LLM_reencoded_tokens"}
 
@@ -121,6 +124,8 @@ def evaluate(
     utterances = read_manifest(manifest_path)
     references = manifest_references(utterances, task, manifest_path)
     sentences = sentence_references(utterances, task, manifest_path)
+    if sentences[0] is not None and baseline == "gpe" and not decoding.vad:
+        print(LONG_FORM_NOTE, file=sys.stderr)
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

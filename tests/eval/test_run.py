@@ -588,12 +588,13 @@ def long_form_manifest(folder: Path) -> Path:
     return manifest
 
 
-def test_long_form_eval_scores_stream_laal_and_resumes_only_with_the_same_sentences(tmp_path, word_sessions):
+def test_long_form_eval_scores_stream_laal_and_resumes_only_with_the_same_sentences(tmp_path, word_sessions, capsys):
     from speechstream.eval.latency import stream_laal
 
     manifest = long_form_manifest(tmp_path / "data")
     out = tmp_path / "out"
     scores = evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    assert "decoded without --vad" in capsys.readouterr().err  # DECODING has VAD off
     records = read_log(out)
     assert records[0]["reference"] == "the clip ends here"  # the sentences joined, whitespace collapsed
     half_ms = DURATIONS[0] * 1000 / 2
