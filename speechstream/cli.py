@@ -409,9 +409,9 @@ def cmd_live(args: argparse.Namespace) -> int:
     print(f"speechstream: listening on {device['name']} (Ctrl-C ends)", file=sys.stderr)
     session = StreamingSession(model, decoding)
     result = live.record(session, device, limit, live.Printer(), sd)
-    if result.overflows or result.dropped:
-        print(f"speechstream: warning: {result.overflows + result.dropped} audio blocks lost (device overflow "
-              "or the model fell behind)", file=sys.stderr)
+    if result.overflows:  # (blocks dropped because the model fell behind were warned of when it happened)
+        print(f"speechstream: warning: the audio device reported {result.overflows} overflowed blocks (audio lost "
+              "before speechstream read it)", file=sys.stderr)
     if args.output:
         starts = session.segment_start_times
         with open(args.output, "w", encoding="utf-8") as out:

@@ -3,7 +3,10 @@
 PortAudio (through ``sounddevice``) calls ``make_callback``'s function on its own thread;
 that function only copies the block into a ``queue.Queue``. The main thread takes blocks
 from the queue and feeds one ``StreamingSession``, so a slow model step never blocks the
-audio thread (blocks wait in the queue instead of being dropped).
+audio thread (blocks wait in the queue instead of being dropped). Only when the model falls
+more than ``MAX_QUEUED_S`` behind are new blocks dropped: the next block queued carries the
+number of samples lost before it, and the session is told of the gap (``StreamingSession.gap``)
+so every later time stays that of the real audio; the user is warned once, when it first happens.
 
 Ctrl-C sets a flag (``StopFlag``) that the main loop checks between blocks: the session is
 then finished (its tail read and written), the transcript saved, and the command exits 0.
@@ -28,6 +31,8 @@ INT16_SCALE = 32768.0  # int16 PCM -> float in [-1, 1), as soundfile reads 16-bi
 BLOCK_MS = 100  # PortAudio block size
 POLL_S = 0.1  # how often the main loop looks at the stop flag while waiting for audio
 MAX_QUEUED_S = 120  # audio the queue holds when the model falls behind; newer blocks are then dropped (counted)
+GAP_WARNING = ("speechstream: warning: the model fell {behind:g} s behind the microphone: audio is being dropped "
+               "(first gap at {at:.1f} s); the transcript skips it, its times stay those of the real audio")
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,11 @@ class LiveResult:
     """What one live run did."""
 
     events: list  # every session event, the last one "end"
-    samples: int  # samples fed to the session
+    samples: int  # samples fed to the session (lost ones not included)
     interrupted: bool  # stopped by Ctrl-C
     overflows: int  # blocks PortAudio reported as overflowed (audio lost before the queue)
     dropped: int = 0  # blocks dropped because the queue was full (the model fell far behind)
+    lost_samples: int = 0  # the samples of those blocks (the session counts them on its timeline)
 
 
 def load_sounddevice():
@@ -108,27 +114,33 @@ def resolve_device(sd, spec: int | str | None) -> dict:
 
 def make_callback(blocks: queue.Queue, limit: int | None = None, stop_exception: type[Exception] | None = None,
                   dropped: list[int] | None = None) -> Callable:
-    """The PortAudio callback: put a copy of the (frames, 1) int16 block and its status flag in the queue.
+    """The PortAudio callback: queue (a copy of the (frames, 1) int16 block, its status flag, samples lost before it).
 
     It does nothing else (no model work, no printing): PortAudio reuses ``indata``, and its
-    thread must return quickly. With ``limit`` it queues at most that many samples and then
-    raises ``stop_exception`` (``sounddevice.CallbackStop``), which ends the stream: a device
-    that is not paced in real time (a file) would otherwise keep the thread spinning. A full
-    queue (``maxsize``) drops the block and counts it in ``dropped[0]``.
+    thread must return quickly. With ``limit`` it takes at most that many samples of the device's
+    audio (lost ones included: they are on the stream's timeline) and then raises ``stop_exception``
+    (``sounddevice.CallbackStop``), which ends the stream: a device that is not paced in real time
+    (a file) would otherwise keep the thread spinning. A full queue (``maxsize``) drops the block:
+    ``dropped`` is [blocks dropped, samples dropped], and the next block queued carries the samples
+    dropped since the one before it.
     """
-    queued = 0
+    taken = 0  # samples of the device's audio, queued or dropped
+    lost = 0  # samples dropped since the last block queued
 
     def callback(indata, frames, time, status) -> None:  # noqa: ARG001 - PortAudio's signature
-        nonlocal queued
-        block = indata if limit is None else indata[: limit - queued]
+        nonlocal taken, lost
+        block = indata if limit is None else indata[: limit - taken]
         if block.size:
             try:
-                blocks.put_nowait((block.copy(), bool(status)))
-                queued += len(block)
+                blocks.put_nowait((block.copy(), bool(status), lost))
+                lost = 0
             except queue.Full:
+                lost += len(block)
                 if dropped is not None:
                     dropped[0] += 1
-        if limit is not None and queued >= limit and stop_exception is not None:
+                    dropped[1] += len(block)
+            taken += len(block)
+        if limit is not None and taken >= limit and stop_exception is not None:
             raise stop_exception
 
     return callback
@@ -165,39 +177,55 @@ class StopFlag:
         return self.event.is_set()
 
 
-def queued_blocks(blocks: queue.Queue, stop: StopFlag, active: Callable[[], bool], counter: list[int]) -> Iterator[np.ndarray]:
-    """Float blocks from the callback's queue until ``stop`` is set or the stream has ended and the queue is empty.
+def queued_blocks(blocks: queue.Queue, stop: StopFlag, active: Callable[[], bool],
+                  counter: list[int]) -> Iterator[tuple[np.ndarray, int]]:
+    """(float block, samples lost before it) from the callback's queue until ``stop`` is set or the stream has ended
+    and the queue is empty.
 
     ``counter[0]`` counts blocks that PortAudio flagged (overflows).
     """
     while not stop.set:
         try:
-            block, flagged = blocks.get(timeout=POLL_S)
+            block, flagged, lost = blocks.get(timeout=POLL_S)
         except queue.Empty:
             if not active():
                 return
             continue
         counter[0] += flagged
-        yield to_float(block)
+        yield to_float(block), lost
 
 
-def feed_blocks(session, blocks: Iterable[np.ndarray], limit: int | None, on_event: Callable,
-                stop: StopFlag | None = None) -> tuple[list, int]:
-    """Feed blocks to the session until they end, ``limit`` samples have gone in, or ``stop`` is set.
+def emit(events: list, new: list, on_event: Callable) -> None:
+    """Append ``new`` events to ``events`` and pass each to ``on_event``."""
+    for event in new:
+        events.append(event)
+        on_event(event)
+
+
+def feed_blocks(session, blocks: Iterable[tuple[np.ndarray, int]], limit: int | None, on_event: Callable,
+                stop: StopFlag | None = None, on_gap: Callable[[int, int], None] | None = None) -> tuple[list, int]:
+    """Feed (block, samples lost before it) to the session until they end, ``limit`` samples of the stream (lost ones
+    included) have passed, or ``stop`` is set. A loss goes to ``session.gap`` first, and to ``on_gap(at, n)`` (``at``:
+    the stream's sample where it starts).
 
     Returns (events, samples fed); the caller then calls ``finish_session``.
     """
-    events, taken = [], 0
-    for block in blocks:
+    events, taken, fed = [], 0, 0
+    for block, lost in blocks:
         if limit is not None:
-            block = block[: limit - taken]
+            lost = min(lost, limit - taken)
+            block = block[: limit - taken - lost]
+        if lost:
+            if on_gap is not None:
+                on_gap(taken, lost)
+            emit(events, session.gap(lost), on_event)
+            taken += lost
         taken += block.size
-        for event in session.feed(block):
-            events.append(event)
-            on_event(event)
+        fed += block.size
+        emit(events, session.feed(block), on_event)
         if (limit is not None and taken >= limit) or (stop is not None and stop.set):
             break
-    return events, taken
+    return events, fed
 
 
 def finish_session(session, on_event: Callable) -> list:
@@ -237,19 +265,44 @@ class Printer:
             self._showing = False
 
 
-def record(session, device: dict, limit: int | None, on_event: Callable, sd, block_ms: int = BLOCK_MS) -> LiveResult:
-    """Open the input device at 16 kHz mono int16, feed the session from the callback's queue, finish it."""
-    blocks: queue.Queue = queue.Queue(maxsize=MAX_QUEUED_S * 1000 // block_ms)
-    overflows, dropped = [0], [0]
+def gap_warner(warn: Callable[[str], None], max_queued_s: float = MAX_QUEUED_S) -> Callable[[int, int], None]:
+    """``feed_blocks``'s ``on_gap``: one warning, at the first gap (later gaps are only counted)."""
+    warned = False
+
+    def on_gap(at: int, lost: int) -> None:  # noqa: ARG001
+        nonlocal warned
+        if not warned:
+            warned = True
+            warn(GAP_WARNING.format(behind=max_queued_s, at=at / SAMPLE_RATE))
+
+    return on_gap
+
+
+def record(session, device: dict, limit: int | None, on_event: Callable, sd, block_ms: int = BLOCK_MS,
+           warn: Callable[[str], None] | None = None) -> LiveResult:
+    """Open the input device at 16 kHz mono int16, feed the session from the callback's queue, finish it.
+
+    Blocks dropped while the queue was full are gaps on the session's timeline; ``warn`` (a line; default: stderr)
+    is called once, at the first."""
+    max_blocks = MAX_QUEUED_S * 1000 // block_ms
+    blocks: queue.Queue = queue.Queue(maxsize=max_blocks)
+    overflows, dropped = [0], [0, 0]
     callback = make_callback(blocks, limit, sd.CallbackStop, dropped)
     try:
         stream = sd.InputStream(device=device["index"], samplerate=SAMPLE_RATE, channels=1, dtype="int16",
                                 blocksize=SAMPLE_RATE * block_ms // 1000, callback=callback)
     except (sd.PortAudioError, ValueError) as error:
         raise InputError(f"input device {device['name']!r} cannot record 16 kHz mono: {error}") from None
+    on_gap = gap_warner(warn or (lambda line: print(line, file=sys.stderr, flush=True)), max_blocks * block_ms / 1000)
     with StopFlag() as stop:
         with stream:  # closed before the finish: an unpaced device would fill the queue meanwhile
             source = queued_blocks(blocks, stop, lambda: stream.active, overflows)
-            events, taken = feed_blocks(session, source, limit, on_event, stop)
+            events, fed = feed_blocks(session, source, limit, on_event, stop, on_gap)
+        # the stream has stopped: blocks dropped after the last one queued are a gap at the end of the audio (not
+        # after Ctrl-C, which ends the stream where the session is, leaving the queue unread)
+        trailing = dropped[1] - session.lost_samples
+        if trailing > 0 and not stop.set:
+            on_gap(fed + session.lost_samples, trailing)
+            emit(events, session.gap(trailing), on_event)
         events += finish_session(session, on_event)
-    return LiveResult(events, taken, stop.set, overflows[0], dropped[0])
+    return LiveResult(events, fed, stop.set, overflows[0], dropped[0], dropped[1])

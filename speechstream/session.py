@@ -178,7 +178,8 @@ class StreamingSession:
         self.logits: list[torch.Tensor] = []  # (V,) per fed target row, when record_logits is set
         self.record_logits = False
         self._chunks_made = 0
-        self._samples_in = 0
+        self._samples_in = 0  # samples of the stream so far: fed, and lost in gaps
+        self.lost_samples = 0  # samples lost in gaps (``gap``): counted on the timeline, never read
         self._units_read = 0
         self._source_s = 0.0
         self._audio_done = False
@@ -237,8 +238,8 @@ class StreamingSession:
         Without VAD all audio is encoded. With it, audio before a segment's speech is confirmed waits in
         ``_waiting`` (at most the VAD's look-back: ``speech_pad_ms``, plus up to ``max_segment_s`` while speech heard
         is not yet confirmed) and is dropped, except the ``speech_pad_ms`` before the speech."""
-        if self.vad is None:
-            return [("audio", samples)]
+        if self.vad is None:  # after a gap (``gap``) the next audio opens a segment
+            return [("audio", samples)] if self._front_open else [("start", self._released), ("audio", samples)]
         found = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant
         waiting = np.concatenate([self._waiting, samples]) if self._waiting.size else samples
         at = self._released  # absolute sample of waiting[0]
@@ -321,17 +322,52 @@ class StreamingSession:
         at all is not read (nothing is written for silence)."""
         if self._audio_done:
             return
+        self._open_pending_onset()
+        if self._front_open:
+            self._add_unit(self.chunker.flush(), final=True)
+        else:  # only silence since the last cut (or since the start): it is passed over, not read
+            self._silent_end = True
+        self._audio_done = True
+
+    def _open_pending_onset(self) -> None:
+        """With VAD, where the audio stops (its end, or a gap): speech heard but not yet confirmed opens its segment
+        (it would have been read had the audio gone on)."""
         if self.vad is not None and not self._front_open and self.vad.pending_onset is not None:
             start = self.vad.keep_from()
             for step in [("skip", start - self._released), ("start", start),
                          ("audio", self._waiting[start - self._released :])]:
                 self._front(step, advance=False)
             self._waiting = np.zeros(0, np.float32)
-        if self._front_open:
-            self._add_unit(self.chunker.flush(), final=True)
-        else:  # only silence since the last cut (or since the start): it is passed over, not read
-            self._silent_end = True
-        self._audio_done = True
+
+    def gap(self, samples: int) -> list[Event]:
+        """``samples`` samples of the stream were lost before they reached the session (``live``: the capture queue
+        was full). The segment being heard ends there as at a VAD cut (its audio tail is read, its text committed),
+        the lost audio is never read, and every later time counts it: ``source_s``, ``audio_s`` and the segment
+        starts stay on the timeline of the real audio. Returns the events of the LLM work this allowed (as ``feed``).
+        """
+        if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 0:
+            raise InputError(f"gap takes a whole number of samples >= 0, not {samples!r}")
+        if self.finished:
+            raise InputError("the session has already finished")
+        if self._audio_done:
+            raise InputError("the audio has ended (end_audio was called): no gap can follow")
+        if samples == 0:
+            return []
+        start = self._clock_start()
+        with torch.no_grad():
+            self._open_pending_onset()
+            if self._front_open and self._released > self._front_start:
+                self._end_front_segment()
+            self._front_open = False
+            self._samples_in += int(samples)
+            self.lost_samples += int(samples)
+            self._released = self._samples_in
+            self._waiting = np.zeros(0, np.float32)
+            if self.vad is not None:
+                self.vad.skip(int(samples))
+            events = self._advance()
+        self._compute_s += time.perf_counter() - start
+        return events
 
     def close(self) -> list[Event]:
         """Commit whatever text is left and return it with the "end" event."""

@@ -180,6 +180,18 @@ class Endpointer:
             return self._cut(self._speech_end)
         return None
 
+    def skip(self, samples: int) -> None:
+        """``samples`` of the stream were lost (never pushed): what was heard before them is over (the caller ends its
+        segment there; no ``Endpoint`` is returned), the recurrent state starts afresh, and windows are counted on from
+        the end of the gap, so every position stays on the stream's timeline."""
+        self.samples_seen += self._buffer.size + samples
+        self._buffer = np.zeros(0, np.float32)
+        self.model.reset_states()
+        self._last_cut = self._speech_end = self.samples_seen
+        self._segment_start = self._onset = None
+        self._speech_windows = self._silence_windows = 0
+        self._in_speech = False
+
     def _cut(self, speech_end: int) -> Endpoint:
         endpoint = Endpoint(speech_end=speech_end, cut=self.samples_seen)
         self._last_cut = self.samples_seen

@@ -91,8 +91,8 @@ def test_callback_only_queues_a_copy():
     callback(indata, 1600, None, 0)
     callback(indata, 1600, None, 4)  # PortAudio flagged an overflow
     indata[:] = 0  # PortAudio reuses its buffer
-    first, flagged = blocks.get_nowait()
-    assert not flagged and first[:, 0].tolist() == list(range(-800, 800))
+    first, flagged, lost = blocks.get_nowait()
+    assert not flagged and not lost and first[:, 0].tolist() == list(range(-800, 800))
     assert blocks.get_nowait()[1] and blocks.empty()
     # the callback's closure holds the queue, counters and options: no session, no model
     held = [cell.cell_contents for cell in callback.__closure__]
@@ -103,17 +103,28 @@ def test_callback_stops_at_the_limit_and_drops_when_full():
     class Stop(Exception):
         pass
 
-    blocks, dropped = queue.Queue(maxsize=2), [0]
+    blocks, dropped = queue.Queue(maxsize=2), [0, 0]
     callback = live.make_callback(blocks, limit=2500, stop_exception=Stop, dropped=dropped)
     callback(np.ones((1600, 1), np.int16), 1600, None, 0)
     with pytest.raises(Stop):  # ends the stream: an unpaced device would otherwise spin on
         callback(np.ones((1600, 1), np.int16), 1600, None, 0)
     assert [blocks.get_nowait()[0].shape[0] for _ in range(2)] == [1600, 900]
-    full, dropped = queue.Queue(maxsize=1), [0]
+    full, dropped = queue.Queue(maxsize=1), [0, 0]
     callback = live.make_callback(full, dropped=dropped)
     for _ in range(3):
         callback(np.ones((1600, 1), np.int16), 1600, None, 0)
-    assert full.qsize() == 1 and dropped == [2]
+    assert full.qsize() == 1 and dropped == [2, 3200]
+    assert full.get_nowait()[2] == 0
+    callback(np.ones((800, 1), np.int16), 800, None, 0)
+    assert full.get_nowait()[2] == 3200  # the next block queued carries the samples lost before it
+    # with a limit, lost samples count: they are part of the audio the device recorded
+    blocks, dropped = queue.Queue(maxsize=1), [0, 0]
+    callback = live.make_callback(blocks, limit=4000, stop_exception=Stop, dropped=dropped)
+    callback(np.ones((1600, 1), np.int16), 1600, None, 0)
+    callback(np.ones((1600, 1), np.int16), 1600, None, 0)
+    with pytest.raises(Stop):
+        callback(np.ones((1600, 1), np.int16), 1600, None, 0)
+    assert dropped == [2, 2400]
 
 
 class RecordingSession:
@@ -122,10 +133,16 @@ class RecordingSession:
     def __init__(self):
         self.fed: list[int] = []
         self.finished = False
+        self.lost_samples = 0
 
     def feed(self, samples):
         assert samples.dtype == np.float32
         self.fed.append(samples.size)
+        return []
+
+    def gap(self, samples):
+        self.fed.append(-samples)
+        self.lost_samples += samples
         return []
 
     def finish(self):
@@ -150,8 +167,88 @@ def test_main_loop_counts_samples_and_stops_on_the_flag():
     first = next(source)
     stop.event.set()
     events, taken = live.feed_blocks(session, [first, first, first], None, lambda e: None, stop)
+    assert first[1] == 0 and taken == 1600
     assert session.fed == [1600] and list(source) == []  # the queue is no longer read
     assert live.to_float(np.array([[16384], [-32768]], np.int16)).tolist() == [0.5, -1.0]
+    # a gap goes to the session before the block after it, and counts toward the limit
+    session, gaps = RecordingSession(), []
+    blocks = [(np.zeros(1600, np.float32), 0), (np.zeros(1600, np.float32), 3200), (np.zeros(1600, np.float32), 900)]
+    events, fed = live.feed_blocks(session, blocks, 6000, lambda e: None, None, lambda at, n: gaps.append((at, n)))
+    assert session.fed == [1600, -3200, 1200] and fed == 2800 and gaps == [(1600, 3200)]
+
+
+class _FakeStream:
+    """A PortAudio input stream in the main thread: ``play(n)`` calls the callback with the next n blocks of the
+    script (block i holds the value i), as a device does while the main loop is busy."""
+
+    def __init__(self, callback, total, blocksize):
+        self.callback, self.total, self.blocksize, self.played = callback, total, blocksize, 0
+
+    def play(self, n):
+        for _ in range(min(n, self.total - self.played)):
+            self.callback(np.full((self.blocksize, 1), self.played, np.int16), self.blocksize, None, 0)
+            self.played += 1
+
+    @property
+    def active(self):
+        return self.played < self.total
+
+    def __enter__(self):
+        self.play(6)  # the model is slow to start: the queue (3 blocks) fills and 3 blocks are dropped
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+class _FakeSounddevice:
+    CallbackStop = type("CallbackStop", (Exception,), {})
+    PortAudioError = RuntimeError
+
+    def __init__(self, total):
+        self.total, self.stream = total, None
+
+    def InputStream(self, device, samplerate, channels, dtype, blocksize, callback):  # noqa: N802, ARG002
+        self.stream = _FakeStream(callback, self.total, blocksize)
+        return self.stream
+
+
+class _Slow:
+    """A real session; each feed lets the fake device play on (one block, four after the block of value 6)."""
+
+    def __init__(self, session, sd):
+        self.session, self.sd, self.blocks = session, sd, []
+
+    def feed(self, samples):
+        self.blocks.append(round(float(samples[0]) * 32768) if samples.size else None)
+        self.sd.stream.play(4 if self.blocks[-1] == 6 else 1)
+        return self.session.feed(samples)
+
+    def gap(self, samples):
+        self.blocks.append(-samples)
+        return self.session.gap(samples)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def test_blocks_dropped_while_the_model_is_behind_keep_the_timeline(tiny_model, monkeypatch):
+    """Blocks the callback drops (the queue full: the model fell MAX_QUEUED_S behind) are gaps in the session, where
+    they happened, and at the end; the stream's times count them, and the user is warned once."""
+    from speechstream.config import DecodingConfig
+    from speechstream.session import StreamingSession
+
+    monkeypatch.setattr(live, "MAX_QUEUED_S", 0.3)  # 3 blocks of 100 ms
+    sd, warnings = _FakeSounddevice(total=13), []
+    session = _Slow(StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, vad=False)), sd)
+    result = live.record(session, {"index": 0, "name": "fake"}, None, lambda e: None, sd, warn=warnings.append)
+    # blocks 0-2 queued, 3-5 dropped; 6, 7, 8 queued; after 6: 9 queued, 10-12 dropped (a gap at the end)
+    assert session.blocks == [0, 1, 2, -4800, 6, 7, 8, 9, -4800]
+    assert (result.dropped, result.lost_samples, result.samples) == (6, 9600, 11200)
+    assert len(warnings) == 1 and "first gap at 0.3 s" in warnings[0] and "times stay" in warnings[0]
+    end = result.events[-1]
+    assert end.type == "end" and end.audio_s == pytest.approx(1.3) and end.source_s == pytest.approx(1.3)
+    assert session.segment_start_times == [0.6]  # the audio after the first gap (after the one at the end: none)
 
 
 def test_first_sigint_sets_the_flag_second_interrupts():

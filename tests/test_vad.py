@@ -6,6 +6,7 @@ import torch
 
 from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import DecodingConfig
+from speechstream.errors import InputError
 from speechstream.session import StreamingSession
 from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig, find_endpoints
 from tests.conftest import text_favouring_chooser
@@ -426,3 +427,54 @@ def test_random_streams_alone_sliced_and_batched_give_the_same_events(tiny_model
         _check_events(events, stream, audio)
         assert [(e.type, e.text, e.source_s) for e in events if e.type != "partial"] == want
         assert stream.segment_starts == starts
+
+
+@pytest.mark.parametrize("vad", [True, False])
+def test_a_gap_ends_the_segment_and_keeps_the_timeline(tiny_model, monkeypatch, vad):
+    """Audio lost before it reached the session (``live``: the capture queue was full) is a gap: the speech before it
+    is read and committed as at a VAD cut, what follows is decoded as a fresh stream would be, and every time after it
+    (events, segment starts, the end's audio_s) counts the lost samples."""
+    monkeypatch.setattr("speechstream.vad.load_vad_model", _Loudness)
+    choose = text_favouring_chooser(tiny_model)
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=4, max_tail_tokens=10, vad=vad)
+    rng = np.random.default_rng(7)
+    before, after = [(0.2 * rng.standard_normal(n)).astype(np.float32) for n in (32_000, 24_000)]
+    lost = 59_233  # 3.7 s, not a whole number of VAD windows
+
+    def run(*parts):
+        session = StreamingSession(tiny_model, decoding, choose=choose)
+        events = []
+        for part in parts:
+            if isinstance(part, int):
+                events += session.gap(part)
+            else:
+                for start in range(0, part.size, 1600):
+                    events += session.feed(part[start : start + 1600])
+        return session, events + session.finish()
+
+    gapped, events = run(before, lost, after)
+    (first, first_events), (second, second_events) = run(before), run(after)
+    offset = (before.size + lost) / SAMPLE_RATE
+    finals = [(e.text, e.source_s) for e in events if e.type == "final"]
+    expected = [(e.text, e.source_s) for e in first_events if e.type == "final"]
+    expected += [(e.text, e.source_s + offset) for e in second_events if e.type == "final"]
+    assert first.transcript and second.transcript and gapped.transcript == first.transcript + " " + second.transcript
+    assert [t.strip() for t, _ in finals] == [t.strip() for t, _ in expected]
+    assert [s for _, s in finals] == pytest.approx([s for _, s in expected], abs=1e-3)
+    after_gap = sum(e.type == "final" for e in second_events)
+    assert after_gap and all(s > offset for _, s in finals[-after_gap:])  # the text after the gap is timed after it
+    total = (before.size + lost + after.size) / SAMPLE_RATE
+    assert events[-1].audio_s == pytest.approx(total) and events[-1].source_s == pytest.approx(total, abs=1e-3)
+    assert gapped.lost_samples == lost and gapped.segment == 1  # one segment end: at the gap
+    shifted = [s + before.size + lost for s in second.segment_starts]
+    assert gapped.segment_starts == first.segment_starts + (shifted if vad else [before.size + lost])
+    # a gap at the end: nothing more is read, the end is where the stream ends
+    ended, events = run(before, lost)
+    assert ended.transcript == first.transcript
+    end = (before.size + lost) / SAMPLE_RATE
+    assert events[-1].audio_s == pytest.approx(end) and events[-1].source_s == pytest.approx(end, abs=1e-3)
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(InputError, match="gap"):
+            StreamingSession(tiny_model, decoding, choose=choose).gap(bad)
+    with pytest.raises(InputError, match="finished"):
+        ended.gap(1)
