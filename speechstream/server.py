@@ -12,7 +12,10 @@ it resamples and feeds each stream's audio into its ``StreamingSession`` (front 
 the LLM for all streams together in a ``batch.DynamicBatch``, which streams join when they start
 and leave when they end or disconnect. Each stream has a bounded input queue: the reader takes a
 credit before reading the next frame from the socket and the worker gives it back when it has
-consumed the frame, so a stream that outpaces the decoder stops being read (TCP backpressure).
+consumed the frame. Per pass the worker takes at most ``MAX_UNITS_AHEAD`` chunks' worth of each
+stream's frames, and none while that many of its chunks wait for the LLM, then steps the LLM: a
+stream that outpaces the LLM stops being read (TCP backpressure) rather than piling up encoded
+audio, and no stream's uploads hold up the other streams' text.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def same_origin(origin: str, host: str) -> bool:
 
 START_FIELDS = ("type", "sample_rate", "task", "model", "source_lang", "target_lang", "chunk_ms")
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192000
+MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
 
 
 @dataclass(frozen=True)
@@ -255,8 +259,13 @@ class DecodeWorker:
                 self._drop(live)
                 busy = True
                 continue
-            while stream.inbox and not live.ending:
+            # per pass, at most MAX_UNITS_AHEAD chunks of audio per stream, and none while that many of its chunks
+            # wait for the LLM: every pass ends with an LLM step for all streams, and a stream's frames wait in its
+            # queue (backpressure) instead of piling up as encoded chunks that no LLM step has read
+            budget = 2 * stream.start.sample_rate * MAX_UNITS_AHEAD * live.session.decoding.chunk_ms // 1000  # bytes
+            while budget > 0 and stream.inbox and not live.ending and (stream.inbox[0] is _END or self._may_feed(live)):
                 item = stream.inbox.popleft()
+                budget -= 0 if item is _END else len(item)
                 self.frames += 1
                 stream.loop.call_soon_threadsafe(stream.credits.release)
                 busy = True
@@ -273,6 +282,12 @@ class DecodeWorker:
                     self._drop(live)
                     break
         return busy
+
+    @staticmethod
+    def _may_feed(live: _Live) -> bool:
+        """Whether a stream's next frame may go to its front end: fewer than ``MAX_UNITS_AHEAD`` of its chunks are
+        waiting for the LLM."""
+        return len(live.session.units) < MAX_UNITS_AHEAD
 
     def _feed(self, live: _Live, samples: np.ndarray) -> None:
         if samples.size:

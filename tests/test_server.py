@@ -347,6 +347,37 @@ def test_a_full_queue_stops_reading_the_socket(tiny_model):
     assert check_events(events, len(pcm) / 2 / 16000) == expected
 
 
+def test_a_fast_client_is_decoded_while_it_sends_and_its_llm_holds_it_back(tiny_model):
+    """A client that sends much faster than real time: its frames go to the front end only while few of its chunks
+    wait for the LLM, so text comes while it sends, the encoded chunks waiting stay few (they piled up, every one of
+    them, and no LLM step ran until the client stopped), and the rest waits in the queue and the socket."""
+    from speechstream.server import MAX_UNITS_AHEAD
+
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(queue_frames=4), choose=text_favouring_chooser)
+    worker, seen = server.worker, {"units": 0, "steps_at_end": None}
+    take_inputs = worker._take_inputs
+
+    def watched_take_inputs():
+        busy = take_inputs()
+        seen["units"] = max([seen["units"]] + [len(live.session.units) for live in worker._live])
+        if seen["steps_at_end"] is None and any(live.ending for live in worker._live):
+            seen["steps_at_end"] = worker.batch.steps
+        return busy
+
+    worker._take_inputs = watched_take_inputs
+    pcm = to_pcm(np.concatenate(clips(3.0)[:6]))  # 18 s, sent in 0.1 s frames as fast as the socket takes them
+    expected = solo(tiny_model, FAST, int16_to_float(pcm), text_favouring_chooser(tiny_model))
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            return await stream(http, url, pcm, frame_bytes=3200)
+
+    events = asyncio.run(scenario())
+    assert check_events(events, len(pcm) / 2 / 16000) == expected
+    assert seen["units"] <= MAX_UNITS_AHEAD + 1  # (a 0.1 s frame makes at most one 320 ms chunk)
+    assert seen["steps_at_end"] > worker.batch.steps / 2  # most LLM steps ran before the end message was taken
+
+
 def test_health_and_the_page(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=3))
 
