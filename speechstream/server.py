@@ -121,7 +121,8 @@ def parse_start(text: str, served_model: str, served_task: str) -> StreamStart:
         check_stream_rate(rate)
     except InputError as error:
         raise ProtocolError(str(error)) from None
-    task = message.get("task", "asr")
+    task = message.get("task")
+    task = "asr" if task is None else task  # null, as for every optional field: the default
     if task != served_task:
         raise ProtocolError(f"this server serves task {served_task!r}, not {task!r}")
     model = message.get("model")

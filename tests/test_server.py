@@ -296,6 +296,44 @@ def test_protocol_errors_get_an_error_event_and_a_close(tiny_model, frames, cont
     assert state["status"] == "ok" and state["sessions"] == 0 and state["batch"] == 0
 
 
+def test_start_timeout_and_the_errors_the_websocket_layer_closes_on(tiny_model):
+    """No start within --start-timeout: an error event and a close. A frame of twice --max-frame-bytes plus 4 KiB or
+    more: close code 1009 without an event; a text frame that is not UTF-8: 1007 (docs/websocket.md)."""
+    config = ServerConfig(max_frame_bytes=8000, start_timeout_s=0.5)
+    server = Server(tiny_model, "tiny-random", FAST, config, choose=text_favouring_chooser)
+
+    async def frames_and_code(http, url, frame=None, raw_text=None):
+        async with http.ws_connect(url + "ws") as ws:
+            if frame is not None or raw_text is not None:
+                await ws.send_str(START)
+            if frame is not None:
+                await ws.send_bytes(frame)
+            if raw_text is not None:  # aiohttp's client encodes every str it sends: write the frame itself
+                await ws._writer.send_frame(raw_text, aiohttp.WSMsgType.TEXT)
+            return [json.loads(m.data) async for m in ws if m.type == aiohttp.WSMsgType.TEXT], ws.close_code
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            return [await frames_and_code(http, url), await frames_and_code(http, url, b"\0" * (2 * 8000 + 4096)),
+                    await frames_and_code(http, url, b"\0" * (2 * 8000 + 4094)),
+                    await frames_and_code(http, url, raw_text=b"\xff\xfe"), await settled_health(http, url)]
+
+    timeout, too_big, big, not_utf8, state = asyncio.run(scenario())
+    assert timeout == ([{"type": "error", "message": "no start message within 0.5 s"}], 1000)
+    assert too_big == ([], 1009) and not_utf8 == ([], 1007)
+    assert big[0] == [{"type": "error", "message": "audio frame of 20094 bytes exceeds the limit of 8000"}]
+    assert state["sessions"] == 0 and state["batch"] == 0
+
+
+def test_null_optional_start_fields_are_left_out():
+    from speechstream.server import parse_start
+
+    message = {"type": "start", "sample_rate": 16000, "task": None, "model": None, "source_lang": None,
+               "target_lang": None, "chunk_ms": None}
+    start = parse_start(json.dumps(message), "tiny-random", "asr")
+    assert (start.task, start.chunk_ms, start.source_lang) == ("asr", None, None)
+
+
 def test_one_session_too_many_gets_an_error_and_the_others_go_on(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=2), choose=text_favouring_chooser)
     pcm = to_pcm(clips(1.0)[0])
