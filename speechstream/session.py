@@ -4,6 +4,8 @@
 events; ``finish()`` reads the rest of the audio and the end-of-source marker, writes
 the remaining text and returns the last events, ending with ``type == "end"``.
 The microphone, the server, file transcription and evaluation all drive this class.
+``gap(n)`` says that n samples of the stream were lost before they reached it (the microphone's
+queue overflowed): they are never read, but every later time counts them.
 
 Long sessions (``DecodingConfig.vad``): a Silero VAD endpointer (``speechstream.vad``)
 watches the audio; at a pause the current *segment* ends as a stream would end (the rest
