@@ -241,7 +241,8 @@ class StreamingSession:
         ``_waiting`` (at most the VAD's look-back: ``speech_pad_ms``, plus up to ``max_segment_s`` while speech heard
         is not yet confirmed) and is dropped, except the ``speech_pad_ms`` before the speech."""
         if self.vad is None:  # after a gap (``gap``) the next audio opens a segment
-            return [("audio", samples)] if self._front_open else [("start", self._released), ("audio", samples)]
+            opens = not self._front_open and samples.size
+            return [("start", self._released), ("audio", samples)] if opens else [("audio", samples)]
         found = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant
         waiting = np.concatenate([self._waiting, samples]) if self._waiting.size else samples
         at = self._released  # absolute sample of waiting[0]
