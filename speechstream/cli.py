@@ -76,7 +76,7 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool) -> None:
                         help="stop a chunk's writing when a token block repeats this often (0: off; else at least 2; "
                         "default: %(default)s)")
     parser.add_argument("--device", default=defaults.device, help="torch device (cpu, cuda)")
-    parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate)")
+    parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate; --device cpu only)")
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
                         "none (GPE), interleaved, source-sees-target or reencode; see README.md, Ablations and the "
                         "sweep")
@@ -340,6 +340,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise InputError(f"--model names a GPE model; give the {args.baseline} model with --baseline-model")
         if args.ablation != "none":
             raise InputError(f"--ablation applies to the gpe system, not to {args.baseline}")
+        if args.int8:  # the Whisper baselines run in float: a silent float run would be scored as int8's
+            raise InputError(f"--int8 applies to the gpe system, not to {args.baseline}")
         name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline,
              source_lang=args.source_lang, target_lang=args.target_lang)

@@ -157,6 +157,8 @@ class DecodingConfig:
         if not isinstance(self.policy, str) or not isinstance(self.device, str):
             raise InputError("policy and device must be names (strings)")
         check_device(self.device)
+        if self.int8 and self.device != "cpu":  # refused here, before a model loads onto the device
+            raise InputError(f"--int8 is a CPU speed mode (int8 weights on the CPU): not with --device {self.device}")
 
 
 def check_device(device: str) -> None:

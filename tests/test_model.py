@@ -123,6 +123,30 @@ def test_int8_speed_mode_stays_close_to_float():
     assert verify_model(model, "int8", 1).max_delta < 0.1  # approximate: per-call activation scales differ
 
 
+def test_int8_speed_mode_prints_no_torch_warnings():
+    """torch's notices that its quantization API is deprecated are not the user's business: stderr stays empty
+    (in a fresh process, since torch gives some of them once per process)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    code = "from speechstream.model import load_model; load_model('tiny-random', int8=True)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=str(repo)))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_int8_is_refused_off_the_cpu_before_any_model_loads(monkeypatch):
+    from speechstream.config import DecodingConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    assert DecodingConfig(device="cuda").device == "cuda"
+    with pytest.raises(InputError, match="--int8 is a CPU speed mode.*--device cuda"):
+        DecodingConfig(int8=True, device="cuda")
+
+
 def test_projector_output_scale_sets_what_the_llm_reads_not_the_ctc_scores():
     plain = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
     scaled_config = TINY_LORA | {"projector": {"stack": 4, "output_scale": 0.1}}

@@ -500,6 +500,16 @@ def test_cli_rejects_unknown_baselines(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("baseline", ["whisper-offline", "whisper-la2"])
+def test_cli_refuses_int8_for_the_whisper_baselines(tmp_path, capsys, baseline):
+    """--int8 quantizes the gpe model's LLM; the Whisper baselines would run in float and be scored as int8."""
+    manifest = write_manifest(tmp_path / "data", [1.0])
+    assert main(["eval", str(manifest), "--out", str(tmp_path / "out"), "--baseline", baseline, "--int8"]) == 2
+    error = capsys.readouterr().err
+    assert error == f"speechstream: error: --int8 applies to the gpe system, not to {baseline}\n"
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_bad_manifest_is_one_error_line(tmp_path, capsys):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"id": "a", "audio": "a.wav"}\n{"id": "b"\n')
