@@ -155,7 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--output", help="write to this file instead of stdout")
     transcribe.add_argument("--no-partials", action="store_true", help="jsonl: omit partial events")
 
-    verify = commands.add_parser("verify", help="check that streaming equals the batch forward")
+    verify = commands.add_parser(
+        "verify", help="check that streaming equals the batch forward",
+        description="Teacher-forces a streaming session and the one-pass training forward with the same seeded "
+        "noise and random target, and prints one line per model and k: the target rows compared, the largest "
+        "|delta logit|, the bound (1e-4, or 1e-5 of the largest |logit| when that is larger) and ok or FAIL. "
+        "Exit code 1 if any line is FAIL.")
     group = verify.add_mutually_exclusive_group()
     group.add_argument("--model", help="model name or directory (default: the tiny model)")
     group.add_argument("--all-architectures", action="store_true", help="tiny seeded Llama, Qwen2, Gemma2 and Phi3")
@@ -307,10 +312,12 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from speechstream import verify
+    from speechstream.chunker import chunk_samples
 
     ks = tuple(args.k)
     if any(k < 1 for k in ks):
         raise InputError("--k must be at least 1")
+    chunk_samples(args.chunk_ms)  # a bad --chunk-ms is refused before the model loads
     if args.all_architectures:
         results = verify.verify_architectures(ks, args.chunk_ms)
     else:

@@ -382,6 +382,33 @@ def test_verify(capsys):
     assert 0 <= delta <= 1e-4
 
 
+@pytest.mark.parametrize("chunk_ms", ["0", "-640", "7"])
+def test_verify_refuses_a_bad_chunk_before_loading_the_model(capsys, monkeypatch, chunk_ms):
+    from speechstream import verify
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before --chunk-ms was checked")
+
+    monkeypatch.setattr(verify, "load_model", no_load)
+    code, out, err = run(capsys, "verify", "--model", "smollm2-whisper-base", "--chunk-ms", chunk_ms)
+    assert_one_error(code, err, match="chunk_ms must be")
+
+
+def test_verify_fails_when_streaming_differs_from_the_batch_forward(capsys, monkeypatch):
+    """Negative control of the command: a streaming path off by 1e-3 in every logit is a FAIL line and exit 1."""
+    from speechstream import verify
+
+    exact = verify.teacher_forced_logits
+    monkeypatch.setattr(verify, "teacher_forced_logits", lambda *args, **kwargs: exact(*args, **kwargs) + 1e-3)
+    code, out, err = run(capsys, "verify", "--k", "1")
+    assert code == 1 and err == ""
+    (line,) = out.splitlines()
+    assert line.endswith("FAIL") and "max|delta logit|=1.000e-03" in line
+    monkeypatch.setattr(verify, "teacher_forced_logits", lambda *args, **kwargs: exact(*args, **kwargs) * torch.nan)
+    code, out, err = run(capsys, "verify", "--k", "1")
+    assert code == 1 and out.rstrip().endswith("FAIL") and "=nan" in out
+
+
 @pytest.mark.parametrize("command, vad", [("transcribe", True), ("live", True), ("serve", True), ("eval", False)])
 def test_vad_defaults(command, vad):
     """Files, the microphone and the server may run for hours: they are cut at pauses unless --no-vad. eval scores
