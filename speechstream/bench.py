@@ -5,12 +5,16 @@ the clips in name order, each followed by a pause of low seeded noise (lengths c
 through ``PAUSES_S``), repeated to the requested length. It is fed to one session in
 ``chunk_ms`` chunks as fast as possible. Per window of audio the benchmark reports the
 resident memory (VmRSS), the median and 95th percentile compute time of one chunk's
-``feed``, the LLM cache length and the segment count; the last line compares the last
-window with the first.
+``feed`` (every chunk of the window counts, the first ones of the stream included: nothing is
+excluded as warm-up), the LLM cache length and the VAD segment index; then the last window is
+compared with the first. Interrupted (Ctrl-C), it still reports the window in progress and
+the comparison before it stops.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,33 +110,43 @@ def synthetic_chunks(clips: list[np.ndarray], total: int, size: int, seed: int =
             return
 
 
-def rss_mb() -> float:
-    """Resident memory of this process (VmRSS from /proc/self/status; ru_maxrss elsewhere)."""
+def rss_mb(status: Path = Path("/proc/self/status"), platform: str = sys.platform) -> float:
+    """Resident memory of this process in MB: VmRSS from ``status`` (Linux); elsewhere the peak so far, ru_maxrss
+    (bytes on macOS, KiB on the other systems)."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in status.read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 * 1024 if platform == "darwin" else 1024)
 
 
-def window_stats(start_min: float, end_min: float, latencies_s: list[float], caches: list[int], segment: int) -> WindowStats:
+def window_stats(start_min: float, end_min: float, latencies_s: list[float], caches: list[int],
+                 segment: int) -> WindowStats:
     """Summarise one window (pure, apart from reading the memory)."""
     ms = np.asarray(latencies_s) * 1000
     return WindowStats(start_min, end_min, rss_mb(), float(np.median(ms)), float(np.percentile(ms, 95)),
                        caches[-1], max(caches), segment)
 
 
-def format_header() -> str:
-    return f"{'minutes':>11} {'RSS MB':>8} {'median ms':>10} {'p95 ms':>8} {'LLM cache':>10} {'max cache':>10} {'segment':>8}"
+def minute_decimals(window_minutes: float) -> int:
+    """Decimals of the minutes column that tell windows apart: 1 for windows of 0.1 minutes and more, else enough
+    for the window's first significant digit (0.05 -> 2, 0.001 -> 3)."""
+    return max(1, -math.floor(math.log10(window_minutes)))
 
 
-def format_window(w: WindowStats) -> str:
-    return (f"{w.start_min:5.1f}-{w.end_min:5.1f} {w.rss_mb:8.1f} {w.median_ms:10.1f} {w.p95_ms:8.1f} "
-            f"{w.llm_cache:10d} {w.max_llm_cache:10d} {w.segment:8d}")
+def format_header(decimals: int = 1) -> str:
+    return (f"{'minutes':>{2 * decimals + 9}} {'RSS MB':>8} {'median ms':>10} {'p95 ms':>8} {'LLM cache':>10} "
+            f"{'max cache':>10} {'segment':>8}")
+
+
+def format_window(w: WindowStats, decimals: int = 1) -> str:
+    width = decimals + 4
+    return (f"{w.start_min:{width}.{decimals}f}-{w.end_min:{width}.{decimals}f} {w.rss_mb:8.1f} {w.median_ms:10.1f} "
+            f"{w.p95_ms:8.1f} {w.llm_cache:10d} {w.max_llm_cache:10d} {w.segment:8d}")
 
 
 def format_ratios(windows: list[WindowStats]) -> str:
@@ -141,8 +155,24 @@ def format_ratios(windows: list[WindowStats]) -> str:
             f"median latency {last.median_ms / first.median_ms:.2f}x")
 
 
+def device_sync(device: str) -> Callable[[], None]:
+    """What waits until the work queued on ``device`` is done, so that a chunk's time is its whole compute (CUDA and
+    MPS run asynchronously: a chunk that only reads would otherwise be timed by what the next one waits for)."""
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if kind == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
 def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
-    """Run the benchmark, emitting the report line by line; return the window figures."""
+    """Run the benchmark, emitting the report line by line; return the window figures.
+
+    On KeyboardInterrupt the window in progress and the last/first comparison are still emitted, then the
+    interrupt is raised again."""
     import torch
 
     from speechstream.chunker import chunk_samples
@@ -150,33 +180,54 @@ def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
     from speechstream.model import load_model
     from speechstream.session import StreamingSession
 
+    clips = load_clips()
     torch.set_num_threads(config.threads)
     model = load_model(config.model, config.device)
     decoding = DecodingConfig(chunk_ms=config.chunk_ms, vad=config.vad, device=config.device)
     session = StreamingSession(model, decoding, partials=False)
+    sync = device_sync(config.device)
     size = chunk_samples(config.chunk_ms)
-    total = int(round(config.minutes * 60 * SAMPLE_RATE))
+    # whole chunks: a shorter last piece would only be buffered by the session, and its near-zero time would count
+    # as a chunk's (alone in its window, it made the last/first comparison about nothing)
+    total = size * math.ceil(round(config.minutes * 60 * SAMPLE_RATE) / size)
     window = max(size, int(round(config.window_minutes * 60 * SAMPLE_RATE)))  # samples per window
-    emit(f"speechstream bench: model {config.model}, {config.minutes:g} min of audio in {config.chunk_ms} ms chunks, "
-         f"VAD {'on' if config.vad else 'off'}, {config.threads} thread(s)")
-    emit(format_header())
+    decimals = minute_decimals(config.window_minutes)
+    emit(f"speechstream bench: model {config.model}, {config.minutes:g} min of audio ({total // size} chunks of "
+         f"{config.chunk_ms} ms), VAD {'on' if config.vad else 'off'}, {config.threads} thread(s)")
+    emit(format_header(decimals))
     windows: list[WindowStats] = []
     latencies: list[float] = []
     caches: list[int] = []
     fed = 0
+
+    def close_window() -> None:
+        n = min(len(latencies), len(caches))  # an interrupt may fall between the two appends
+        start_min = windows[-1].end_min if windows else 0.0
+        windows.append(window_stats(start_min, fed / SAMPLE_RATE / 60, latencies[:n], caches[:n], session.segment))
+        emit(format_window(windows[-1], decimals))
+        latencies.clear()
+        caches.clear()
+
     started = time.perf_counter()
-    for chunk in synthetic_chunks(load_clips(), total, size, config.seed):
-        start = time.perf_counter()
-        session.feed(chunk)
-        latencies.append(time.perf_counter() - start)
-        caches.append(session.llm_cache_length or 0)
-        fed += chunk.size
-        if fed >= (len(windows) + 1) * window or fed >= total:
-            end_min = fed / SAMPLE_RATE / 60
-            start_min = windows[-1].end_min if windows else 0.0
-            windows.append(window_stats(start_min, end_min, latencies, caches, session.segment))
-            emit(format_window(windows[-1]))
-            latencies, caches = [], []
+    try:
+        for chunk in synthetic_chunks(clips, total, size, config.seed):
+            start = time.perf_counter()
+            session.feed(chunk)
+            sync()
+            elapsed, cache = time.perf_counter() - start, session.llm_cache_length or 0
+            latencies.append(elapsed)
+            caches.append(cache)
+            fed += chunk.size
+            if fed >= (len(windows) + 1) * window or fed >= total:
+                close_window()
+    except KeyboardInterrupt:
+        if latencies and caches:
+            close_window()
+        if windows:
+            emit(format_ratios(windows))
+        emit(f"interrupted after {fed / SAMPLE_RATE:.0f} s of audio ({time.perf_counter() - started:.0f} s of "
+             "compute)")
+        raise
     session.finish()
     wall = time.perf_counter() - started
     emit(format_ratios(windows))

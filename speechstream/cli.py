@@ -76,7 +76,8 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool) -> None:
                         help="stop a chunk's writing when a token block repeats this often (0: off; else at least 2; "
                         "default: %(default)s)")
     parser.add_argument("--device", default=defaults.device, help="torch device (cpu, cuda)")
-    parser.add_argument("--int8", action="store_true", help="CPU speed mode: int8 LLM weights (approximate; --device cpu only)")
+    parser.add_argument("--int8", action="store_true",
+                        help="CPU speed mode: int8 LLM weights (approximate; --device cpu only)")
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
                         "none (GPE), interleaved, source-sees-target or reencode; see README.md, Ablations and the "
                         "sweep")
@@ -189,7 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     live = commands.add_parser("live", help="transcribe the microphone as you speak (Ctrl-C ends and saves)")
     _live_args(live)
 
-    bench = commands.add_parser("bench", help="long-session benchmark: memory and per-chunk latency over time")
+    bench = commands.add_parser(
+        "bench", help="long-session benchmark: memory and per-chunk latency over time",
+        description="Feeds one session a long stream built from samples/*.wav (clips and quiet pauses) as fast as it "
+        "can, and prints per window of audio: resident memory at the window's end (MB), the median and 95th "
+        "percentile of one chunk's compute time (ms; every chunk of the window counts, the first ones too), the "
+        "LLM cache at the window's end and its largest in the window, and the VAD segment index (from 0) at the "
+        "window's end; then the last/first window ratios and the total compute time (RTF).")
     _bench_args(bench)
 
     fetch = commands.add_parser("fetch", help="download, verify and convert pretrained weights into the cache "

@@ -40,3 +40,77 @@ def test_bad_options(capsys, argv):
     assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("speechstream: error:") and len(err.strip().splitlines()) == 1, err
+
+
+def test_rss_is_in_megabytes_on_every_system(tmp_path, monkeypatch):
+    import resource
+    from types import SimpleNamespace
+
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmRSS:\t  819200 kB\n")
+    assert bench.rss_mb(status) == 800.0
+    peak = {"darwin": 800 * 2**20, "freebsd": 800 * 2**10}  # ru_maxrss: bytes on macOS, KiB elsewhere
+    for platform, maxrss in peak.items():
+        monkeypatch.setattr(resource, "getrusage", lambda who, maxrss=maxrss: SimpleNamespace(ru_maxrss=maxrss))
+        assert bench.rss_mb(tmp_path / "no-proc", platform) == 800.0
+
+
+def test_minute_labels_tell_short_windows_apart():
+    assert [bench.minute_decimals(w) for w in (30, 5, 1, 0.1, 0.05, 0.0107, 0.00067)] == [1, 1, 1, 1, 2, 2, 4]
+    w = bench.WindowStats(0.0107, 0.0213, 800.0, 10.0, 12.0, 5, 6, 0)
+    assert bench.format_window(w, 2).split()[0] == "0.01-"
+    assert len(bench.format_window(w, 2)) == len(bench.format_header(2))
+    assert len(bench.format_window(w)) == len(bench.format_header())
+
+
+def feeds_recorded(monkeypatch, interrupt_at: int | None = None) -> list[int]:
+    """Record the size of every chunk the benchmark feeds; with ``interrupt_at``, Ctrl-C during that feed."""
+    from speechstream.session import StreamingSession
+
+    sizes: list[int] = []
+    feed = StreamingSession.feed
+
+    def recording(self, samples):
+        if len(sizes) == interrupt_at:
+            raise KeyboardInterrupt
+        sizes.append(len(samples))
+        return feed(self, samples)
+
+    monkeypatch.setattr(StreamingSession, "feed", recording)
+    return sizes
+
+
+def test_every_timed_feed_is_a_whole_chunk(capsys, monkeypatch):
+    """3 s is 4.69 chunks of 640 ms: the stream is made 5 whole chunks, not 4 and a piece the session only buffers
+    (whose ~0 ms, alone in the last one-chunk window, made the last/first comparison say 0.00x)."""
+    sizes = feeds_recorded(monkeypatch)
+    assert main(["bench", "--minutes", "0.05", "--window-minutes", "0.0107"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert sizes == [10240] * 5
+    assert "0.05 min of audio (5 chunks of 640 ms)" in lines[0]
+    rows = lines[2:-2]
+    assert [r.split()[0] for r in rows] == ["0.00-", "0.02-", "0.03-", "0.04-"]  # one label each, none repeated
+    assert all(float(r.split()[3]) > 0.5 for r in rows)  # ms: each chunk ran the encoder and the LLM
+
+
+def test_an_interrupted_bench_still_reports_what_it_measured(capsys, monkeypatch):
+    feeds_recorded(monkeypatch, interrupt_at=13)  # 9.4 chunks per window: the second window is in progress
+    assert main(["bench", "--minutes", "0.2", "--window-minutes", "0.1"]) == 130
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert [r.split()[0] for r in lines[2:4]] == ["0.0-", "0.1-"]
+    assert lines[3].split()[1] == "0.1"  # the window in progress ends where the audio fed did (13 chunks, 8.3 s)
+    assert lines[4].startswith("last/first window: RSS ")
+    assert lines[5] == "interrupted after 8 s of audio (" + lines[5].split("(")[1]
+    assert captured.err == "speechstream: error: interrupted\n"
+
+
+def test_device_work_is_waited_for_before_a_chunk_is_timed(monkeypatch):
+    import torch
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    bench.device_sync("cpu")()
+    assert waited == []
+    bench.device_sync("cuda:1")()
+    assert waited == ["cuda:1"]
