@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -478,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("speechstream: error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (| head): stop quietly, as a shell tool does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (the interpreter's last flush of stdout would fail again)
+        return 128 + signal.SIGPIPE
     except Exception as error:  # noqa: BLE001 - the user gets one line; --debug shows the rest
         if debug:
             raise

@@ -736,3 +736,16 @@ def test_txt_and_text_name_the_same_format_in_transcribe(capsys, tmp_path, clip,
     code, _, err = run(capsys, "transcribe", clip, "--format", fmt, "--output", out)
     assert code == 0, err
     assert out.read_text().endswith("\n") and not out.read_text().startswith(("{", "1\n", "WEBVTT"))
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    """`speechstream ... | head -1`: the reader goes away; no error line, the shell's SIGPIPE status (141)."""
+    script = ("import sys; from speechstream.cli import main; sys.exit(main(['transcribe', '--model', 'tiny-random', "
+              "'--format', 'jsonl', sys.argv[1]]))")
+    audio = write_wav(tmp_path / "a.wav", seconds=3.0)
+    process = subprocess.Popen([sys.executable, "-c", script, str(audio)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    process.stdout.close()  # nobody reads what it writes
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 141, err
+    assert b"error" not in err and b"Traceback" not in err
