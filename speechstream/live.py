@@ -8,9 +8,11 @@ more than ``MAX_QUEUED_S`` behind are new blocks dropped: the next block queued 
 number of samples lost before it, and the session is told of the gap (``StreamingSession.gap``)
 so every later time stays that of the real audio; the user is warned once, when it first happens.
 
-Ctrl-C sets a flag (``StopFlag``) that the main loop checks between blocks: the session is
-then finished (its tail read and written), the transcript saved, and the command exits 0.
-A second Ctrl-C interrupts at once.
+Ctrl-C sets a flag (``StopFlag``) that the main loop checks between blocks: recording stops, the
+blocks already queued (audio captured before the Ctrl-C, waiting for a busy model) are still read, so
+the last words spoken are not lost, then the session is finished (its tail read and written), the
+transcript saved, and the command exits 0. A second Ctrl-C skips the queued audio; a third
+interrupts at once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ INT16_SCALE = 32768.0  # int16 PCM -> float in [-1, 1), as soundfile reads 16-bi
 BLOCK_MS = 100  # PortAudio block size
 POLL_S = 0.1  # how often the main loop looks at the stop flag while waiting for audio
 MAX_QUEUED_S = 120  # audio the queue holds when the model falls behind; newer blocks are then dropped (counted)
+# A note when Ctrl-C leaves at least this much captured audio to read.
+BACKLOG_NOTE_S = 1.0
+BACKLOG_NOTE = ("speechstream: finishing: reading the {seconds:.1f} s of audio captured before Ctrl-C (Ctrl-C again "
+                "skips it)")
 GAP_WARNING = ("speechstream: warning: the model fell {behind:g} s behind the microphone: audio is being dropped "
                "(first gap at {at:.1f} s); the transcript skips it, its times stay those of the real audio")
 
@@ -152,10 +158,12 @@ def to_float(block: np.ndarray) -> np.ndarray:
 
 
 class StopFlag:
-    """Ctrl-C handling: the first SIGINT sets the flag, a second one raises KeyboardInterrupt."""
+    """Ctrl-C handling: the first SIGINT sets the flag (stop recording, read what was captured), the second sets
+    ``skip`` (leave the captured audio unread), a third raises KeyboardInterrupt."""
 
     def __init__(self):
         self.event = threading.Event()
+        self.skip_event = threading.Event()
         self._previous = None
 
     def __enter__(self) -> "StopFlag":
@@ -168,27 +176,37 @@ class StopFlag:
             signal.signal(signal.SIGINT, self._previous)
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
-        if self.event.is_set():
+        if self.skip_event.is_set():
             raise KeyboardInterrupt
-        self.event.set()
+        (self.skip_event if self.event.is_set() else self.event).set()
 
     @property
     def set(self) -> bool:
         return self.event.is_set()
 
+    @property
+    def skip(self) -> bool:
+        return self.skip_event.is_set()
 
-def queued_blocks(blocks: queue.Queue, stop: StopFlag, active: Callable[[], bool],
-                  counter: list[int]) -> Iterator[tuple[np.ndarray, int]]:
-    """(float block, samples lost before it) from the callback's queue until ``stop`` is set or the stream has ended
-    and the queue is empty.
+
+def queued_blocks(blocks: queue.Queue, stop: StopFlag, active: Callable[[], bool], counter: list[int],
+                  on_stop: Callable[[float], None] | None = None) -> Iterator[tuple[np.ndarray, int]]:
+    """(float block, samples lost before it) from the callback's queue until the stream has ended and the queue is
+    empty. Once ``stop`` is set (Ctrl-C), ``on_stop(seconds queued)`` is called (it stops the recording) and only the
+    blocks already queued follow, until the queue is empty or ``stop.skip`` is set.
 
     ``counter[0]`` counts blocks that PortAudio flagged (overflows).
     """
-    while not stop.set:
+    stopping = False
+    while not stop.skip:
+        if stop.set and not stopping:
+            stopping = True
+            if on_stop is not None:
+                on_stop(sum(item[0].shape[0] for item in list(blocks.queue)) / SAMPLE_RATE)
         try:
-            block, flagged, lost = blocks.get(timeout=POLL_S)
+            block, flagged, lost = blocks.get_nowait() if stopping else blocks.get(timeout=POLL_S)
         except queue.Empty:
-            if not active():
+            if stopping or not active():
                 return
             continue
         counter[0] += flagged
@@ -205,7 +223,7 @@ def emit(events: list, new: list, on_event: Callable) -> None:
 def feed_blocks(session, blocks: Iterable[tuple[np.ndarray, int]], limit: int | None, on_event: Callable,
                 stop: StopFlag | None = None, on_gap: Callable[[int, int], None] | None = None) -> tuple[list, int]:
     """Feed (block, samples lost before it) to the session until they end, ``limit`` samples of the stream (lost ones
-    included) have passed, or ``stop`` is set. A loss goes to ``session.gap`` first, and to ``on_gap(at, n)`` (``at``:
+    included) have passed, or ``stop.skip`` is set (a second Ctrl-C). A loss goes to ``session.gap`` first, and to ``on_gap(at, n)`` (``at``:
     the stream's sample where it starts).
 
     Returns (events, samples fed); the caller then calls ``finish_session``.
@@ -223,7 +241,7 @@ def feed_blocks(session, blocks: Iterable[tuple[np.ndarray, int]], limit: int | 
         taken += block.size
         fed += block.size
         emit(events, session.feed(block), on_event)
-        if (limit is not None and taken >= limit) or (stop is not None and stop.set):
+        if (limit is not None and taken >= limit) or (stop is not None and stop.skip):
             break
     return events, fed
 
@@ -293,13 +311,20 @@ def record(session, device: dict, limit: int | None, on_event: Callable, sd, blo
                                 blocksize=SAMPLE_RATE * block_ms // 1000, callback=callback)
     except (sd.PortAudioError, ValueError) as error:
         raise InputError(f"input device {device['name']!r} cannot record 16 kHz mono: {error}") from None
-    on_gap = gap_warner(warn or (lambda line: print(line, file=sys.stderr, flush=True)), max_blocks * block_ms / 1000)
+    say = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+    on_gap = gap_warner(say, max_blocks * block_ms / 1000)
+
+    def stop_recording(queued_s: float) -> None:  # Ctrl-C: no more audio; what was captured is still read
+        stream.stop()
+        if queued_s >= BACKLOG_NOTE_S:
+            say(BACKLOG_NOTE.format(seconds=queued_s))
+
     with StopFlag() as stop:
         with stream:  # closed before the finish: an unpaced device would fill the queue meanwhile
-            source = queued_blocks(blocks, stop, lambda: stream.active, overflows)
+            source = queued_blocks(blocks, stop, lambda: stream.active, overflows, stop_recording)
             events, fed = feed_blocks(session, source, limit, on_event, stop, on_gap)
         # the stream has stopped: blocks dropped after the last one queued are a gap at the end of the audio (not
-        # after Ctrl-C, which ends the stream where the session is, leaving the queue unread)
+        # after Ctrl-C, which ends the stream with the last block captured)
         trailing = dropped[1] - session.lost_samples
         if trailing > 0 and not stop.set:
             on_gap(fed + session.lost_samples, trailing)
