@@ -223,8 +223,8 @@ def emit(events: list, new: list, on_event: Callable) -> None:
 def feed_blocks(session, blocks: Iterable[tuple[np.ndarray, int]], limit: int | None, on_event: Callable,
                 stop: StopFlag | None = None, on_gap: Callable[[int, int], None] | None = None) -> tuple[list, int]:
     """Feed (block, samples lost before it) to the session until they end, ``limit`` samples of the stream (lost ones
-    included) have passed, or ``stop.skip`` is set (a second Ctrl-C). A loss goes to ``session.gap`` first, and to ``on_gap(at, n)`` (``at``:
-    the stream's sample where it starts).
+    included) have passed, or ``stop.skip`` is set (a second Ctrl-C). A loss goes to ``session.gap`` first, and to
+    ``on_gap(at, n)`` (``at``: the stream's sample where it starts).
 
     Returns (events, samples fed); the caller then calls ``finish_session``.
     """
