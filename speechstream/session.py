@@ -33,8 +33,11 @@ tokens until it needs audio that has not arrived.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import BinaryIO, Callable
 
@@ -671,13 +674,47 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
     return events
 
 
+class _HeldInterrupts:
+    """SIGINT (Ctrl-C) in the main thread: raised as KeyboardInterrupt at once, except inside ``held()``, where it is
+    only recorded (``pending``) so that the work in progress finishes whole. The previous handler is back on exit."""
+
+    def __init__(self):
+        self.pending = False
+        self._holding = False
+        self._previous = None
+
+    def __enter__(self) -> "_HeldInterrupts":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002
+        if not self._holding:
+            raise KeyboardInterrupt
+        self.pending = True
+
+    @contextmanager
+    def held(self):
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+
+
 def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO, sample_rate: int,
                    on_event: Callable[[Event], None], partials: bool = True, block_bytes: int = 6400,
                    segment_starts: list[float] | None = None) -> list[Event]:
     """Stream raw little-endian int16 mono PCM from a binary file object (a pipe, stdin) as it arrives: each read
     returns what the pipe holds (up to ``block_bytes``), resampled to 16 kHz buffer by buffer and fed to one session,
     so text comes while the audio does. The end of the input, or Ctrl-C, finishes the stream (its tail is read and
-    written); a last odd byte is dropped. The audio a file would hold gives the events that file gives.
+    written); a Ctrl-C while the session works on a buffer takes effect once that buffer is done (an interrupted step
+    would leave its caches half-updated), one while the pipe is waited on at once. A last odd byte is dropped. The
+    audio a file would hold gives the events that file gives.
     ``segment_starts``: as in ``transcribe_file``."""
     from speechstream.audio import StreamResampler, int16_to_float
 
@@ -694,15 +731,19 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
             events.append(event)
             on_event(event)
 
-    try:
-        while data := read(block_bytes):
-            received += len(data)
-            data = carry + data
-            whole = len(data) - len(data) % 2
-            carry = data[whole:]
-            feed(resampler.push(int16_to_float(data[:whole])))
-    except KeyboardInterrupt:
-        pass  # Ctrl-C: finish with what has arrived
+    with _HeldInterrupts() as interrupts:
+        try:
+            while data := read(block_bytes):
+                received += len(data)
+                data = carry + data
+                whole = len(data) - len(data) % 2
+                carry = data[whole:]
+                with interrupts.held():
+                    feed(resampler.push(int16_to_float(data[:whole])))
+                if interrupts.pending:
+                    break
+        except KeyboardInterrupt:
+            pass  # Ctrl-C: finish with what has arrived
     if received < 2:
         raise InputError("stdin: no audio (raw little-endian int16 mono PCM was expected)")
     feed(resampler.flush())

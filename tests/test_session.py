@@ -234,3 +234,66 @@ def test_a_batched_session_is_not_finished_alone(tiny_model):
         session.finish()
     with pytest.raises(TypeError, match="must be a DecodingConfig"):
         StreamingSession(tiny_model, {"chunk_ms": 640})
+
+
+# -- Ctrl-C while transcribing a pipe -------------------------------------------------------------------------------
+
+
+def _pipe_with(samples: int):
+    """A pipe holding ``samples`` int16 samples of seeded noise; the write end stays open (a live source)."""
+    import os
+
+    read_fd, write_fd = os.pipe()
+    pcm = np.random.default_rng(0).integers(-3000, 3000, samples).astype("<i2").tobytes()
+    os.write(write_fd, pcm)
+    return os.fdopen(read_fd, "rb", buffering=0), write_fd
+
+
+def test_ctrl_c_during_a_feed_lets_that_buffer_finish(tiny_model, monkeypatch):
+    """SIGINT while the session works on a buffer takes effect after it (an interrupted step would leave the caches
+    half-updated); the stream then ends with what was read."""
+    import os
+    import signal
+    import time
+
+    from speechstream.session import transcribe_pcm
+
+    fed, original = [], StreamingSession.feed
+
+    def feed(self, samples):
+        if len(fed) == 1:  # the second buffer
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        events = original(self, samples)
+        fed.append(samples.size)
+        return events
+
+    monkeypatch.setattr(StreamingSession, "feed", feed)
+    stream, write_fd = _pipe_with(16000)
+    try:
+        events = transcribe_pcm(tiny_model, DecodingConfig(), stream, SAMPLE_RATE, lambda e: None, block_bytes=6400)
+    finally:
+        os.close(write_fd)
+        stream.close()
+    assert fed[:2] == [3200, 3200] and sum(fed) == 6400  # (then the resampler's flush: nothing at 16 kHz)
+    assert events[-1].type == "end" and events[-1].audio_s == pytest.approx(0.4)
+    assert signal.getsignal(signal.SIGINT) is not None
+
+
+def test_ctrl_c_while_waiting_for_the_pipe_ends_at_once(tiny_model):
+    import os
+    import signal
+    import threading
+
+    from speechstream.session import transcribe_pcm
+
+    stream, write_fd = _pipe_with(4800)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))  # while the read waits for more
+    timer.start()
+    try:
+        events = transcribe_pcm(tiny_model, DecodingConfig(), stream, SAMPLE_RATE, lambda e: None, block_bytes=6400)
+    finally:
+        timer.cancel()
+        os.close(write_fd)
+        stream.close()
+    assert events[-1].type == "end" and events[-1].audio_s == pytest.approx(0.3)
