@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="check that streaming equals the batch forward",
         description="Teacher-forces a streaming session and the one-pass training forward with the same seeded "
         "noise and random target, and prints one line per model and k: the target rows compared, the largest "
-        "|delta logit|, the bound (1e-4, or 1e-5 of the largest |logit| when that is larger) and ok or FAIL. "
+        "|delta logit|, the bound (1e-4) and ok or FAIL. "
         "Exit code 1 if any line is FAIL.")
     group = verify.add_mutually_exclusive_group()
     group.add_argument("--model", help="model name or directory (default: the tiny model)")
