@@ -84,6 +84,8 @@ SOURCE_FIELDS = ("audio", "offset", "duration")
 WARM_UP_S = 1.0
 # Seconds a logged record's audio_s may differ from its segment's length (load_audio's slack for rounded times).
 LENGTH_TOLERANCE_S = 0.02
+# Seconds a long-form sentence may run past the end of its audio (load_audio's slack for rounded segment times).
+SENTENCE_SLACK_S = 0.01
 # Rows of the quality table, in order, with the normaliser named once for the normalised ones.
 QUALITY_METRICS = ("WER", "CER", "WER_normalized", "CER_normalized", "BLEU", "chrF")
 NORMALIZER = "speechstream.eval.quality.normalize_english"
@@ -492,16 +494,40 @@ def _check_source(record: dict, where: str, utterance: Utterance) -> None:
 
 
 def _check_audio(todo, manifest_path: Path) -> None:
-    """Every utterance left to decode has readable audio holding its time range (file headers only), so that a bad
-    file is reported before the model loads, not after hours of decoding the utterances before it."""
+    """Every utterance left to decode has readable audio holding its time range (file headers only), and every
+    sentence of a long-form one lies inside that range, so that a bad file or sentence is reported before the model
+    loads, not after hours of decoding the utterances before it."""
     from speechstream.audio import check_audio
 
     for _, utterance in todo:
         try:
             check_audio(utterance.audio, utterance.offset or 0.0, utterance.duration)
+            if utterance.segments:
+                _check_sentence_times(utterance, _utterance_length(utterance))
         except InputError as error:
             raise InputError(f'{manifest_path}: utterance "{utterance.id}": {error} (found before '
                              "decoding; fix or remove it)") from None
+
+
+def _utterance_length(utterance: Utterance) -> float:
+    """Seconds of audio the utterance decodes: its duration, else its file's length from its offset on (header)."""
+    import soundfile
+
+    if utterance.duration is not None:
+        return utterance.duration
+    info = soundfile.info(str(utterance.audio))
+    return info.frames / info.samplerate - (utterance.offset or 0.0)
+
+
+def _check_sentence_times(utterance: Utterance, length_s: float) -> None:
+    """InputError for a sentence of a long-form utterance that does not lie inside its ``length_s`` seconds of
+    audio (with load_audio's slack for rounded times): its words would be measured from a time the stream never
+    reaches (negative delays, a meaningless StreamLAAL)."""
+    for number, segment in enumerate(utterance.segments):
+        end = segment.offset + segment.duration
+        if segment.offset >= length_s or end > length_s + SENTENCE_SLACK_S:
+            raise InputError(f"sentence {number} of its \"segments\" ({segment.offset:.3f} s to {end:.3f} s) is not "
+                             f"inside its audio ({length_s:.3f} s)")
 
 
 def _decode(todo, references, sentences, log_path: Path, baseline: str, model_name: str, decoding, progress: bool,

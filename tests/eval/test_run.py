@@ -634,3 +634,22 @@ def test_long_form_manifests_are_checked_before_decoding(tmp_path, word_sessions
     with pytest.raises(InputError, match='"clip-0": sentence 0 of its "segments" has no "translation"'):
         evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "translate", progress=False)
     assert word_sessions == [] and not (tmp_path / "out" / INSTANCES_FILE).exists()
+
+
+@pytest.mark.parametrize("offset, duration", [(30.0, 2.0), (1.0, 1.0)])
+def test_a_sentence_outside_its_audio_is_refused_before_decoding(tmp_path, word_sessions, offset, duration):
+    """A sentence starting after the end of its 1.5 s recording (or running 0.5 s past it) was scored: its words,
+    emitted before it began, gave negative delays and a negative StreamLAAL. Now refused before decoding."""
+    manifest = long_form_manifest(tmp_path / "data")
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    rows[0]["segments"].append({"offset": offset, "duration": duration, "text": "far beyond"})
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    end = offset + duration
+    with pytest.raises(InputError, match=rf'utterance "clip-0": sentence 2 of its "segments" \({offset:.3f} s to '
+                                         rf'{end:.3f} s\) is not inside its audio \(1.500 s\) \(found before decoding'):
+        evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions
+    rows[0]["segments"][-1] = {"offset": 1.0, "duration": 0.505, "text": "at the end"}  # within the 10 ms slack
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    scores = evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert scores["num_instances"] == 3
