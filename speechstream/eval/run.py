@@ -15,7 +15,8 @@ same way. What lands in the output folder:
   `reference`, `delays`, `elapsed`, `source_length`) plus `audio_s` and `compute_s`, so that RTF can be
   recomputed from the log alone, and the audio it decoded: `audio` (the resolved path), `offset` and `duration`
   (seconds; `duration` null: to the end of the file). A rerun checks every logged record against the manifest
-  (id, position, reference, audio, offset and duration) and refuses a changed one; a record logged before
+  (id, position, reference, audio, offset and duration) and refuses a changed one, or one without a delay and an
+  elapsed time per word of its prediction; a record logged before
   these three keys existed is checked by its `audio_s` against the length of the manifest's segment. Each line
   is flushed and fsynced when its utterance finishes: a killed run loses at most the utterance in progress, and
   a rerun skips the ids already logged.
@@ -451,6 +452,10 @@ def _check_record(record, path: Path, number: int, position: dict, references: S
               or not all(isinstance(x, numeric) and not isinstance(x, bool) for x in record[name])]
     if wrong:
         raise InputError(f"{where}: field {wrong[0]} has the wrong type (fix or delete the line, or use another --out)")
+    words = len(split_units(record["prediction"]))
+    if not len(record["delays"]) == len(record["elapsed"]) == words:
+        raise InputError(f"{where}: {len(record['delays'])} delays and {len(record['elapsed'])} elapsed times for "
+                         f"{words} words of its prediction (one each; fix or delete the line, or use another --out)")
     index = position.get(record["id"])
     if index is None:
         raise InputError(f'{where}: id "{record["id"]}" is not in the manifest; use another --out')

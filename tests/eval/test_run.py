@@ -440,6 +440,25 @@ def test_a_record_with_a_wrong_type_is_refused(finished_run, tmp_path, word_sess
     assert not word_sessions
 
 
+@pytest.mark.parametrize("field", ["delays", "elapsed", "prediction"])
+def test_a_record_whose_delays_do_not_match_its_words_is_refused(finished_run, tmp_path, word_sessions, field):
+    """A hand-edited record with one delay or elapsed time too few was resumed, and scoring then failed after the
+    decoding with exit 1 (ValueError: 'N delays but M elapsed values'); one word too few was scored with a delay
+    per word that is not there (for a long-form record: ValueError 'N delays for M words'). Now refused as the
+    record is read, as a record with a field of the wrong type is (the driver logs one delay per word)."""
+    manifest, finished_out, _ = finished_run
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_bytes((finished_out / "config.json").read_bytes())
+    lines = (finished_out / INSTANCES_FILE).read_text().splitlines()
+    record = json.loads(lines[0])
+    record[field] = record[field].rsplit(" ", 1)[0] if field == "prediction" else record[field][:-1]
+    (out / INSTANCES_FILE).write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    with pytest.raises(InputError, match=r"instances.log:1: \d+ delays and \d+ elapsed times for \d+ words"):
+        evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions
+
+
 def test_a_failed_start_does_not_pin_the_options(tmp_path, word_sessions):
     manifest = write_manifest(tmp_path / "data", [1.5])
     with pytest.raises(InputError, match="unknown model 'no-such-model'"):
