@@ -4,11 +4,13 @@
     python recipes/eval/long_form.py samples/manifest.jsonl --pause 0.8 --out runs/talk/talk.jsonl
     speechstream eval runs/talk/talk.jsonl --vad --out runs/talk/eval
 
-The manifest's utterances are joined in order, with --pause seconds of silence between them, into one 16 kHz
-WAV beside --out (same name, .wav); --out gets one line whose "segments" are the utterances, with their times in
-the recording and their text and translation. `speechstream eval --vad` then decodes the recording as one stream,
-cut at pauses as `transcribe` cuts it, and scores WER (or BLEU) on the whole and StreamLAAL per sentence. For real
-talks with their own sentence times, `recipes/data/prepare_mustc.py --talks` writes such lines directly.
+The manifest's utterances are joined in order, with --pause seconds of silence between them, into one 16 kHz WAV
+beside --out (same name, .wav); --out gets one line whose "segments" are the utterances, with their times in the
+recording and their text and translation (a line that is itself long-form brings its own sentences). `speechstream
+eval --vad` then decodes the recording as one stream, cut at pauses as `transcribe` cuts it, and scores WER (or
+BLEU) on the whole and StreamLAAL per sentence. For real talks with their own sentence times,
+`recipes/data/prepare_mustc.py --talks` writes such lines directly. A file already at the .wav is replaced only when
+it is the recording --out names (a rerun).
 """
 
 from __future__ import annotations
@@ -38,17 +40,39 @@ def main(argv: list[str] | None = None) -> int:
     args = command.parse_args(argv)
     if not 0 <= args.pause <= 60:
         raise InputError(f"--pause must be between 0 and 60 seconds, not {args.pause}")
+    if not args.id.strip():
+        raise InputError("--id must be a non-empty name")
     out = Path(args.out)
     check_manifest_out(out)
-    line = join_utterances(args.manifest, out.with_suffix(".wav"), args.pause, args.id)
+    check_recording_out(out.with_suffix(".wav"), out)
+    line, seconds = join_utterances(args.manifest, out.with_suffix(".wav"), args.pause, args.id)
     write_manifest([line], out)
-    seconds = sum(s["duration"] for s in line["segments"]) + args.pause * (len(line["segments"]) - 1)
     print(f"{out}: one recording of {seconds:.1f} s, {len(line['segments'])} sentences")
     return 0
 
 
-def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> dict:
-    """Write the utterances of ``manifest`` as one recording at ``wav``; return its long-form manifest line."""
+def check_recording_out(wav: Path, out: Path) -> None:
+    """The recording may be written at ``wav``: nothing is there, or the recording of the manifest ``out`` holds
+    (a rerun). Any other file there (a clip of the manifest being joined, say) is refused, before any work."""
+    from speechstream.manifest import read_manifest
+
+    if not wav.exists():
+        return
+    if wav.is_dir():
+        raise InputError(f"{wav} is a folder; the recording goes beside --out, with its name and .wav")
+    try:
+        ours = out.is_file() and any(utterance.audio.resolve() == wav.resolve() for utterance in read_manifest(out))
+    except InputError:
+        ours = False
+    if not ours:
+        raise InputError(f"{wav} exists and is not the recording of {out}; refusing to overwrite it "
+                         "(the recording goes beside --out, with its name and .wav: choose another --out)")
+
+
+def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> tuple[dict, float]:
+    """Write the utterances of ``manifest`` as one recording at ``wav``; return its long-form manifest line and its
+    length (s). An utterance that is itself long-form brings its own sentences, moved to its place in the recording;
+    any other is one sentence."""
     import numpy as np
     import soundfile
 
@@ -56,6 +80,8 @@ def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> d
     from speechstream.manifest import read_manifest
 
     utterances = read_manifest(manifest)
+    if any(utterance.audio.resolve() == wav.resolve() for utterance in utterances):
+        raise InputError(f"{wav} is audio of {manifest} itself; refusing to overwrite it (choose another --out)")
     pause = np.zeros(round(pause_s * SAMPLE_RATE), dtype=np.float32)
     pieces, segments, at = [], [], 0
     for number, utterance in enumerate(utterances):
@@ -63,14 +89,19 @@ def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> d
         if number:
             pieces.append(pause)
             at += pause.size
-        texts = {key: getattr(utterance, key) for key in ("text", "translation") if getattr(utterance, key) is not None}
-        segments.append({"offset": round(at / SAMPLE_RATE, 6), "duration": round(audio.size / SAMPLE_RATE, 6), **texts})
+        start = at / SAMPLE_RATE
+        for sentence in utterance.segments or (None,):
+            texts = {key: getattr(sentence or utterance, key) for key in ("text", "translation")
+                     if getattr(sentence or utterance, key) is not None}
+            offset, duration = (0.0, audio.size / SAMPLE_RATE) if sentence is None else (sentence.offset,
+                                                                                          sentence.duration)
+            segments.append({"offset": round(start + offset, 6), "duration": round(duration, 6), **texts})
         pieces.append(audio)
         at += audio.size
     wav.parent.mkdir(parents=True, exist_ok=True)
     soundfile.write(wav, np.concatenate(pieces), SAMPLE_RATE, subtype="PCM_16")
     languages = {key: getattr(utterances[0], key) for key in ("source_lang", "target_lang")}
-    return {"id": talk_id, "audio": wav, **languages, "segments": segments}
+    return {"id": talk_id, "audio": wav, **languages, "segments": segments}, at / SAMPLE_RATE
 
 
 if __name__ == "__main__":

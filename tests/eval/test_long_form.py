@@ -51,3 +51,46 @@ def test_bad_options_are_one_line_errors(tmp_path: Path):
     assert "--pause must be between 0 and 60 seconds" in result.stderr
     result = run(tmp_path / "none.jsonl", "--out", tmp_path / "t.jsonl")
     assert result.returncode == 2 and "none.jsonl: no such file" in result.stderr
+
+
+def test_a_file_at_the_recordings_path_is_not_overwritten(tmp_path: Path):
+    """--out talks/jfk.jsonl beside a clip jfk.wav replaced the clip with the joined recording."""
+    clip = tmp_path / "jfk.wav"
+    clip.write_bytes((ROOT / "samples" / "jfk.wav").read_bytes())
+    before = clip.read_bytes()
+    result = run(ROOT / "samples" / "manifest.jsonl", "--out", tmp_path / "jfk.jsonl")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "jfk.wav exists and is not the recording of" in result.stderr
+    assert clip.read_bytes() == before and not (tmp_path / "jfk.jsonl").exists()
+    out = tmp_path / "talk.jsonl"  # a rerun replaces its own recording
+    for _ in range(2):
+        result = run(ROOT / "samples" / "manifest.jsonl", "--out", out)
+        assert result.returncode == 0, result.stderr
+    assert read_manifest(out)[0].audio == tmp_path / "talk.wav"
+    # not even when --out is a manifest naming it, when it is audio being joined
+    (tmp_path / "jfk.jsonl").write_text(json.dumps({"id": "jfk", "audio": "jfk.wav"}) + "\n")
+    result = run(tmp_path / "jfk.jsonl", "--out", tmp_path / "jfk.jsonl")
+    assert result.returncode == 2 and "jfk.wav is audio of" in result.stderr and clip.read_bytes() == before
+
+
+def test_an_empty_id_is_refused(tmp_path: Path):
+    """--id "" wrote a manifest that eval refuses ('"id" must be a non-empty string')."""
+    result = run(ROOT / "samples" / "manifest.jsonl", "--id", " ", "--out", tmp_path / "t.jsonl")
+    assert result.returncode == 2 and "--id must be a non-empty name" in result.stderr
+    assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "t.wav").exists()
+
+
+def test_long_form_lines_bring_their_own_sentences(tmp_path: Path):
+    """Joining a manifest whose lines are talks made each talk one sentence (its whole length, all its text)."""
+    rng = np.random.default_rng(1)
+    soundfile.write(tmp_path / "a.wav", rng.uniform(-0.5, 0.5, 16000).astype(np.float32), 16000, subtype="FLOAT")
+    talk = {"id": "a", "audio": "a.wav", "segments": [{"offset": 0.1, "duration": 0.3, "text": "one"},
+                                                      {"offset": 0.5, "duration": 0.4, "text": "two"}]}
+    plain = {"id": "b", "audio": "a.wav", "text": "three"}
+    (tmp_path / "m.jsonl").write_text(json.dumps(talk) + "\n" + json.dumps(plain) + "\n")
+    result = run(tmp_path / "m.jsonl", "--pause", "0.5", "--out", tmp_path / "out" / "t.jsonl")
+    assert result.returncode == 0, result.stderr
+    assert "one recording of 2.5 s, 3 sentences" in result.stdout
+    (line,) = read_manifest(tmp_path / "out" / "t.jsonl")
+    assert [(s.offset, s.duration, s.text) for s in line.segments] == [
+        (0.1, 0.3, "one"), (0.5, 0.4, "two"), (1.5, 1.0, "three")]
