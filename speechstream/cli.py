@@ -359,6 +359,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise InputError(f"--ablation applies to the gpe system, not to {args.baseline}")
         if args.int8:  # the Whisper baselines run in float: a silent float run would be scored as int8's
             raise InputError(f"--int8 applies to the gpe system, not to {args.baseline}")
+        if args.vad:  # the Whisper baselines take each recording whole (their own windows)
+            raise InputError(f"--vad applies to the gpe system, not to {args.baseline}")
         name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline,
              source_lang=args.source_lang, target_lang=args.target_lang)

@@ -205,6 +205,7 @@ def test_cli_runs_the_whisper_baseline(tiny_whisper, tmp_path, capsys):
     (["--baseline", "whisper-la2", "--task", "translate"], "baseline whisper-la2 does not do task translate"),
     (["--baseline", "whisper-la2", "--model", "tiny-random"], "--model names a GPE model; give the whisper-la2 model"),
     (["--baseline", "whisper-la2", "--chunk-ms", "10"], "chunk_ms must be between 40 and 30000"),
+    (["--baseline", "whisper-la2", "--vad"], "--vad applies to the gpe system, not to whisper-la2"),
     (["--baseline", "whisper-offline", "--baseline-model", "./no-such-dir"], "./no-such-dir: not a model directory"),
 ])
 def test_cli_usage_errors_exit_2(tmp_path, capsys, extra, message):
