@@ -2,7 +2,8 @@
 
 Every point is one ``speechstream eval MANIFEST --out OUT/<point>`` run, which resumes by itself: rerun this
 script after an interruption and finished points are skipped, a half-done point continues where it stopped.
-Afterwards the script reads every ``OUT/*/scores.json`` of this model and manifest and writes
+Afterwards the script reads every ``OUT/*/scores.json`` of this model and manifest and writes (unless every
+point failed: then the last report is left as it is)
 
 - ``REPORT_DIR/RESULTS.md``: tables (system / setting, quality, AL, LAAL, StartOffset, EndOffset, RTF), the model,
   the data, the date and the exact command that produced it;
@@ -518,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         points = plan(args.quick, parse_baselines(args.baselines), ctc_weight)
         if report_dir.exists() and not report_dir.is_dir():
             raise SweepError(f"--report-dir {report_dir} is a file, not a folder")
+        if out.exists() and not out.is_dir():
+            raise SweepError(f"--out {out} is a file, not a folder")
         if args.report_only and not collect(out, model, manifest, ctc_weight):
             raise SweepError(f"--report-only: no results of {args.model} on {manifest} under {out}; "
                              f"{report_dir / RESULTS_FILE} is left as it is")
@@ -534,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
             if status:
                 print(f"sweep: {point.name}: speechstream eval failed (exit {status}); going on", file=sys.stderr)
                 failed.append(point.name)
+    if failed and not collect(out, model, manifest, ctc_weight):  # a report of nothing would replace the last one
+        print(f"sweep: error: every point failed; {report_dir / RESULTS_FILE} is left as it is", file=sys.stderr)
+        return 1
     script = os.path.relpath(__file__) if Path(__file__).is_absolute() else __file__
     command = os.environ.get("SWEEP_COMMAND") or shlex.join([".venv/bin/python", script, *argv])  # run.sh sets it
     rows = write_report(out, report_dir, model, manifest, command, points, ctc_weight=ctc_weight)

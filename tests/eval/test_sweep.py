@@ -254,3 +254,22 @@ def test_a_manifest_with_a_byte_order_mark_is_read_as_eval_reads_it(sweep, tmp_p
     text = manifest.read_text().replace('"a b"', '"a\u2028b"')  # a line separator inside a JSON string
     manifest.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
     assert sweep.manifest_ids(manifest) == ["u0", "u1", "u2"]
+
+
+def test_a_sweep_whose_every_point_failed_leaves_the_report_alone(sweep, tmp_path, capsys, monkeypatch):
+    """--out naming a file made every eval fail (one after the other), and the sweep then replaced RESULTS.md with
+    'No results yet.'. Now such an --out is refused before anything runs, and a sweep whose every point failed
+    leaves the report as it is."""
+    report = tmp_path / "rep"
+    report.mkdir()
+    (report / "RESULTS.md").write_text("the committed tables")
+    (tmp_path / "a-file").write_text("")
+    args = ["--manifest", str(_manifest(tmp_path)), "--model", "tiny-random", "--baselines", "none", "--quick",
+            "--report-dir", str(report)]
+    ran = []
+    monkeypatch.setattr(sweep, "run_point", lambda point, *rest: ran.append(point) or 2)
+    assert sweep.main([*args, "--out", str(tmp_path / "a-file")]) == 2
+    assert "--out" in capsys.readouterr().err and not ran
+    assert sweep.main([*args, "--out", str(tmp_path / "out")]) == 1
+    assert ran and "every point failed" in capsys.readouterr().err
+    assert (report / "RESULTS.md").read_text() == "the committed tables"
