@@ -18,7 +18,6 @@ interrupts at once.
 from __future__ import annotations
 
 import queue
-import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import numpy as np
 
 from speechstream.audio import SAMPLE_RATE
 from speechstream.errors import InputError, SpeechstreamError
+from speechstream.interrupts import SigintHandler
 
 INT16_SCALE = 32768.0  # int16 PCM -> float in [-1, 1), as soundfile reads 16-bit files
 BLOCK_MS = 100  # PortAudio block size
@@ -157,23 +157,13 @@ def to_float(block: np.ndarray) -> np.ndarray:
     return (np.asarray(block).reshape(len(block), -1)[:, 0].astype(np.float32)) / INT16_SCALE
 
 
-class StopFlag:
+class StopFlag(SigintHandler):
     """Ctrl-C handling: the first SIGINT sets the flag (stop recording, read what was captured), the second sets
     ``skip`` (leave the captured audio unread), a third raises KeyboardInterrupt."""
 
     def __init__(self):
         self.event = threading.Event()
         self.skip_event = threading.Event()
-        self._previous = None
-
-    def __enter__(self) -> "StopFlag":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         if self.skip_event.is_set():

@@ -33,11 +33,8 @@ tokens until it needs audio that has not arrived.
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import BinaryIO, Callable
 
@@ -54,6 +51,7 @@ from speechstream.decoder import last_rows
 from speechstream.encoder import EncoderStream
 from speechstream.errors import InputError
 from speechstream.features import LogMelStream
+from speechstream.interrupts import HeldInterrupts
 from speechstream.model import SpeechLLM
 from speechstream.policy import Policy, Read, Stop, StreamView, Write, make_policy
 from speechstream.projector import ProjectorStream
@@ -674,38 +672,6 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
     return events
 
 
-class _HeldInterrupts:
-    """SIGINT (Ctrl-C) in the main thread: raised as KeyboardInterrupt at once, except inside ``held()``, where it is
-    only recorded (``pending``) so that the work in progress finishes whole. The previous handler is back on exit."""
-
-    def __init__(self):
-        self.pending = False
-        self._holding = False
-        self._previous = None
-
-    def __enter__(self) -> "_HeldInterrupts":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _handle(self, signum, frame) -> None:  # noqa: ARG002
-        if not self._holding:
-            raise KeyboardInterrupt
-        self.pending = True
-
-    @contextmanager
-    def held(self):
-        self._holding = True
-        try:
-            yield
-        finally:
-            self._holding = False
-
-
 def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO, sample_rate: int,
                    on_event: Callable[[Event], None], partials: bool = True, block_bytes: int = 6400,
                    segment_starts: list[float] | None = None) -> list[Event]:
@@ -731,7 +697,7 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
             events.append(event)
             on_event(event)
 
-    with _HeldInterrupts() as interrupts:
+    with HeldInterrupts() as interrupts:
         try:
             while data := read(block_bytes):
                 received += len(data)

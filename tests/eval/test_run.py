@@ -424,17 +424,23 @@ def test_a_log_from_before_the_audio_fields_is_checked_by_its_length(finished_ru
     assert not word_sessions
 
 
-@pytest.mark.parametrize("field, value", [("id", ["clip-0"]), ("delays", "bad"), ("prediction", None),
-                                          ("audio_s", True)])
-def test_a_record_with_a_wrong_type_is_refused(finished_run, tmp_path, word_sessions, field, value):
+def resumable_with_first_record(finished_run, tmp_path, change) -> tuple[Path, Path]:
+    """(manifest, out): a copy of the finished run's folder whose first record went through ``change(record)``."""
     manifest, finished_out, _ = finished_run
     out = tmp_path / "out"
     out.mkdir()
     (out / "config.json").write_bytes((finished_out / "config.json").read_bytes())
     lines = (finished_out / INSTANCES_FILE).read_text().splitlines()
     record = json.loads(lines[0])
-    record[field] = value
+    change(record)
     (out / INSTANCES_FILE).write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    return manifest, out
+
+
+@pytest.mark.parametrize("field, value", [("id", ["clip-0"]), ("delays", "bad"), ("prediction", None),
+                                          ("audio_s", True)])
+def test_a_record_with_a_wrong_type_is_refused(finished_run, tmp_path, word_sessions, field, value):
+    manifest, out = resumable_with_first_record(finished_run, tmp_path, lambda record: record.update({field: value}))
     with pytest.raises(InputError, match=f"instances.log:1: field {field} has the wrong type"):
         evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
     assert not word_sessions
@@ -446,14 +452,10 @@ def test_a_record_whose_delays_do_not_match_its_words_is_refused(finished_run, t
     decoding with exit 1 (ValueError: 'N delays but M elapsed values'); one word too few was scored with a delay
     per word that is not there (for a long-form record: ValueError 'N delays for M words'). Now refused as the
     record is read, as a record with a field of the wrong type is (the driver logs one delay per word)."""
-    manifest, finished_out, _ = finished_run
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "config.json").write_bytes((finished_out / "config.json").read_bytes())
-    lines = (finished_out / INSTANCES_FILE).read_text().splitlines()
-    record = json.loads(lines[0])
-    record[field] = record[field].rsplit(" ", 1)[0] if field == "prediction" else record[field][:-1]
-    (out / INSTANCES_FILE).write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    def shorten(record):
+        record[field] = record[field].rsplit(" ", 1)[0] if field == "prediction" else record[field][:-1]
+
+    manifest, out = resumable_with_first_record(finished_run, tmp_path, shorten)
     with pytest.raises(InputError, match=r"instances.log:1: \d+ delays and \d+ elapsed times for \d+ words"):
         evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
     assert not word_sessions
