@@ -340,6 +340,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+# Decoding options of the gpe system alone (`eval --baseline whisper-...` refuses them unless left at the default).
+GPE_ONLY_OPTIONS = ("policy", "k", "max_tokens_per_chunk", "max_repeats", "ablation", "int8", "ctc_weight",
+                    "ctc_candidates", "vad", "vad_min_silence_ms")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from speechstream.baselines import DEFAULT_BASELINE_MODELS
     from speechstream.eval.run import BASELINES, SUMMARY_FILE, evaluate  # light: torch loads when decoding starts
@@ -355,12 +360,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         if args.model:
             raise InputError(f"--model names a GPE model; give the {args.baseline} model with --baseline-model")
-        if args.ablation != "none":
-            raise InputError(f"--ablation applies to the gpe system, not to {args.baseline}")
-        if args.int8:  # the Whisper baselines run in float: a silent float run would be scored as int8's
-            raise InputError(f"--int8 applies to the gpe system, not to {args.baseline}")
-        if args.vad:  # the Whisper baselines take each recording whole (their own windows)
-            raise InputError(f"--vad applies to the gpe system, not to {args.baseline}")
+        # options the Whisper baselines do not have: given, they would be ignored while the run looks made with them
+        # (int8: a float run scored as int8's; vad: the baselines take each recording whole, in their own windows)
+        from speechstream.config import DecodingConfig
+
+        defaults = DecodingConfig()
+        for name in GPE_ONLY_OPTIONS:
+            default = False if name == "vad" else getattr(defaults, name)  # (eval's --vad is off by default)
+            if getattr(args, name) != default:
+                flag = "--" + name.replace("_", "-")
+                raise InputError(f"{flag} applies to the gpe system, not to {args.baseline}")
         name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline,
              source_lang=args.source_lang, target_lang=args.target_lang)
