@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -22,13 +23,51 @@ from speechstream.chunker import chunk_samples
 from speechstream.config import DecodingConfig
 from speechstream.decoder import drop_slots, last_rows
 from speechstream.model import SpeechLLM
-from speechstream.session import Event, StreamingSession, TokenChooser
+from speechstream.session import Event, LLMRequest, StreamingSession, TokenChooser
+
+
+def row_fields(state) -> list[str]:
+    """Names of a ``DecoderState``'s per-row fields other than ``kinds``: tensors whose first dimension is the
+    batch (positions, counters) and per-row lists (whatever a decoder mode keeps per row)."""
+    names = []
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        if f.name == "kinds":
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 or isinstance(value, list):
+            names.append(f.name)
+    return names
+
+
+def reset_row(model: SpeechLLM, state, b: int) -> None:
+    """Row ``b`` of ``state`` starts afresh: its slots become padding (no row attends to them) and its positions,
+    counters and per-row lists take the values of a new state of the same mode."""
+    fresh = model.decoder.new_state(1, mode=state.mode)
+    state.kinds[b] = gpe.PAD
+    for name in row_fields(state):
+        getattr(state, name)[b] = getattr(fresh, name)[0]
+
+
+def request_on_fresh_rows(session, b: int, segments: list[int], reset: Callable[[int], None]
+                          ) -> LLMRequest | None:
+    """The session's next request, its row ``b`` reset first (``reset(b)``) whenever its segment has changed
+    since ``segments[b]`` (also when a segment ends inside a ``next_request`` that returns None: then the next
+    segment is asked at once). None when it waits for audio or has finished."""
+    while not session.finished:
+        segment = getattr(session, "segment", 0)
+        if segment != segments[b]:
+            reset(b)
+            segments[b] = segment
+        request = session.next_request()
+        if request is not None or getattr(session, "segment", 0) == segment:
+            return request
+    return None
 
 
 class BatchDecoder:
     def __init__(self, model: SpeechLLM, sessions: list[StreamingSession]):
-        """A fixed batch of whole streams, one LLM row each (``DynamicBatch`` takes streams that come and go,
-        and VAD segments)."""
+        """A fixed batch of whole streams, one LLM row each, reset when a stream's ``segment`` changes (``gap``)
+        (``DynamicBatch`` takes streams that come and go, and VAD segments)."""
         if any(session.llm is not None for session in sessions):
             raise ValueError("batched sessions must be created with own_llm=False")
         if len({id(session) for session in sessions}) < len(sessions):
@@ -41,14 +80,17 @@ class BatchDecoder:
         self.model = model
         self.sessions = sessions
         self.state = model.decoder.new_state(len(sessions), mode=sessions[0].decoding.ablation if sessions else "none")
+        self._segments = [session.segment for session in sessions]
         self.steps = 0  # batched LLM calls made
 
     @torch.no_grad()
     def run(self) -> list[list[Event]]:
-        """Step all sessions until each waits for audio or has stopped; return new events per session."""
+        """Step all sessions until each waits for audio or has stopped; return new events per session. A session
+        whose ``segment`` changed (``gap``) gets its row reset first, as a session alone gets a fresh state."""
         events: list[list[Event]] = [[] for _ in self.sessions]
         while True:
-            requests = [None if s.finished else s.next_request() for s in self.sessions]
+            requests = [request_on_fresh_rows(s, b, self._segments, self._reset_at)
+                        for b, s in enumerate(self.sessions)]
             live = [r for r in requests if r is not None]
             if not live:
                 break
@@ -67,6 +109,9 @@ class BatchDecoder:
                 if request is not None:
                     events[b] += self.sessions[b].apply(request, logits[b])
         return events
+
+    def _reset_at(self, b: int) -> None:
+        reset_row(self.model, self.state, b)
 
 
 def transcribe_batch(
@@ -144,18 +189,6 @@ class DynamicBatch:
                 return b
         raise KeyError("the session is not in this batch")
 
-    def _row_fields(self) -> list[str]:
-        """Names of the state's per-row fields other than ``kinds``: tensors whose first dimension is the
-        batch (positions, counters) and per-row lists (whatever a decoder mode keeps per row)."""
-        names = []
-        for f in dataclasses.fields(self.state):
-            value = getattr(self.state, f.name)
-            if f.name == "kinds":
-                continue
-            if isinstance(value, torch.Tensor) and value.dim() >= 1 or isinstance(value, list):
-                names.append(f.name)
-        return names
-
     def _fresh_row(self, name: str):
         value = getattr(self.model.decoder.new_state(1), name)
         return value if isinstance(value, torch.Tensor) else value[:1]
@@ -188,7 +221,7 @@ class DynamicBatch:
         state = self.state
         width = state.kinds.shape[1]
         state.kinds = torch.cat([state.kinds, state.kinds.new_full((1, width), gpe.PAD)])
-        for name in self._row_fields():
+        for name in row_fields(self.state):
             value, fresh = getattr(state, name), self._fresh_row(name)
             setattr(state, name, torch.cat([value, fresh]) if isinstance(value, torch.Tensor) else value + fresh)
         for layer in self._layers():
@@ -210,7 +243,7 @@ class DynamicBatch:
         del self._segments[b]
         keep = torch.tensor([i for i in range(self.state.batch_size) if i != b], dtype=torch.long)
         self.state.kinds = self.state.kinds[keep]
-        for name in self._row_fields():
+        for name in row_fields(self.state):
             value = getattr(self.state, name)
             setattr(self.state, name, value[keep] if isinstance(value, torch.Tensor) else value[:b] + value[b + 1 :])
         for layer in self._layers():
@@ -219,10 +252,10 @@ class DynamicBatch:
 
     def reset_row(self, session: StreamingSession) -> None:
         """Give a stream a fresh LLM row: its slots become padding, its positions the start values."""
-        b = self._row(session)
-        self.state.kinds[b] = gpe.PAD
-        for name in self._row_fields():
-            getattr(self.state, name)[b] = self._fresh_row(name)[0]
+        self._reset_at(self._row(session))
+
+    def _reset_at(self, b: int) -> None:
+        reset_row(self.model, self.state, b)
         self.trim()
 
     def trim(self) -> None:
@@ -268,7 +301,7 @@ class DynamicBatch:
         Returns the new events per row index of the streams served (indices are valid until
         the next ``join``/``leave``). A stream whose ``segment`` changed gets a fresh row first.
         """
-        requests = [self._next_request(b, session) for b, session in enumerate(self.sessions)]
+        requests = [request_on_fresh_rows(s, b, self._segments, self._reset_at) for b, s in enumerate(self.sessions)]
         live = [r for r in requests if r is not None]
         if not live:
             return None
@@ -288,19 +321,6 @@ class DynamicBatch:
         self.trim()  # rows that waited this step got padding
         self.step_s += time.perf_counter() - start
         return {b: self.sessions[b].apply(r, logits[b]) for b, r in enumerate(requests) if r is not None}
-
-    def _next_request(self, b: int, session: StreamingSession):
-        """The session's next request, on a fresh row whenever its segment has changed (also when a
-        segment ends inside a ``next_request`` that returns None: then the next segment is asked at once)."""
-        while not session.finished:
-            segment = getattr(session, "segment", 0)
-            if segment != self._segments[b]:
-                self.reset_row(session)
-                self._segments[b] = segment
-            request = session.next_request()
-            if request is not None or getattr(session, "segment", 0) == segment:
-                return request
-        return None
 
     def run(self) -> list[list[Event]]:
         """Step until every stream waits for audio or has stopped; new events per row."""

@@ -236,3 +236,42 @@ def test_a_fixed_batch_refuses_what_it_cannot_decode_as_alone(tiny_model):
     with pytest.raises(ValueError, match="use DynamicBatch"):
         BatchDecoder(tiny_model, [StreamingSession(tiny_model, DecodingConfig(vad=True), own_llm=False)])
     assert transcribe_batch(tiny_model, []) == []
+
+
+@pytest.mark.parametrize("ablation", ["none", "reencode"])
+def test_a_gap_gives_a_stream_of_a_fixed_batch_a_fresh_row(tiny_model, ablation):
+    """``gap`` ends a segment (a solo session starts a fresh LLM state): ``BatchDecoder`` resets that stream's row
+    (it kept the old one, and the stream's logits after the gap were not its solo ones)."""
+    from speechstream.batch import BatchDecoder
+
+    rng = np.random.default_rng(5)
+    audios = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (24000, 20000)]
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ablation=ablation)
+    choose = text_favouring_chooser(tiny_model)
+    step, gap_round = 4000, 3  # stream 0 loses 3000 samples after its first three pieces
+
+    def feed_round(session, audio, t, lossy):
+        if t * step < len(audio):
+            session.feed(audio[t * step : (t + 1) * step])
+        if lossy and t + 1 == gap_round:
+            session.gap(3000)
+
+    together = _batched_sessions(tiny_model, decoding, choose, len(audios))
+    driver = BatchDecoder(tiny_model, together)
+    with torch.no_grad():
+        for t in range(len(audios[0]) // step + 1):
+            for i, (audio, session) in enumerate(zip(audios, together)):
+                feed_round(session, audio, t, i == 0)
+            driver.run()
+        for session in together:
+            session.end_audio()
+        driver.run()
+    for i, (audio, batched) in enumerate(zip(audios, together)):
+        alone = StreamingSession(tiny_model, decoding, choose=choose, partials=False)
+        alone.record_logits = True
+        for t in range(len(audios[0]) // step + 1):
+            feed_round(alone, audio, t, i == 0)
+        alone.finish()
+        assert batched.segment == alone.segment == (1 if i == 0 else 0)
+        assert batched.target_ids == alone.target_ids
+        assert (torch.stack(batched.logits) - torch.stack(alone.logits)).abs().max() < TOLERANCE
