@@ -26,6 +26,14 @@ from speechstream.model import SpeechLLM
 from speechstream.session import Event, LLMRequest, StreamingSession, TokenChooser
 
 
+def check_unstarted(session) -> None:
+    """A session joins a batch before its first LLM step (of its current segment): a new row cannot hold the
+    LLM state of an earlier row (a batch it left), and the stream would go on from an empty context."""
+    if getattr(session, "segment_started", False):
+        raise ValueError("the session has already been decoded in another batch (its LLM state cannot move to a "
+                         "new row): a session joins before its first LLM step")
+
+
 def row_fields(state) -> list[str]:
     """Names of a ``DecoderState``'s per-row fields other than ``kinds``: tensors whose first dimension is the
     batch (positions, counters) and per-row lists (whatever a decoder mode keeps per row)."""
@@ -72,6 +80,8 @@ class BatchDecoder:
             raise ValueError("batched sessions must be created with own_llm=False")
         if len({id(session) for session in sessions}) < len(sessions):
             raise ValueError("a session appears twice in the batch")
+        for session in sessions:
+            check_unstarted(session)
         if len({session.decoding.ablation for session in sessions}) > 1:
             raise ValueError("the sessions of one batch must share their ablation (it is the LLM state's mode)")
         if any(session.decoding.vad for session in sessions):
@@ -216,6 +226,7 @@ class DynamicBatch:
             raise ValueError("batched sessions must be created with own_llm=False")
         if session in self:
             raise ValueError("the session is already in this batch")
+        check_unstarted(session)
         if getattr(getattr(session, "decoding", None), "ablation", "none") != "none":
             raise ValueError("DynamicBatch decodes with GPE itself (ablation none)")
         state = self.state

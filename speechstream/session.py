@@ -25,6 +25,7 @@ since a stream's previous request, give that stream a fresh LLM row (a state as 
 ``apply`` (or in a ``next_request`` that returns None), never in a call that returns a
 request, so checking ``segment`` before each ``next_request`` is enough. While a stream waits for
 audio (``next_request`` returned None), ``pending_events()`` gives the events to send meanwhile.
+A driver takes a session only while ``segment_started`` is False: a row cannot be rebuilt elsewhere.
 
 Pipeline per chunk: chunker -> log-mel stream -> encoder stream -> projector stream
 -> a source unit queued for the LLM; then the policy loop reads units and writes
@@ -399,6 +400,12 @@ class StreamingSession:
         if self.finished:
             return []
         return self._take_held() + self._partial()
+
+    @property
+    def segment_started(self) -> bool:
+        """The LLM has read or written in the current segment: that state (an outside driver's row) cannot be
+        rebuilt, so the session cannot join another batch until its next segment."""
+        return self._units_read > 0 or self._pending is not None
 
     @property
     def waiting_for_llm(self) -> bool:

@@ -275,3 +275,27 @@ def test_a_gap_gives_a_stream_of_a_fixed_batch_a_fresh_row(tiny_model, ablation)
         assert batched.segment == alone.segment == (1 if i == 0 else 0)
         assert batched.target_ids == alone.target_ids
         assert (torch.stack(batched.logits) - torch.stack(alone.logits)).abs().max() < TOLERANCE
+
+
+def test_a_session_already_decoded_elsewhere_cannot_join_a_batch(tiny_model):
+    """A new row cannot hold the LLM state a stream built in a batch it left: joining again is refused (the
+    stream went on from an empty context, silently), while audio fed before the first LLM step is no obstacle."""
+    from speechstream.batch import BatchDecoder
+
+    decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=4, max_tail_tokens=8)
+    audio = (0.1 * np.random.default_rng(6).standard_normal(12000)).astype(np.float32)
+    session = StreamingSession(tiny_model, decoding, partials=False, own_llm=False)
+    session.feed(audio)
+    assert not session.segment_started
+    first = DynamicBatch(tiny_model)
+    first.join(session)  # fed, never stepped: it may join
+    with torch.no_grad():
+        first.run()
+    assert session.segment_started
+    first.leave(session)
+    with pytest.raises(ValueError, match="already been decoded"):
+        DynamicBatch(tiny_model).join(session)
+    with pytest.raises(ValueError, match="already been decoded"):
+        first.join(session)
+    with pytest.raises(ValueError, match="already been decoded"):
+        BatchDecoder(tiny_model, [session])
