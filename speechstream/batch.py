@@ -164,8 +164,8 @@ class DynamicBatch:
     ``DecoderState`` belongs to ``sessions[b]``. Joining appends a row whose slots are
     all padding (``gpe.PAD``: no row ever attends to them) and whose positions are the
     start values of a new state; leaving drops the row. Cache columns that are padding
-    in every row are trimmed, and when padding fills most of the cache each row's real
-    slots are packed to the left (the cache's slot order does not matter to attention:
+    in every row are trimmed, and when even the fullest row is mostly padding each row's
+    real slots are packed to the left (the cache's slot order does not matter to attention:
     positions are explicit and every cached slot is earlier than every new token), so
     memory follows the live streams, not the streams that have come and gone.
 
@@ -175,7 +175,8 @@ class DynamicBatch:
     """
 
     def __init__(self, model: SpeechLLM, compact_below: float = 0.5):
-        """``compact_below``: pack rows when real slots are under this share of the cache."""
+        """``compact_below``: pack rows when the fullest row's real slots are under this share of the columns
+        (packing cuts the width to them, no further)."""
         self.model = model
         self.compact_below = compact_below
         self.sessions: list[StreamingSession] = []
@@ -270,15 +271,17 @@ class DynamicBatch:
         self.trim()
 
     def trim(self) -> None:
-        """Drop cache columns that are padding in every row; pack rows when padding dominates."""
+        """Drop cache columns that are padding in every row; pack rows when that would cut the width below
+        ``compact_below`` of what it is (never a copy of the whole cache that changes nothing: beside one long
+        stream, short ones keep most of the cache padding however it is packed)."""
         kinds = self.state.kinds
         if kinds.numel() == 0:
             return
         real = kinds != gpe.PAD
         used = real.any(dim=0)
         drop_slots(self.state, used)
-        real = self.state.kinds != gpe.PAD
-        if real.numel() and real.sum().item() < self.compact_below * real.numel():
+        fullest = int((self.state.kinds != gpe.PAD).sum(dim=1).max()) if self.state.kinds.numel() else 0
+        if fullest < self.width and fullest < self.compact_below * self.width:  # packing cuts the width to fullest
             self.compact()
 
     def compact(self) -> None:

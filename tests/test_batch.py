@@ -299,3 +299,32 @@ def test_a_session_already_decoded_elsewhere_cannot_join_a_batch(tiny_model):
         first.join(session)
     with pytest.raises(ValueError, match="already been decoded"):
         BatchDecoder(tiny_model, [session])
+
+
+def test_rows_are_packed_only_when_that_cuts_the_width(tiny_model, monkeypatch):
+    """Beside one long stream, short ones leave most of the cache padding however it is packed: packing then
+    copied the whole cache at nearly every step and cut nothing. It runs only when it cuts the width, which stays
+    within twice the fullest row's slots."""
+    rng = np.random.default_rng(7)
+    batch = DynamicBatch(tiny_model)
+    long = ScriptedStream(_script(tiny_model, rng, 120), last_only=True)
+    shorts = [ScriptedStream(_script(tiny_model, rng, 5), last_only=True) for _ in range(3)]
+    packs = []  # (width before, width after) of each packing
+    compact = DynamicBatch.compact
+
+    def recording(self):
+        before = self.width
+        compact(self)
+        packs.append((before, self.width))
+
+    monkeypatch.setattr(DynamicBatch, "compact", recording)
+    for stream in [long] + shorts:
+        batch.join(stream)
+    with torch.no_grad():
+        while batch.step() is not None:
+            fullest = int((batch.state.kinds != gpe.PAD).sum(dim=1).max())
+            assert batch.width <= 2 * fullest
+    assert all(after < before for before, after in packs)
+    for stream in [long] + shorts:
+        assert stream.served == len(stream.requests)
+        assert _max_delta_from_solo(tiny_model, stream) < TOLERANCE
