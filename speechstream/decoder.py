@@ -124,6 +124,8 @@ class GPEDecoder(nn.Module):
         """
         if keep is not None and (keep.dtype != torch.bool or keep.shape != kinds.shape):
             raise ValueError(f"keep must be a bool tensor of shape {tuple(kinds.shape)}")
+        fed = (kinds != gpe.PAD).sum(dim=1).cpu()  # (counted where the request was built: no device sync)
+        kinds = kinds.to(state.kinds.device)  # (requests are built on the CPU; the state lives with the model)
         is_source, is_target = kinds == gpe.SOURCE, kinds == gpe.TARGET
         if state.mode == "interleaved":
             positions = gpe.arrival_positions(state.kinds, kinds)
@@ -140,7 +142,6 @@ class GPEDecoder(nn.Module):
         state.kinds = torch.cat([state.kinds, kinds], dim=1)
         state.next_source_pos = state.next_source_pos + is_source.sum(dim=1)
         state.next_target_pos = state.next_target_pos + is_target.sum(dim=1)
-        fed = (kinds != gpe.PAD).sum(dim=1).cpu()
         self.fed_total += int(fed.sum())
         if state.tokens_fed is not None:
             state.tokens_fed += fed

@@ -61,7 +61,7 @@ def target_visibility(
     k: int,
 ) -> torch.Tensor:  # (T,) number of source tokens each target row attends to
     units = units_visible(target_ids, eoc_id, k, len(unit_ends))
-    ends = torch.tensor(unit_ends, dtype=torch.long)
+    ends = torch.tensor(unit_ends, dtype=torch.long, device=target_ids.device)
     return ends[units - 1]
 
 
@@ -75,15 +75,16 @@ def training_mask(n_source: int, n_target: int, visible: torch.Tensor, source_le
     """
     source_len = n_source if source_len is None else source_len
     target_len = n_target if target_len is None else target_len
-    size = n_source + n_target
-    mask = torch.zeros(size, size, dtype=torch.bool)
-    mask[:source_len, :source_len] = torch.ones(source_len, source_len, dtype=torch.bool).tril()
-    cols = torch.arange(n_source)
+    size, device = n_source + n_target, visible.device  # (built where ``visible`` is: CPU or the model's device)
+    mask = torch.zeros(size, size, dtype=torch.bool, device=device)
+    mask[:source_len, :source_len] = torch.ones(source_len, source_len, dtype=torch.bool, device=device).tril()
+    cols = torch.arange(n_source, device=device)
     mask[n_source : n_source + target_len, :n_source] = cols[None, :] < visible[:target_len, None]
     mask[n_source : n_source + target_len, n_source : n_source + target_len] = torch.ones(
-        target_len, target_len, dtype=torch.bool
+        target_len, target_len, dtype=torch.bool, device=device
     ).tril()
-    pad_rows = torch.cat([torch.arange(source_len, n_source), torch.arange(n_source + target_len, size)])
+    pad_rows = torch.cat([torch.arange(source_len, n_source, device=device),
+                          torch.arange(n_source + target_len, size, device=device)])
     mask[pad_rows, pad_rows] = True
     return mask
 
@@ -97,8 +98,8 @@ def cache_attention_mask(cache_kinds: torch.Tensor, new_kinds: torch.Tensor) -> 
     """
     kinds = torch.cat([cache_kinds, new_kinds], dim=1)  # (B, L + Q)
     cached, queries = cache_kinds.shape[1], new_kinds.shape[1]
-    slot = torch.arange(cached + queries)
-    row_slot = cached + torch.arange(queries)
+    slot = torch.arange(cached + queries, device=kinds.device)  # (on the device of the kinds: CPU or the model's)
+    row_slot = cached + torch.arange(queries, device=kinds.device)
     earlier = slot[None, :] <= row_slot[:, None]  # (Q, L + Q)
     key_ok = (kinds != PAD)[:, None, :]  # (B, 1, L + Q)
     source_row = (new_kinds == SOURCE)[:, :, None]  # (B, Q, 1)
@@ -139,8 +140,8 @@ def causal_cache_mask(cache_kinds: torch.Tensor, new_kinds: torch.Tensor) -> tor
     """
     kinds = torch.cat([cache_kinds, new_kinds], dim=1)
     cached, queries = cache_kinds.shape[1], new_kinds.shape[1]
-    slot = torch.arange(cached + queries)
-    row_slot = cached + torch.arange(queries)
+    slot = torch.arange(cached + queries, device=kinds.device)  # (on the device of the kinds: CPU or the model's)
+    row_slot = cached + torch.arange(queries, device=kinds.device)
     earlier = slot[None, :] <= row_slot[:, None]
     pad_row = (new_kinds == PAD)[:, :, None]
     mask = earlier[None] & (kinds != PAD)[:, None, :] & ~pad_row
@@ -165,4 +166,4 @@ def reencode_rows(cache_kinds: torch.Tensor, new_kinds: torch.Tensor) -> torch.T
 
 def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool mask (True = attend) -> additive float mask (0 or the dtype's minimum)."""
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)

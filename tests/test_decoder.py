@@ -227,3 +227,23 @@ def test_verify_bound_is_the_contracts_whatever_the_logits():
     assert VerifyResult("m", 1, 640, 10, 9e-5, logit_scale=30.0).ok
     assert VerifyResult("m", 1, 640, 10, 1e-4).ok and not VerifyResult("m", 1, 640, 10, 1.01e-4).ok
     assert VerifyResult("m", 1, 640, 10, 9e-5).bound == 1e-4
+
+
+def test_a_streaming_step_runs_where_the_model_is_with_requests_built_on_the_cpu(tiny_model):
+    """The state (cache kinds, positions) lives on the model's device; sessions build their requests on the CPU.
+    Masks and positions must be made on the state's device: they were made on the CPU, so beside a CUDA cache every
+    streaming step failed ('Expected all tensors to be on the same device'). The meta device (shapes, no data)
+    stands in for a GPU here; the same device mixing fails on it."""
+    import copy
+
+    decoder = copy.deepcopy(tiny_model.decoder)
+    decoder.llm.to("meta")
+    state = decoder.new_state(1)
+    assert state.kinds.device.type == "meta"
+    hidden = decoder.llm.get_input_embeddings().weight.shape[1]
+    kinds = torch.tensor([[gpe.SOURCE, gpe.SOURCE, gpe.TARGET]])  # on the CPU, as sessions build them
+    logits = decoder.step(state, torch.zeros(1, 3, hidden, device="meta"), kinds)
+    assert logits.shape[:2] == (1, 3) and state.kinds.device.type == "meta" and state.kinds.shape == (1, 3)
+    visible = torch.tensor([1, 2, 2], device="meta")
+    assert gpe.training_mask(3, 3, visible, 3, 2).device.type == "meta"
+    assert gpe.additive(gpe.causal_cache_mask(state.kinds, kinds.to("meta")), torch.float32).device.type == "meta"
