@@ -18,18 +18,19 @@ const LAG_SHOWN_S = 2; // audio waiting in the socket's send buffer before the p
 const LAG_LIMIT_S = 60; // ... and before it stops recording (the server cannot keep up)
 const STOP_TIMEOUT_S = 30; // after Stop, how long to wait for the server's end event (plus the audio still queued)
 
-let socket = null;
-let context = null;
-let media = null;
-let node = null;
-let flushed = false; // the worklet has sent its last frame: nothing more goes to the server
-let stopTimer = null;
+// the recording in progress (or the last one): its socket, audio graph and stop timer. Every handler a take installs
+// checks that its take is still this one, so a finished take's late events, close or frames never reach the next
+let take = null;
 
-if (!window.isSecureContext || !navigator.mediaDevices) {
+if (!window.isSecureContext) {
   // browsers give pages the microphone only over https or on localhost
+  const port = location.port || (location.protocol === "https:" ? "443" : "80");
   ui.toggle.disabled = true;
-  ui.error.textContent = "The microphone needs a secure page: open it as http://localhost:PORT/ on the server's " +
-    "machine (or through an SSH tunnel: ssh -L PORT:localhost:PORT host), or serve it over https.";
+  ui.error.textContent = `The microphone needs a secure page: open it as http://localhost:${port}/ on the server's ` +
+    `machine (or through an SSH tunnel: ssh -L ${port}:localhost:${port} HOST), or serve it over https.`;
+} else if (!navigator.mediaDevices || !window.AudioWorkletNode) {
+  ui.toggle.disabled = true;
+  ui.error.textContent = "This browser cannot record from the microphone here (no getUserMedia or AudioWorklet).";
 }
 
 function setState(state, text) {
@@ -39,13 +40,14 @@ function setState(state, text) {
   ui.toggle.disabled = state === "stopping" || state === "connecting";
 }
 
-function onEvent(event) {
+function onEvent(current, event) {
+  if (current !== take) return; // a finished take's socket: its text is not this take's
   const events = window.speechstream.events;
   events.push(event);
   if (events.length > KEEP_EVENTS) events.splice(0, events.length - KEEP_EVENTS);
   if (event.type === "final") {
     ui.committed.textContent += event.text;
-    ui.save.disabled = false;
+    ui.save.disabled = !allText();
     ui.partial.textContent = "";
   } else if (event.type === "partial") {
     ui.partial.textContent = event.text;
@@ -53,11 +55,14 @@ function onEvent(event) {
     ui.committed.textContent = event.text;
     ui.partial.textContent = "";
     ui.save.disabled = !allText();
-    clearTimeout(stopTimer);
+    clearTimeout(current.stopTimer);
     setState("done", `done: ${event.audio_s.toFixed(1)} s of audio`);
   } else if (event.type === "error") {
     ui.error.textContent = event.message;
+    ui.partial.textContent = ""; // the server closes the stream: its uncommitted tail will not be committed
+    clearTimeout(current.stopTimer);
     setState("error", "error");
+    stopAudio(current); // the server reads no more: the microphone goes off now
   }
   const box = ui.committed.parentElement; // follow the newest text
   box.scrollTop = box.scrollHeight;
@@ -73,17 +78,17 @@ function keepTake() {
   // the previous recording's text stays on the page, above the new one (and in "Save text")
   const text = ui.committed.textContent.trim();
   if (text) {
-    const take = document.createElement("p");
-    take.className = "take";
-    take.textContent = text;
-    ui.takes.appendChild(take);
+    const kept = document.createElement("p");
+    kept.className = "take";
+    kept.textContent = text;
+    ui.takes.appendChild(kept);
   }
   ui.committed.textContent = "";
   ui.partial.textContent = "";
 }
 
 function allText() {
-  const takes = Array.from(ui.takes.children, (take) => take.textContent);
+  const takes = Array.from(ui.takes.children, (kept) => kept.textContent);
   const current = ui.committed.textContent.trim();
   return (current ? [...takes, current] : takes).join("\n\n");
 }
@@ -97,96 +102,142 @@ function save() {
   setTimeout(() => URL.revokeObjectURL(link.href), 1000);
 }
 
+function microphoneError(error) {
+  // getUserMedia's refusals, in words a user can act on
+  if (error.name === "NotAllowedError" || error.name === "SecurityError") {
+    return "The microphone was not allowed: allow it for this page in the browser's site settings, then press Start.";
+  }
+  if (error.name === "NotFoundError" || error.name === "OverconstrainedError") {
+    return "No microphone was found: connect one, then press Start.";
+  }
+  if (error.name === "NotReadableError") {
+    return "The microphone could not be opened (another program may be using it).";
+  }
+  return `The microphone could not be opened: ${error.message || error}`;
+}
+
+function endTake(old) {
+  // a finished take (done or failed) lets go of its socket and audio before the next one starts
+  clearTimeout(old.stopTimer);
+  stopAudio(old);
+  if (old.socket) old.socket.close();
+}
+
 async function start() {
+  if (take) endTake(take);
+  const current = { socket: null, context: null, media: null, node: null, flushed: false, stopTimer: null };
+  take = current;
   keepTake();
   ui.error.textContent = "";
   window.speechstream.events = [];
-  flushed = false;
   setState("connecting", "connecting");
   try {
-    media = await navigator.mediaDevices.getUserMedia({
+    current.media = await navigator.mediaDevices.getUserMedia({
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
+    }).catch((error) => {
+      throw new Error(microphoneError(error));
     });
-    context = new AudioContext();
+    for (const track of current.media.getTracks()) track.addEventListener("ended", () => microphoneLost(current));
+    const context = (current.context = new AudioContext());
     if (context.state === "suspended") await context.resume();
     await context.audioWorklet.addModule("capture-worklet.js");
-    const health = await fetch("health").then((response) => response.json());
-    socket = new WebSocket(socketURL());
+    const health = await fetch("health").then((response) => response.json(), () => {
+      throw new Error("cannot reach the server");
+    });
+    const socket = (current.socket = new WebSocket(socketURL()));
     socket.binaryType = "arraybuffer";
     await new Promise((resolve, reject) => {
       socket.onopen = resolve;
       socket.onerror = () => reject(new Error("cannot connect to the server"));
     });
-    socket.onmessage = (message) => onEvent(JSON.parse(message.data));
+    socket.onmessage = (message) => onEvent(current, JSON.parse(message.data));
     socket.onclose = (close) => {
-      clearTimeout(stopTimer);
-      if (window.speechstream.state === "recording" || window.speechstream.state === "stopping") {
+      clearTimeout(current.stopTimer);
+      const state = window.speechstream.state;
+      if (take === current && (state === "recording" || state === "stopping")) {
         setState("error", "connection closed");
+        ui.partial.textContent = "";
         if (!ui.error.textContent) {
           ui.error.textContent = `The connection closed before the transcript ended (code ${close.code}` +
             `${close.reason ? ": " + close.reason : ""}).`;
         }
       }
-      stopAudio();
+      stopAudio(current);
     };
     socket.send(JSON.stringify({ type: "start", sample_rate: 16000, task: health.task }));
-    node = new AudioWorkletNode(context, "speechstream-capture", { numberOfInputs: 1, numberOfOutputs: 1 });
+    const node = (current.node = new AudioWorkletNode(context, "speechstream-capture",
+      { numberOfInputs: 1, numberOfOutputs: 1 }));
     node.port.onmessage = (message) => {
       if (message.data instanceof ArrayBuffer) {
-        if (!flushed && socket && socket.readyState === WebSocket.OPEN) {
+        if (!current.flushed && socket.readyState === WebSocket.OPEN) {
           socket.send(message.data);
           window.speechstream.framesSent += 1;
           window.speechstream.samplesSent += message.data.byteLength / 2;
-          showLag();
+          showLag(current);
         }
       } else if (message.data.type === "flushed") {
-        flushed = true;
-        if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "end" }));
-        stopAudio();
+        current.flushed = true;
+        if (socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "end" }));
+        stopAudio(current);
       }
     };
     const mute = new GainNode(context, { gain: 0 }); // keeps the graph pulling the worklet, silently
-    context.createMediaStreamSource(media).connect(node).connect(mute).connect(context.destination);
+    context.createMediaStreamSource(current.media).connect(node).connect(mute).connect(context.destination);
     setState("recording", `recording (${context.sampleRate} Hz in, 16000 Hz sent)`);
   } catch (error) {
-    ui.error.textContent = String(error.message || error);
-    setState("error", "error");
-    stopAudio();
-    if (socket) socket.close(); // the server would keep the session's slot until the tab closed
+    if (take === current) {
+      ui.error.textContent = String(error.message || error);
+      setState("error", "error");
+    }
+    stopAudio(current);
+    if (current.socket) current.socket.close(); // the server would keep the session's slot until the tab closed
   }
 }
 
-function showLag() {
+function microphoneLost(current) {
+  // the device went away mid-take (unplugged, its permission withdrawn): finish what was heard
+  if (take !== current || window.speechstream.state !== "recording") return;
+  ui.error.textContent = "The microphone stopped; the transcript of what it heard is being finished.";
+  stop();
+}
+
+function showLag(current) {
   // audio the socket has not sent yet: the server reads no faster than it decodes (backpressure)
-  const behind = socket.bufferedAmount / BYTES_PER_SECOND;
-  if (window.speechstream.state !== "recording") return;
+  if (take !== current || window.speechstream.state !== "recording") return;
+  const behind = current.socket.bufferedAmount / BYTES_PER_SECOND;
   if (behind > LAG_LIMIT_S) {
     ui.error.textContent = `The server is ${behind.toFixed(0)} s behind the microphone; recording stopped.`;
     stop();
   } else {
-    const rate = context ? context.sampleRate : 0;
+    const rate = current.context ? current.context.sampleRate : 0;
     ui.status.textContent = behind > LAG_SHOWN_S ? `recording: the server is ${behind.toFixed(1)} s behind`
       : `recording (${rate} Hz in, 16000 Hz sent)`;
   }
 }
 
 function stop() {
+  const current = take;
+  const socket = current.socket;
   setState("stopping", "finishing the transcript");
   const queued = socket ? socket.bufferedAmount / BYTES_PER_SECOND : 0;
-  stopTimer = setTimeout(() => {
-    ui.error.textContent = "The server did not finish the transcript in time; the connection was closed.";
-    setState("error", "error");
+  current.stopTimer = setTimeout(() => {
+    if (take === current) {
+      ui.error.textContent = "The server did not finish the transcript in time; the connection was closed.";
+      setState("error", "error");
+    }
+    stopAudio(current);
     if (socket) socket.close();
   }, (STOP_TIMEOUT_S + 2 * queued) * 1000);
-  if (media) media.getTracks().forEach((track) => track.stop());
-  if (node) node.port.postMessage("flush");
+  if (current.media) current.media.getTracks().forEach((track) => track.stop());
+  if (current.node) current.node.port.postMessage("flush");
   else if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "end" }));
 }
 
-function stopAudio() {
-  if (media) media.getTracks().forEach((track) => track.stop());
-  if (context) context.close();
-  media = context = node = null;
+function stopAudio(current) {
+  // the take's microphone and audio graph, once (its socket is closed by the server, or by the caller)
+  if (current.media) current.media.getTracks().forEach((track) => track.stop());
+  if (current.context) current.context.close().catch(() => {});
+  current.media = current.context = current.node = null;
 }
 
 ui.save.addEventListener("click", save);

@@ -1,0 +1,201 @@
+"""The live page's logic (speechstream/web/app.js) in Node, with stand-ins for the DOM, the microphone, Web Audio and
+the WebSocket (tests/live_page_harness.js): what the page shows and sends as the server's events, closes and errors
+arrive, one take after another. tests/test_browser.py runs the real page in Chromium, slowly."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "speechstream" / "web" / "app.js"
+HARNESS = Path(__file__).resolve().parent / "live_page_harness.js"
+NODE = shutil.which("node")
+
+pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
+
+# the first take: recording, stopped, its transcript ended by the server (which has not closed the socket yet)
+FIRST_TAKE = """
+const one = await record();
+one.socket.receive({type: "final", text: " first take"});
+await click("toggle");
+one.node.port.onmessage({data: {type: "flushed"}});
+one.socket.receive({type: "end", text: " first take", audio_s: 1.0});
+"""
+
+
+def run_page(scenario: str, secure: bool = True):
+    script = subprocess.run([NODE, str(HARNESS), str(APP), scenario, "secure" if secure else "insecure"],
+                            capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0, script.stderr
+    return json.loads(script.stdout)
+
+
+def test_partials_are_replaced_finals_appended_and_each_take_kept():
+    shown = run_page("""
+        const shown = [];
+        const one = await record();
+        one.socket.receive({type: "partial", text: " hel"});
+        shown.push(page());
+        one.socket.receive({type: "partial", text: " hello wor"});
+        shown.push(page());
+        one.socket.receive({type: "final", text: " Hello"});
+        shown.push(page());
+        one.socket.receive({type: "partial", text: " world"});
+        await click("toggle");
+        shown.push(page());
+        one.node.port.onmessage({data: {type: "flushed"}});
+        one.socket.receive({type: "end", text: " Hello world.", audio_s: 2.0});
+        one.socket.closed();
+        shown.push(page());
+        const two = await record();
+        two.socket.receive({type: "final", text: " Again."});
+        shown.push(page());
+        return shown;
+    """)
+    assert [(p["committed"], p["partial"]) for p in shown] == [
+        ("", " hel"), ("", " hello wor"), (" Hello", ""), (" Hello", " world"), (" Hello world.", ""),
+        (" Again.", ""),
+    ]
+    assert [p["state"] for p in shown] == ["recording", "recording", "recording", "stopping", "done", "recording"]
+    assert shown[0]["saveDisabled"] and not shown[2]["saveDisabled"]
+    assert shown[4]["status"] == "done: 2.0 s of audio" and shown[4]["error"] == ""
+    assert shown[5]["takes"] == ["Hello world."] and shown[5]["text"] == "Hello world.\n\nAgain."
+
+
+def test_save_text_downloads_every_takes_committed_text_but_not_the_uncommitted_tail():
+    saved = run_page(FIRST_TAKE + """
+        one.socket.closed();
+        const two = await record();
+        two.socket.receive({type: "final", text: " second"});
+        two.socket.receive({type: "partial", text: " not yet"});
+        await click("save");
+        return {name: downloads[0].name, text: await downloads[0].blob.text()};
+    """)
+    assert saved["text"] == "first take\n\nsecond\n"
+    assert saved["name"].startswith("transcript-") and saved["name"].endswith(".txt")
+
+
+def test_a_finished_takes_late_close_does_not_end_the_next_take():
+    # the server closes the first socket after its end event; Start was pressed in between
+    result = run_page(FIRST_TAKE + """
+        const two = await record();
+        one.socket.closed();
+        await settle();
+        two.node.frame();
+        return {page: page(), contexts: contexts.map((c) => c.state), sent: two.socket.sent};
+    """)
+    assert result["page"]["state"] == "recording" and result["page"]["error"] == ""
+    assert result["contexts"] == ["closed", "running"]
+    assert result["sent"] == [{"type": "start", "sample_rate": 16000, "task": "asr"}, 640]
+
+
+def test_a_failed_takes_late_events_do_not_reach_the_next_take():
+    page = run_page("""
+        const one = await record();
+        one.socket.receive({type: "error", message: "too many sessions"});
+        const two = await record();
+        one.socket.receive({type: "partial", text: " stale"});
+        one.socket.receive({type: "final", text: " stale"});
+        one.socket.closed(1006);
+        await settle();
+        return page();
+    """)
+    assert page["state"] == "recording" and page["error"] == ""
+    assert page["committed"] == page["partial"] == "" and page["text"] == ""
+
+
+def test_a_timed_out_takes_close_does_not_end_the_next_take():
+    result = run_page("""
+        const one = await record();
+        await click("toggle");
+        one.node.port.onmessage({data: {type: "flushed"}});
+        await advance(31000);  // the server never sends its end event
+        const timedOut = page();
+        const two = await record();
+        one.socket.closed(1006);
+        await settle();
+        return {timedOut, page: page(), contexts: contexts.map((c) => c.state), closes: one.socket.closeCalls};
+    """)
+    assert result["timedOut"]["state"] == "error" and "did not finish the transcript" in result["timedOut"]["error"]
+    assert result["closes"] >= 1
+    assert result["page"]["state"] == "recording" and result["page"]["error"] == ""
+    assert result["contexts"] == ["closed", "running"]
+
+
+def test_a_server_error_turns_the_microphone_off_and_drops_the_uncommitted_tail():
+    result = run_page("""
+        const one = await record();
+        one.socket.receive({type: "final", text: " kept"});
+        one.socket.receive({type: "partial", text: " tail"});
+        one.socket.receive({type: "error", message: "decoder failure: RuntimeError: boom"});
+        return {page: page(), tracks: tracks.map((t) => t.stopped), contexts: contexts.map((c) => c.state)};
+    """)
+    page = result["page"]
+    assert page["state"] == "error" and page["error"] == "decoder failure: RuntimeError: boom"
+    assert page["committed"] == " kept" and page["partial"] == "" and page["text"] == "kept"
+    assert result["tracks"] == [True] and result["contexts"] == ["closed"]
+
+
+def test_a_connection_closed_mid_recording_is_reported():
+    page = run_page("""
+        const one = await record();
+        one.socket.receive({type: "partial", text: " tail"});
+        one.socket.closed(1009, "message too big");
+        return page();
+    """)
+    assert page["state"] == "error" and page["status"] == "connection closed" and page["partial"] == ""
+    assert page["error"] == "The connection closed before the transcript ended (code 1009: message too big)."
+
+
+def test_a_lost_microphone_finishes_the_transcript_of_what_it_heard():
+    result = run_page("""
+        const one = await record();
+        tracks[0].end();  // unplugged
+        const stopping = page();
+        one.node.port.onmessage({data: {type: "flushed"}});
+        return {stopping, posted: one.node.posted, sent: one.socket.sent};
+    """)
+    assert result["stopping"]["state"] == "stopping" and "microphone stopped" in result["stopping"]["error"]
+    assert result["posted"] == ["flush"] and result["sent"][-1] == {"type": "end"}
+
+
+@pytest.mark.parametrize(("name", "words"), [("NotAllowedError", "not allowed"), ("NotFoundError", "No microphone")])
+def test_a_refused_microphone_says_what_to_do(name, words):
+    result = run_page(f"""
+        setMicrophone(async () => {{ const e = new Error("Permission denied"); e.name = "{name}"; throw e; }});
+        await click("toggle");
+        return {{page: page(), sockets: sockets.length}};
+    """)
+    assert result["page"]["state"] == "error" and words in result["page"]["error"]
+    assert not result["page"]["toggleDisabled"] and result["sockets"] == 0
+
+
+def test_lag_is_shown_and_a_server_far_behind_stops_the_recording():
+    shown = run_page("""
+        const shown = [];
+        const one = await record();
+        one.socket.bufferedAmount = 3 * 32000;
+        one.node.frame();
+        shown.push(page());
+        one.socket.bufferedAmount = 0;
+        one.node.frame();
+        shown.push(page());
+        one.socket.bufferedAmount = 61 * 32000;
+        one.node.frame();
+        shown.push(page());
+        shown.push(one.node.posted);
+        return shown;
+    """)
+    assert shown[0]["status"] == "recording: the server is 3.0 s behind"
+    assert shown[1]["status"] == "recording (48000 Hz in, 16000 Hz sent)"
+    assert shown[2]["state"] == "stopping" and "61 s behind" in shown[2]["error"]
+    assert shown[3] == ["flush"]
+
+
+def test_a_page_that_is_not_secure_names_its_own_port():
+    page = run_page("return page();", secure=False)
+    assert page["toggleDisabled"]
+    assert "http://localhost:8765/" in page["error"] and "ssh -L 8765:localhost:8765" in page["error"]
