@@ -10,7 +10,8 @@ class Element {
   constructor(tag, id) {
     this.tag = tag;
     this.id = id;
-    this.textContent = "";
+    this.text = "";
+    this.added = []; // text nodes put in, as a live region announces them (a replaced text is announced whole)
     this.disabled = false;
     this.children = [];
     this.listeners = {};
@@ -18,8 +19,21 @@ class Element {
     this.scrollHeight = 0;
     this.parentElement = null;
   }
+  get textContent() {
+    return this.text;
+  }
+  set textContent(text) {
+    this.text = String(text);
+    this.children = [];
+    if (this.text) this.added.push(this.text);
+  }
+  append(text) {
+    this.text += text;
+    this.added.push(String(text));
+  }
   appendChild(child) {
     this.children.push(child);
+    this.text += child.textContent;
     child.parentElement = this;
     return child;
   }
@@ -226,6 +240,7 @@ const page = () => ({
   committed: elements.committed.textContent,
   partial: elements.partial.textContent,
   takes: elements.takes.children.map((take) => take.textContent),
+  announced: elements.committed.added,
   error: elements.error.textContent,
   text: window.speechstream.text(),
 });

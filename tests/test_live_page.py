@@ -199,3 +199,46 @@ def test_a_page_that_is_not_secure_names_its_own_port():
     page = run_page("return page();", secure=False)
     assert page["toggleDisabled"]
     assert "http://localhost:8765/" in page["error"] and "ssh -L 8765:localhost:8765" in page["error"]
+
+
+def test_the_live_region_is_given_each_final_once_not_the_whole_text_again():
+    # #committed is aria-live: a screen reader reads what is put in it, so each final goes in as its own text (the
+    # whole transcript rewritten on every final was read again from the start each time)
+    page = run_page(FIRST_TAKE + """
+        one.socket.closed();
+        const two = await record();
+        two.socket.receive({type: "final", text: " second"});
+        two.socket.receive({type: "final", text: " take"});
+        return page();
+    """)
+    assert page["announced"] == [" first take", " second", " take"]
+    assert page["committed"] == " second take" and page["takes"] == ["first take"]
+
+
+def test_the_page_has_named_controls_and_a_keyboard_scrollable_transcript():
+    from html.parser import HTMLParser
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags, self.open, self.text = {}, None, {}
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if "id" in attrs:
+                self.tags[attrs["id"]] = (tag, attrs)
+                self.open = attrs["id"]
+
+        def handle_data(self, data):
+            if self.open and data.strip():
+                self.text[self.open] = self.text.get(self.open, "") + data.strip()
+
+    page = Page()
+    page.feed(APP.with_name("index.html").read_text())
+    assert page.text["toggle"] == "Start" and page.text["save"] == "Save text"
+    assert page.tags["toggle"][1]["type"] == page.tags["save"][1]["type"] == "button"
+    assert "disabled" in page.tags["save"][1]  # nothing to save yet
+    transcript = page.tags["transcript"][1]
+    assert transcript["aria-label"] and transcript["tabindex"] == "0"  # it scrolls: a keyboard must reach it
+    assert page.tags["status"][1]["role"] == "status" and page.tags["error"][1]["role"] == "alert"
+    assert page.tags["committed"][1]["aria-live"] == "polite"

@@ -46,13 +46,15 @@ function onEvent(current, event) {
   events.push(event);
   if (events.length > KEEP_EVENTS) events.splice(0, events.length - KEEP_EVENTS);
   if (event.type === "final") {
-    ui.committed.textContent += event.text;
+    ui.committed.append(event.text); // a text node of its own: the live region announces only this final
     ui.save.disabled = !allText();
     ui.partial.textContent = "";
   } else if (event.type === "partial") {
     ui.partial.textContent = event.text;
   } else if (event.type === "end") {
-    ui.committed.textContent = event.text;
+    // the whole transcript, which the finals already show: rewritten only if it differs (a screen reader would
+    // read it all again)
+    if (ui.committed.textContent !== event.text) ui.committed.textContent = event.text;
     ui.partial.textContent = "";
     ui.save.disabled = !allText();
     clearTimeout(current.stopTimer);
