@@ -2,8 +2,9 @@
 //
 // Downsampling is band-limited: each output sample is the input convolved with a Hann-windowed sinc
 // low-pass (cut-off just under 8 kHz) evaluated at the output instant, so any input rate works
-// (48000, 44100, ... and below 16 kHz, where the same kernel interpolates). Frames of FRAME_SAMPLES int16 samples go to the page through the port; the
-// message "flush" sends what is left (zero-padded on the right) followed by {type: "flushed"}.
+// (48000, 44100, ... and below 16 kHz, where the same kernel interpolates). Frames of FRAME_SAMPLES int16 samples go
+// to the page through the port; the message "flush" sends what is left (zero-padded on the right) followed by
+// {type: "flushed"}.
 
 const OUT_RATE = 16000;
 const FRAME_SAMPLES = 320; // 20 ms
