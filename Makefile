@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSTEM_PACKAGES := libportaudio2 libasound2 espeak-ng flite wordnet-base fortunes-min fortunes dict-gcide sword-text-web sword-text-sparv libsword-utils chromium
+SYSTEM_PACKAGES := libportaudio2 libasound2 espeak-ng flite wordnet-base fortunes-min fortunes dict-gcide sword-text-web sword-text-sparv libsword-utils chromium nodejs
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
