@@ -168,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--model", help="model name or directory (default: the tiny model)")
     group.add_argument("--all-architectures", action="store_true", help="tiny seeded Llama, Qwen2, Gemma2 and Phi3")
     verify.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms; default: %(default)s)")
-    verify.add_argument("--k", type=int, nargs="+", default=[1, 3], help="wait-k values to check (default: 1 3); each checks "
-                        "k + 3 chunks of audio, and the one-pass forward's cost grows with the square of that")
+    verify.add_argument("--k", type=int, nargs="+", default=[1, 3],
+                        help="wait-k values to check (default: 1 3); each checks k + 3 chunks of audio, and the "
+                        "one-pass forward's cost grows with the square of that")
 
     evaluate = commands.add_parser("eval", help="decode a manifest and score quality, latency and speed")
     evaluate.add_argument("manifest", help="JSON-lines manifest (id, audio, text, translation, ...)")
