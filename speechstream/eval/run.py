@@ -195,7 +195,8 @@ def sentence_references(utterances: Sequence[Utterance], task: str, manifest_pat
     """Per utterance, the ``segments`` field of its instances.log record: its reference sentences as
     ``{"offset", "duration"}`` (ms from the start of the utterance) and ``"reference"`` (whitespace collapsed); None
     for all when the manifest is not long-form. A manifest where only some lines have ``segments``, or a sentence
-    without the task's reference, is refused."""
+    without the task's reference field, is refused; an empty one (a sentence of silence or noise) is kept: it is
+    scored like any sentence when words are given to it."""
     field = REFERENCE_FIELDS[task]
     with_segments = [utterance for utterance in utterances if utterance.segments]
     if not with_segments:
@@ -208,12 +209,12 @@ def sentence_references(utterances: Sequence[Utterance], task: str, manifest_pat
     for utterance in utterances:
         sentences = []
         for number, segment in enumerate(utterance.segments):
-            reference = " ".join((getattr(segment, field) or "").split())
-            if not reference:
+            reference = getattr(segment, field)
+            if reference is None:
                 raise InputError(f'{manifest_path}: utterance "{utterance.id}": sentence {number} of its "segments" '
                                  f'has no "{field}" (task {task} scores every sentence against one)')
             sentences.append({"offset": round(segment.offset * 1000, 3), "duration": round(segment.duration * 1000, 3),
-                              "reference": reference})
+                              "reference": " ".join(reference.split())})
         result.append(sentences)
     return result
 

@@ -674,3 +674,16 @@ def test_a_sentence_outside_its_audio_is_refused_before_decoding(tmp_path, word_
     manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
     scores = evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
     assert scores["num_instances"] == 3
+
+
+def test_a_long_form_sentence_with_empty_text_is_scored_not_refused(tmp_path, word_sessions):
+    """A sentence of silence or noise with empty text (a MuST-C line can be empty) does not stop the run; one without
+    the task's field at all does."""
+    manifest = long_form_manifest(tmp_path / "data")
+    lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+    lines[0]["segments"][1]["text"] = "  "
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    scores = evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    record = read_log(tmp_path / "out")[0]
+    assert [s["reference"] for s in record["segments"]] == ["the clip", ""] and record["reference"] == "the clip"
+    assert "StreamLAAL" in scores
