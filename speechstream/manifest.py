@@ -121,7 +121,7 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
     for key in _OPTIONAL_FIELDS:
         optional[key] = _string(entry, key, f'{where}: "{key}"')
     for key in _RANGE_FIELDS:
-        optional[key] = _seconds(entry, key, f'{where}: "{key}"')
+        optional[key] = time_field(entry, key, f'{where}: "{key}"')
     if entry.get("segments") is not None:
         optional["segments"] = segments = _parse_segments(entry["segments"], where)
         for key in _SEGMENT_TEXT_FIELDS:
@@ -139,8 +139,9 @@ def _string(entry: dict, key: str, name: str) -> str | None:
     return value
 
 
-def _seconds(entry: dict, key: str, name: str) -> float | None:
-    """An optional time field: None, or a finite number of seconds >= 0 (> 0 for a duration)."""
+def time_field(entry: dict, key: str, name: str) -> float | None:
+    """An optional time field of a manifest line (``offset``, ``duration``): None, or a finite number of seconds
+    >= 0 (> 0 for a duration); InputError naming it as ``name`` otherwise. Also read by training."""
     value = entry.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not math.isfinite(value) or value < 0 or (key == "duration" and value == 0)):
@@ -162,8 +163,8 @@ def _parse_segments(value, where: str) -> tuple[Segment, ...]:
             if entry.get(key) is None:
                 raise InputError(f'{name} lacks "{key}"')
         texts = {key: _string(entry, key, f'{name}: "{key}"') for key in _SEGMENT_TEXT_FIELDS}
-        segment = Segment(_seconds(entry, "offset", f'{name}: "offset"'),
-                          _seconds(entry, "duration", f'{name}: "duration"'), **texts)
+        segment = Segment(time_field(entry, "offset", f'{name}: "offset"'),
+                          time_field(entry, "duration", f'{name}: "duration"'), **texts)
         if segments and segment.offset < segments[-1].offset:
             raise InputError(f"{name} starts at {segment.offset:g} s, before the sentence ahead of it "
                              f"({segments[-1].offset:g} s): sentences must be in order")

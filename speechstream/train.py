@@ -48,7 +48,7 @@ from speechstream.audio import SAMPLE_RATE, check_audio, load_audio
 from speechstream.config import check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError
-from speechstream.manifest import text_lines
+from speechstream.manifest import text_lines, time_field
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
                                 trainable_state)
 from speechstream.schedule import ENCODER_FRAME_S
@@ -249,16 +249,11 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
             translation = row.get("translation")
             if task == "translate" and not (isinstance(translation, str) and translation.strip()):
                 raise KeyError("translation")
-            offset, duration = (row.get(key) for key in ("offset", "duration"))
-            for key, value in (("offset", offset), ("duration", duration)):
-                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or
-                                          not math.isfinite(value) or value < 0 or (key == "duration" and not value)):
-                    raise ValueError(f"{key} must be a {'positive' if key == 'duration' else 'non-negative'} number "
-                                     f"of seconds, not {value!r}")
+            offset, duration = (time_field(row, key, key) for key in ("offset", "duration"))
             example = Example(str(row["id"]), folder / row["audio"], str(row["text"]), words,
                               None if translation is None else str(translation), float(offset or 0.0),
                               None if duration is None else float(duration))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, InputError) as error:
             raise InputError(f"{path}:{number}: bad manifest line ({type(error).__name__}: {error})") from None
         if not example.audio.is_file():
             raise InputError(f"{path}:{number}: {row['audio']}: no such audio file")
