@@ -20,6 +20,11 @@ Points (``--quick`` keeps fewer):
 - baselines: ``whisper-offline`` and ``whisper-la2`` (each when ``speechstream.baselines.BASELINES`` has it),
   with their default models.
 
+A long-form manifest (``segments`` on every line: whole talks, each scored per reference sentence; docs/manifest.md)
+is swept as ``eval`` is best run on it: every GPE point cut at pauses (``--vad``), no baselines (they take single
+utterances), and the report adds StreamLAAL, which the plot puts on its latency axis in place of AL (the AL of a
+whole talk measures one stream minutes long, not how far each sentence's text lags its speech).
+
 Usage (``recipes/eval/run.sh`` passes its arguments here)::
 
     .venv/bin/python recipes/eval/sweep.py [--model smollm2-whisper-base] [--manifest samples/manifest.jsonl]
@@ -58,6 +63,7 @@ ABLATION_CHUNK_MS, ABLATION_K = 640, 2
 SWEEP_BASELINES = ("whisper-offline", "whisper-la2")  # the baselines the sweep runs when the package has them
 RESULTS_FILE, PLOT_FILE = "RESULTS.md", "quality_latency.png"
 LATENCY_COLUMNS = ("AL", "LAAL", "StartOffset", "EndOffset")
+LONG_FORM_LATENCY = "StreamLAAL"  # the added column of a long-form manifest, and its plot's latency axis
 
 
 class SweepError(Exception):
@@ -117,17 +123,22 @@ def model_ctc_weight(model: str, strict: bool = True) -> float:
         return 0.0
 
 
-def plan(quick: bool = False, baselines: tuple[str, ...] | None = None, ctc_weight: float = 0.0) -> list[Point]:
-    """The points of the sweep, in the order they run. ``baselines`` None: every sweep baseline the package has;
-    ``ctc_weight``: the model's default joint CTC weight (above 0: a greedy point is added for comparison)."""
+def plan(quick: bool = False, baselines: tuple[str, ...] | None = None, ctc_weight: float = 0.0,
+         long_form: bool = False) -> list[Point]:
+    """The points of the sweep, in the order they run. ``baselines`` None: every sweep baseline the package has
+    (none for ``long_form``); ``ctc_weight``: the model's default joint CTC weight (above 0: a greedy point is added
+    for comparison); ``long_form``: whole talks, every GPE point cut at pauses (VAD)."""
     ks, chunks = (QUICK_KS, QUICK_CHUNKS) if quick else (KS, CHUNKS)
-    points = [gpe_point(chunk_ms, k) for chunk_ms in chunks for k in ks]
+    vad = long_form
+    points = [gpe_point(chunk_ms, k, vad=vad) for chunk_ms in chunks for k in ks]
     if ctc_weight > 0:
-        points.append(gpe_point(ABLATION_CHUNK_MS, ABLATION_K, greedy=True))
-    points.append(gpe_point(ABLATION_CHUNK_MS, ABLATION_K, vad=True))
-    points += [gpe_point(ABLATION_CHUNK_MS, ABLATION_K, ablation) for ablation in ABLATIONS if ablation != "none"]
+        points.append(gpe_point(ABLATION_CHUNK_MS, ABLATION_K, greedy=True, vad=vad))
+    if not long_form:
+        points.append(gpe_point(ABLATION_CHUNK_MS, ABLATION_K, vad=True))
+    points += [gpe_point(ABLATION_CHUNK_MS, ABLATION_K, ablation, vad=vad) for ablation in ABLATIONS
+               if ablation != "none"]
     if baselines is None:
-        baselines = tuple(name for name in SWEEP_BASELINES if name in BASELINES)
+        baselines = () if long_form else tuple(name for name in SWEEP_BASELINES if name in BASELINES)
     points += [Point(name, name) for name in baselines]
     return points
 
@@ -135,9 +146,18 @@ def plan(quick: bool = False, baselines: tuple[str, ...] | None = None, ctc_weig
 # -- running ---------------------------------------------------------------------------------------
 
 
-def manifest_ids(manifest: Path) -> list[str]:
-    """Utterance ids of a JSON-lines manifest (the eval driver checks the rest), read as the eval driver reads it
-    (`speechstream.manifest`: a UTF-8 byte order mark allowed, lines split at newlines only)."""
+@dataclass(frozen=True)
+class Data:
+    """What the sweep needs to know of its manifest."""
+
+    ids: tuple[str, ...]  # utterance (or recording) ids, in order
+    long_form: bool  # every line has "segments": whole recordings scored per reference sentence (StreamLAAL)
+
+
+def read_data(manifest: Path) -> Data:
+    """The ids of a JSON-lines manifest and whether it is long-form (the eval driver checks the rest), read as the
+    eval driver reads it (`speechstream.manifest`: a UTF-8 byte order mark allowed, lines split at newlines only).
+    A manifest where only some lines have ``segments`` is refused, as ``eval`` refuses it."""
     from speechstream.manifest import text_lines
 
     try:
@@ -145,16 +165,21 @@ def manifest_ids(manifest: Path) -> list[str]:
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or error
         raise SweepError(f"{manifest}: cannot read the manifest ({reason})") from None
-    ids = []
+    ids, talks = [], 0
     for number, line in enumerate(lines, 1):
         if line.strip():
             try:
-                ids.append(str(json.loads(line)["id"]))
+                entry = json.loads(line)
+                ids.append(str(entry["id"]))
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise SweepError(f"{manifest}:{number}: not a manifest line with an id") from None
+            talks += bool(entry.get("segments"))
     if not ids:
         raise SweepError(f"{manifest}: no utterances")
-    return ids
+    if 0 < talks < len(ids):
+        raise SweepError(f'{manifest}: {talks} of {len(ids)} lines have "segments" (long form); a manifest is '
+                         "either all whole recordings or all single utterances")
+    return Data(tuple(ids), talks > 0)
 
 
 def is_done(point: Point, out: Path, model: str, manifest: Path, count: int, ctc_weight: float = 0.0) -> bool:
@@ -256,9 +281,14 @@ def _number(value, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def _cells(row: Row, metric: str) -> list[str]:
+def latency_columns(long_form: bool) -> tuple[str, ...]:
+    """The latency scores of the tables: SimulEval's, and StreamLAAL for whole talks."""
+    return (*LATENCY_COLUMNS, LONG_FORM_LATENCY) if long_form else LATENCY_COLUMNS
+
+
+def _cells(row: Row, metric: str, long_form: bool = False) -> list[str]:
     scores = row.run.scores
-    return [_number(scores.get(metric), 1), *(_number(scores.get(name), 0) for name in LATENCY_COLUMNS),
+    return [_number(scores.get(metric), 1), *(_number(scores.get(name), 0) for name in latency_columns(long_form)),
             _number(scores.get("RTF"), 2)]
 
 
@@ -269,12 +299,21 @@ def _table(title: str, rows: list[list[str]], columns: list[str]) -> list[str]:
 
 
 def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: int, audio_s: float | None,
-                     command: str, date: str, missing: list[Point], ctc_weight: float = 0.0) -> str:
-    """RESULTS.md: the command, model, data and date, then one table per kind of point."""
+                     command: str, date: str, missing: list[Point], ctc_weight: float = 0.0,
+                     long_form: bool = False) -> str:
+    """RESULTS.md: the command, model, data and date, then one table per kind of point. ``long_form``: the
+    manifest's lines are whole recordings (``segments``): a StreamLAAL column, and the GPE grid is cut at pauses."""
     metric, title = quality_metric(rows)
     model = shown(Path(model)) if Path(model).is_absolute() else model  # a model folder: as in the repository
-    columns = [title, *(f"{name} (ms)" for name in LATENCY_COLUMNS), "RTF"]
+    columns = [title, *(f"{name} (ms)" for name in latency_columns(long_form)), "RTF"]
     audio = f", {audio_s:.1f} s of audio" if audio_s is not None else ""
+    unit = "recording" if long_form else "utterance"
+
+    def cells(row: Row) -> list[str]:
+        return _cells(row, metric, long_form)
+
+    def plain(row: Row) -> bool:
+        return _plain(row, long_form)
     lines = [
         f"# Quality and latency: {model}",
         "",
@@ -288,7 +327,7 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         f"- GPE model: `{model}`, decoding as it does by default: "
         + (f"joint CTC decoding, weight {ctc_weight:g} (`ctc_weight` in its config.yaml)" if ctc_weight > 0
            else "greedy"),
-        f"- data: `{shown(manifest)}` ({utterances} utterance{'s' if utterances != 1 else ''}{audio})",
+        f"- data: `{shown(manifest)}` ({utterances} {unit}{'s' if utterances != 1 else ''}{audio})",
         "- quality: " + ("BLEU (higher is better)" if metric == "BLEU" else
                          "normalised WER (%, lower is better; both sides through "
                          "`speechstream.eval.quality.normalize_english`)"),
@@ -298,32 +337,40 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         "- every number comes from the `scores.json` of the folder named in the first column "
         "(`speechstream eval --out`); `-`: undefined (no utterance produced a word, so there is no latency)",
     ]
-    grid = sorted((r for r in rows if _plain(r)), key=lambda r: (r.point.chunk_ms, r.point.k))
+    if long_form:
+        lines += [
+            "- long form: each line of the manifest is a whole recording with its reference sentences "
+            "(`segments`), decoded as one stream cut at pauses (`--vad`, every GPE point); AL and the rest are "
+            "those of the whole recording, StreamLAAL is LAAL per reference sentence after the hypothesis is "
+            "resegmented into them (docs/manifest.md, Long form). The Whisper baselines take single utterances "
+            "and are not run."]
+    grid = sorted((r for r in rows if plain(r)), key=lambda r: (r.point.chunk_ms, r.point.k))
     if grid:
-        lines += ["", "## GPE, wait-k over chunks", ""]
+        lines += ["", "## GPE, wait-k over chunks" + (", cut at pauses" if long_form else ""), ""]
         lines += _table("chunk (ms), k", [[f"{r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)",
-                                          *_cells(r, metric)] for r in grid], columns)
+                                          *cells(r)] for r in grid], columns)
     greedy = sorted((r for r in rows if r.point.greedy), key=lambda r: (r.point.chunk_ms, r.point.k, r.point.ablation))
     if greedy:
         pairs = []
         for r in greedy:
             joint = next((g for g in grid if (g.point.chunk_ms, g.point.k) == (r.point.chunk_ms, r.point.k)), None)
             pairs += [[f"joint CTC {ctc_weight:g}, {joint.point.chunk_ms} ms, k={joint.point.k} (`{joint.run.folder}`)",
-                       *_cells(joint, metric)]] if joint else []
-            pairs.append([f"greedy, {r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)", *_cells(r, metric)])
+                       *cells(joint)]] if joint else []
+            pairs.append([f"greedy, {r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)", *cells(r)])
         lines += ["", "## Joint CTC decoding against greedy", "",
                   "The model's CTC head re-ranks the LLM's best next tokens (`--ctc-weight`, `speechstream/ctc.py`); "
                   "greedy takes the LLM's own best token (`--ctc-weight 0`).", ""]
         lines += _table("decoding", pairs, columns)
-    segmented = sorted((r for r in rows if r.point.vad), key=lambda r: (r.point.chunk_ms, r.point.k))
+    segmented = [] if long_form else sorted((r for r in rows if r.point.vad),
+                                            key=lambda r: (r.point.chunk_ms, r.point.k))
     if segmented:
         pairs = []
         for r in segmented:
             whole = next((g for g in grid if (g.point.chunk_ms, g.point.k) == (r.point.chunk_ms, r.point.k)), None)
             pairs += [[f"one stream per utterance, {whole.point.chunk_ms} ms, k={whole.point.k} (`{whole.run.folder}`)",
-                       *_cells(whole, metric)]] if whole else []
+                       *cells(whole)]] if whole else []
             pairs.append([f"cut at pauses (VAD), {r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)",
-                          *_cells(r, metric)])
+                          *cells(r)])
         lines += ["", "## Segmented at pauses, as `transcribe` decodes", "",
                   "`--vad`: a Silero VAD cuts each utterance at its pauses of 600 ms or more and drops the silence "
                   "between the pieces; each piece is decoded as a stream of its own (README, Long sessions). "
@@ -347,12 +394,12 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
             fed, extra = r.run.scores.get("LLM_tokens"), r.run.scores.get("LLM_reencoded_tokens")
             work = "-" if fed is None else f"{fed}" + (f" (+{extra}, +{100 * extra / fed:.0f} %)" if extra else "")
             table.append([f"{r.point.ablation}, {r.point.chunk_ms} ms, k={r.point.k} (`{r.run.folder}`)",
-                          *_cells(r, metric), work])
+                          *cells(r), work])
         lines += _table("ablation", table, [*columns, "LLM tokens (+ re-encoded)"])
     baselines = sorted((r for r in rows if r.point.system != "gpe"), key=lambda r: r.point.system)
     if baselines:
         lines += ["", "## Baselines", ""]
-        lines += _table("system (model)", [[f"{_baseline_label(r)} (`{r.run.folder}`)", *_cells(r, metric)]
+        lines += _table("system (model)", [[f"{_baseline_label(r)} (`{r.run.folder}`)", *cells(r)]
                                            for r in baselines], columns)
     if not rows:
         lines += ["", "No results yet."]
@@ -365,10 +412,11 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
     return "\n".join(lines) + "\n"
 
 
-def _plain(row: Row) -> bool:
-    """A point of the GPE grid: the model's default decoding, one stream per utterance, no ablation."""
+def _plain(row: Row, long_form: bool = False) -> bool:
+    """A point of the GPE grid: the model's default decoding, no ablation, one stream per utterance (cut at pauses
+    for ``long_form``)."""
     point = row.point
-    return point.system == "gpe" and point.ablation == "none" and not point.greedy and not point.vad
+    return point.system == "gpe" and point.ablation == "none" and not point.greedy and point.vad == long_form
 
 
 def _baseline_label(row: Row) -> str:
@@ -378,8 +426,9 @@ def _baseline_label(row: Row) -> str:
     return f"{row.point.system} ({model})"
 
 
-def plot(rows: list[Row], path: Path, model: str) -> None:
-    """quality_latency.png: quality vs AL; one line per chunk size over k; ablations and baselines as points."""
+def plot(rows: list[Row], path: Path, model: str, long_form: bool = False) -> None:
+    """quality_latency.png: quality vs AL (StreamLAAL for ``long_form``); one line per chunk size over k; ablations
+    and baselines as points."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -387,12 +436,14 @@ def plot(rows: list[Row], path: Path, model: str) -> None:
 
     metric, title = quality_metric(rows)
 
+    latency = LONG_FORM_LATENCY if long_form else "AL"
+
     def xy(row: Row):
-        al, quality = row.run.scores.get("AL"), row.run.scores.get(metric)
-        return None if al is None or quality is None else (al, quality)
+        lag, quality = row.run.scores.get(latency), row.run.scores.get(metric)
+        return None if lag is None or quality is None else (lag, quality)
 
     figure, axes = plt.subplots(figsize=(7.5, 5))
-    grid = [r for r in rows if _plain(r) and xy(r)]
+    grid = [r for r in rows if _plain(r, long_form) and xy(r)]
     for chunk_ms in sorted({r.point.chunk_ms for r in grid}):
         line = sorted((r for r in grid if r.point.chunk_ms == chunk_ms), key=lambda r: r.point.k)
         points = [xy(r) for r in line]
@@ -404,7 +455,7 @@ def plot(rows: list[Row], path: Path, model: str) -> None:
         if r in grid or not xy(r):
             continue
         x, y = xy(r)
-        kind = "greedy" if r.point.greedy else "VAD" if r.point.vad else r.point.ablation
+        kind = "greedy" if r.point.greedy else r.point.ablation if r.point.ablation != "none" else "VAD"
         label = f"{kind} ({r.point.chunk_ms} ms, k={r.point.k})" if r.point.system == "gpe" else r.point.system
         color = "tab:red" if r.point.system == "gpe" else "black"  # ablations red, baselines black
         axes.scatter([x], [y], marker=next(markers, "o"), s=60, color=color, label=label, zorder=3)
@@ -412,7 +463,7 @@ def plot(rows: list[Row], path: Path, model: str) -> None:
     unplotted = [r.run.folder for r in rows if not xy(r)]
     if unplotted:
         figure.text(0.01, 0.01, "no words, not plotted: " + ", ".join(unplotted), fontsize=6, wrap=True)
-    axes.set_xlabel("AL (ms of audio read)")
+    axes.set_xlabel(f"{latency} (ms of audio read)")
     axes.set_ylabel(title)
     axes.set_title(f"Quality vs latency: {model}")
     axes.grid(alpha=0.3)
@@ -441,16 +492,16 @@ def total_audio_s(out: Path, rows: list[Row]) -> float | None:
 def write_report(out: Path, report_dir: Path, model: str, manifest: Path, command: str,
                  planned: list[Point], date: str | None = None, ctc_weight: float = 0.0) -> list[Row]:
     """Read every scores.json under ``out``; write RESULTS.md and quality_latency.png into ``report_dir``."""
-    count = len(manifest_ids(manifest))
+    data = read_data(manifest)
     rows = collect(out, model, manifest, ctc_weight)
     have = {row.point for row in rows}
     missing = [point for point in planned if point not in have]
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     report_dir.mkdir(parents=True, exist_ok=True)
-    text = results_markdown(rows, model, manifest, count, total_audio_s(out, rows), command, date, missing,
-                            ctc_weight)
+    text = results_markdown(rows, model, manifest, len(data.ids), total_audio_s(out, rows), command, date, missing,
+                            ctc_weight, data.long_form)
     (report_dir / RESULTS_FILE).write_text(text, encoding="utf-8")
-    plot(rows, report_dir / PLOT_FILE, model)
+    plot(rows, report_dir / PLOT_FILE, model, data.long_form)
     return rows
 
 
@@ -514,9 +565,14 @@ def main(argv: list[str] | None = None) -> int:
         model = caller_model(args.model)
         if not manifest.is_file():
             raise SweepError(f"{manifest}: no such manifest")
-        count = len(manifest_ids(manifest))
+        data = read_data(manifest)
+        count = len(data.ids)
         ctc_weight = model_ctc_weight(model, strict=not args.report_only)
-        points = plan(args.quick, parse_baselines(args.baselines), ctc_weight)
+        baselines = parse_baselines(args.baselines)
+        if data.long_form and baselines:
+            raise SweepError(f"--baselines {args.baselines}: the Whisper baselines take single utterances, and "
+                             f"{manifest} is long-form (\"segments\"); use --baselines none or auto")
+        points = plan(args.quick, baselines, ctc_weight, data.long_form)
         if report_dir.exists() and not report_dir.is_dir():
             raise SweepError(f"--report-dir {report_dir} is a file, not a folder")
         if out.exists() and not out.is_dir():

@@ -21,14 +21,19 @@ def sweep():
     return module
 
 
-def _manifest(tmp_path: Path, n: int = 2) -> Path:
+def _manifest(tmp_path: Path, n: int = 2, talks: int = 0) -> Path:
+    """``n`` lines; the first ``talks`` of them whole recordings with their sentences ("segments")."""
     path = tmp_path / "manifest.jsonl"
-    path.write_text("".join(json.dumps({"id": f"u{i}", "audio": f"u{i}.wav", "text": "a b"}) + "\n" for i in range(n)))
+    sentences = [{"offset": 0.0, "duration": 1.0, "text": "a"}, {"offset": 1.5, "duration": 1.0, "text": "b"}]
+    lines = [{"id": f"u{i}", "audio": f"u{i}.wav", "text": "a b"} | ({"segments": sentences} if i < talks else {})
+             for i in range(n)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
 
 def _fake_run(out: Path, name: str, manifest: Path, baseline: str = "gpe", model: str = "m", chunk_ms=640, k=2,
-              ablation: str | None = "none", wer=50.0, al=1000.0, n=2, task="asr", extra=None, vad=False):
+              ablation: str | None = "none", wer=50.0, al=1000.0, n=2, task="asr", extra=None, vad=False,
+              ctc_weight=None):
     """A folder as ``speechstream eval`` leaves it: config.json, scores.json and instances.log."""
     folder = out / name
     folder.mkdir(parents=True)
@@ -37,6 +42,8 @@ def _fake_run(out: Path, name: str, manifest: Path, baseline: str = "gpe", model
         decoding["ablation"] = ablation
     if vad:
         decoding["vad"] = True
+    if ctc_weight is not None:
+        decoding["ctc_weight"] = ctc_weight
     if baseline != "gpe":
         decoding = {"device": "cpu", "search": "greedy"}
         if baseline == "whisper-la2":
@@ -253,7 +260,7 @@ def test_a_manifest_with_a_byte_order_mark_is_read_as_eval_reads_it(sweep, tmp_p
     manifest = _manifest(tmp_path, n=3)
     text = manifest.read_text().replace('"a b"', '"a\u2028b"')  # a line separator inside a JSON string
     manifest.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
-    assert sweep.manifest_ids(manifest) == ["u0", "u1", "u2"]
+    assert sweep.read_data(manifest) == sweep.Data(("u0", "u1", "u2"), long_form=False)
 
 
 def test_a_sweep_whose_every_point_failed_leaves_the_report_alone(sweep, tmp_path, capsys, monkeypatch):
@@ -273,3 +280,44 @@ def test_a_sweep_whose_every_point_failed_leaves_the_report_alone(sweep, tmp_pat
     assert sweep.main([*args, "--out", str(tmp_path / "out")]) == 1
     assert ran and "every point failed" in capsys.readouterr().err
     assert (report / "RESULTS.md").read_text() == "the committed tables"
+
+
+def test_a_long_form_manifest_is_swept_cut_at_pauses_and_reports_stream_laal(sweep, tmp_path, capsys):
+    """Whole talks ("segments"): every GPE point with --vad, no baselines, StreamLAAL in the tables and on the
+    plot's latency axis; a manifest with segments on some lines only, or baselines asked for, are refused."""
+    talks = _manifest(tmp_path, talks=2)
+    assert sweep.read_data(talks) == sweep.Data(("u0", "u1"), long_form=True)
+    points = sweep.plan(quick=True, ctc_weight=0.5, long_form=True)
+    assert points and all(p.system == "gpe" and p.vad for p in points)  # baselines: none by default
+    assert {p.name for p in points} >= {"gpe-c640-k2-vad", "gpe-c640-k2-greedy-vad", "gpe-c640-k2-reencode-vad"}
+    assert "--vad" in points[0].eval_args("m", str(talks), tmp_path)
+    out = tmp_path / "out"
+    for k in (1, 2):
+        _fake_run(out, f"gpe-c640-k{k}-vad", talks, k=k, vad=True, ctc_weight=0.5, wer=30.0 + k, al=20000.0 * k,
+                  extra={"StreamLAAL": 1500.0 * k})
+    _fake_run(out, "gpe-c640-k2-greedy-vad", talks, vad=True, ctc_weight=0.0, wer=60.0, extra={"StreamLAAL": 1400.0})
+    _fake_run(out, "gpe-c640-k2-reencode-vad", talks, ablation="reencode", vad=True, ctc_weight=0.5, wer=70.0,
+              extra={"StreamLAAL": 1700.0, "LLM_tokens": 100, "LLM_reencoded_tokens": 50})
+    report = tmp_path / "report"
+    rows = sweep.write_report(out, report, "m", talks, "sweep", points, date="d", ctc_weight=0.5)
+    assert len(rows) == 4
+    text = (report / "RESULTS.md").read_text()
+    assert "(2 recordings, 5.0 s of audio)" in text and "- long form:" in text
+    assert "| EndOffset (ms) | StreamLAAL (ms) | RTF |" in text
+    grid = text.split("## GPE, wait-k over chunks, cut at pauses")[1].split("## Joint CTC")[0]
+    assert "| 640 ms, k=1 (`gpe-c640-k1-vad`) | 31.0 | 20000 | 20010 | 10000 | 300 | 1500 | 0.50 |" in grid
+    assert "| greedy, 640 ms, k=2 (`gpe-c640-k2-greedy-vad`) | 60.0 |" in text
+    assert "| reencode, 640 ms, k=2 (`gpe-c640-k2-reencode-vad`) | 70.0 |" in text
+    assert "## Segmented at pauses" not in text
+    png = (report / "quality_latency.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10000
+    # the utterance manifest's report has no StreamLAAL column
+    (tmp_path / "one").mkdir()
+    plain = sweep.results_markdown([], "m", _manifest(tmp_path / "one", 1), 1, None, "sweep", "d", [])
+    assert "StreamLAAL" not in plain and "(1 utterance)" in plain
+    assert sweep.main(["--manifest", str(talks), "--baselines", "whisper-offline", "--report-only"]) == 2
+    assert "take single utterances" in capsys.readouterr().err
+    (tmp_path / "mixed").mkdir()
+    mixed = _manifest(tmp_path / "mixed", n=3, talks=1)
+    assert sweep.main(["--manifest", str(mixed), "--report-only"]) == 2
+    assert '1 of 3 lines have "segments"' in capsys.readouterr().err
