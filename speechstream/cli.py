@@ -40,12 +40,42 @@ def output_format(given: str | None, output: str | None, formats: tuple[str, ...
 
 def check_writable(output: str | None) -> None:
     """``--output`` can be written (an InputError if not), checked before the model loads and any audio is read.
-    Appending nothing: an existing file is only replaced once there is a transcript (a missing one is created)."""
+    Nothing is written: an existing file is opened to append nothing, a missing one is created and removed again (a
+    run that ends without a transcript leaves no empty file behind)."""
     if output:
         try:
-            open(output, "a", encoding="utf-8").close()
+            if os.path.lexists(output):
+                open(output, "a", encoding="utf-8").close()
+            else:
+                os.close(os.open(output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                os.unlink(output)
         except OSError as error:
             raise InputError(f"{output}: cannot write the output ({error.strerror or error})") from None
+
+
+class LazyOutput:
+    """The ``--output`` file, opened (an existing one replaced) at the first write: a run that writes nothing,
+    because every audio file failed, leaves the file as it was."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.handle = None
+
+    def write(self, text: str) -> None:
+        if self.handle is None:
+            try:
+                self.handle = open(self.path, "w", encoding="utf-8")
+            except OSError as error:
+                raise InputError(f"{self.path}: cannot write the output ({error.strerror or error})") from None
+        self.handle.write(text)
+
+    def flush(self) -> None:
+        if self.handle is not None:
+            self.handle.flush()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -274,10 +304,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
         print(TINY_NOTE, file=sys.stderr)
-    try:
-        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    except OSError as error:
-        raise InputError(f"{args.output}: cannot write the output ({error.strerror or error})") from None
+    out = LazyOutput(args.output) if args.output else sys.stdout
     documents, failed = [], None
     try:
         for path in args.audio:

@@ -373,6 +373,21 @@ def test_output_file(capsys, tmp_path, clip):
     check_jsonl(output.read_text(encoding="utf-8"), 0.8)
 
 
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "json", "srt", "vtt"])
+def test_an_output_is_kept_when_no_audio_file_gives_a_transcript(capsys, tmp_path, fmt):
+    """An existing --output is replaced only once there is a transcript; a missing one is not left behind empty."""
+    bad = tmp_path / "bad.wav"
+    bad.write_text("not audio at all\n" * 30)
+    kept = tmp_path / "kept.out"
+    kept.write_text("an earlier transcript\n")
+    code, out, err = run(capsys, "transcribe", bad, "--format", fmt, "--output", kept)
+    assert_one_error(code, err, match="bad.wav: not a readable audio file")
+    assert kept.read_text() == "an earlier transcript\n"
+    code, out, err = run(capsys, "transcribe", bad, "--format", fmt, "--output", tmp_path / "new.out")
+    assert_one_error(code, err, match="bad.wav: not a readable audio file")
+    assert not (tmp_path / "new.out").exists()
+
+
 def test_verify(capsys):
     code, out, err = run(capsys, "verify", "--k", "1")
     assert code == 0, err
