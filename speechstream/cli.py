@@ -297,55 +297,73 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     name = _model_name(args, decoding)
     check_writable(args.output)
 
-    from speechstream import outputs
     from speechstream.model import load_model
-    from speechstream.session import transcribe_file, transcribe_pcm
 
     model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
         print(TINY_NOTE, file=sys.stderr)
     out = LazyOutput(args.output) if args.output else sys.stdout
-    documents, failed = [], None
+    documents: list[dict] = []  # json: one per file transcribed, written at the end
     try:
-        for path in args.audio:
-            starts: list[float] = []  # where the file's VAD segments start (s): no cue starts in a dropped pause
-
-            def on_event(event, path=path):
-                if args.format == "jsonl":
-                    if event.type != "partial" or not args.no_partials:
-                        out.write(outputs.jsonl_line(event) + "\n")
-                        out.flush()
-                elif args.format == "text" and event.type == "final":
-                    out.write(event.text)
-                    out.flush()
-
-            try:
-                if path == "-":
-                    events = transcribe_pcm(model, decoding, sys.stdin.buffer, args.input_rate, on_event,
-                                            partials=args.format == "jsonl", segment_starts=starts)
-                else:
-                    events = transcribe_file(model, decoding, path, on_event, partials=args.format == "jsonl",
-                                             segment_starts=starts)
-            except InputError as error:  # report, keep what was done, go on with the other files
-                print(f"speechstream: error: {error}", file=sys.stderr)
-                failed = error
-                continue
-            if args.format == "text":
-                out.write("\n")
-            elif args.format == "json":
-                documents.append(outputs.json_document("stdin" if path == "-" else path, events, starts))
-            elif args.format == "srt":
-                out.write(outputs.srt(events, starts))
-            elif args.format == "vtt":
-                out.write(outputs.vtt(events, starts))
-        # one file: its document; several: a list of the documents of the files that worked
+        failed = _transcribe_each(args, model, decoding, out, documents)
+    except KeyboardInterrupt:  # Ctrl-C: stop, but still write the json documents of the files already done
+        if documents:
+            _write_json(args, out, documents)
+        raise
+    else:
         if args.format == "json" and (documents or len(args.audio) > 1):
-            json.dump(documents[0] if len(args.audio) == 1 else documents, out, ensure_ascii=False, indent=2)
-            out.write("\n")
+            _write_json(args, out, documents)
     finally:
         if out is not sys.stdout:
             out.close()
     return 2 if failed else 0
+
+
+def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: list[dict]) -> InputError | None:
+    """Transcribe every input in turn, writing text, jsonl, srt and vtt to ``out`` as they come and appending the json
+    documents to ``documents``; a file that fails is reported and skipped. Returns the last such error, if any."""
+    from speechstream import outputs
+    from speechstream.session import transcribe_file, transcribe_pcm
+
+    failed = None
+    for path in args.audio:
+        starts: list[float] = []  # where the file's VAD segments start (s): no cue starts in a dropped pause
+
+        def on_event(event):
+            if args.format == "jsonl":
+                if event.type != "partial" or not args.no_partials:
+                    out.write(outputs.jsonl_line(event) + "\n")
+                    out.flush()
+            elif args.format == "text" and event.type == "final":
+                out.write(event.text)
+                out.flush()
+
+        try:
+            if path == "-":
+                events = transcribe_pcm(model, decoding, sys.stdin.buffer, args.input_rate, on_event,
+                                        partials=args.format == "jsonl", segment_starts=starts)
+            else:
+                events = transcribe_file(model, decoding, path, on_event, partials=args.format == "jsonl",
+                                         segment_starts=starts)
+        except InputError as error:  # report, keep what was done, go on with the other files
+            print(f"speechstream: error: {error}", file=sys.stderr)
+            failed = error
+            continue
+        if args.format == "text":
+            out.write("\n")
+        elif args.format == "json":
+            documents.append(outputs.json_document("stdin" if path == "-" else path, events, starts))
+        elif args.format == "srt":
+            out.write(outputs.srt(events, starts))
+        elif args.format == "vtt":
+            out.write(outputs.vtt(events, starts))
+    return failed
+
+
+def _write_json(args: argparse.Namespace, out, documents: list[dict]) -> None:
+    """One input: its document; several: a list of the documents of the files that worked (so far)."""
+    json.dump(documents[0] if len(args.audio) == 1 else documents, out, ensure_ascii=False, indent=2)
+    out.write("\n")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -388,6 +388,30 @@ def test_an_output_is_kept_when_no_audio_file_gives_a_transcript(capsys, tmp_pat
     assert not (tmp_path / "new.out").exists()
 
 
+@pytest.mark.parametrize("fmt", ["json", "text", "jsonl"])
+def test_ctrl_c_keeps_the_files_already_transcribed(capsys, monkeypatch, tmp_path, fmt):
+    """Ctrl-C while the third file decodes: exit 130, and the two finished files are in the output, json too."""
+    first, second, third = (write_wav(tmp_path / f"{n}.wav", seed=n) for n in range(3))
+    real = session_module.transcribe_file
+
+    def interrupted_on_the_third(model, decoding, path, *args, **kwargs):
+        if path == str(third):
+            raise KeyboardInterrupt
+        return real(model, decoding, path, *args, **kwargs)
+
+    monkeypatch.setattr(session_module, "transcribe_file", interrupted_on_the_third)
+    output = tmp_path / "out"
+    code, out, err = run(capsys, "transcribe", first, second, third, "--format", fmt, "--output", output)
+    assert_one_error(code, err, 130, "interrupted")
+    text = output.read_text(encoding="utf-8")
+    if fmt == "json":
+        assert [document["audio"] for document in json.loads(text)] == [str(first), str(second)]
+    elif fmt == "text":
+        assert text.count("\n") == 2
+    else:
+        assert [json.loads(line)["type"] for line in text.splitlines()].count("end") == 2
+
+
 def test_verify(capsys):
     code, out, err = run(capsys, "verify", "--k", "1")
     assert code == 0, err
