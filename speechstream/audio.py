@@ -8,6 +8,7 @@ package derives its frame arithmetic from these constants.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,70 @@ def int16_to_float(pcm: bytes | np.ndarray) -> np.ndarray:
             raise InputError("int16 PCM must have an even number of bytes")
         pcm = np.frombuffer(pcm, dtype="<i2")
     return np.asarray(pcm, dtype=np.float32) / 32768.0
+
+
+@dataclass(frozen=True)
+class PcmLayout:
+    """How a stream of little-endian int16 PCM is laid out."""
+
+    rate: int  # samples per second (per channel)
+    channels: int = 1  # interleaved channels, mixed to mono by their mean
+    offset: int = 0  # header bytes before the first sample
+    length: int | None = None  # bytes of samples after the header (None: to the end of the stream)
+
+
+WAV_HEADER_LIMIT = 1 << 16  # bytes a WAV header on a stream may take before its data chunk
+
+
+def stream_layout(head: bytes, rate: int, ended: bool = False) -> PcmLayout | None:
+    """The layout of a PCM stream from its first bytes: raw int16 mono at ``rate``, or, when it starts with a WAV
+    header (``ffmpeg -f wav -``, ``cat x.wav``), the rate and channels that header names and the samples after it.
+    None: more bytes are needed to tell; ``ended``: there are none (a WAV header cut short is an InputError)."""
+    if head[:4] != b"RIFF"[: len(head[:4])] or (len(head) >= 12 and head[8:12] != b"WAVE"):
+        return PcmLayout(rate)
+    if len(head) < 12:
+        return PcmLayout(rate) if ended else None
+    position, fmt = 12, None
+    while position + 8 <= len(head):
+        kind, size = head[position : position + 4], int.from_bytes(head[position + 4 : position + 8], "little")
+        body = position + 8
+        if kind == b"data":
+            if fmt is None:
+                raise InputError("stdin: a WAV header without a fmt chunk before its data")
+            return PcmLayout(*fmt, offset=body, length=None if size in (0, 0xFFFFFFFF) else size)
+        if body + size > len(head):
+            break
+        if kind == b"fmt ":
+            fmt = _wav_format(head[body : body + size])
+        position = body + size + size % 2  # chunks are padded to an even size
+    if ended or len(head) > WAV_HEADER_LIMIT:
+        raise InputError("stdin: a WAV header without audio (no data chunk)")
+    return None
+
+
+def _wav_format(chunk: bytes) -> tuple[int, int]:
+    """(rate, channels) of a WAV fmt chunk holding 16-bit PCM, else an InputError saying what to send."""
+    if len(chunk) < 16:
+        raise InputError("stdin: a damaged WAV header (its fmt chunk is too short)")
+    tag, channels, rate = (int.from_bytes(chunk[a:b], "little") for a, b in ((0, 2), (2, 4), (4, 8)))
+    bits = int.from_bytes(chunk[14:16], "little")
+    if tag == 0xFFFE and len(chunk) >= 26:  # WAVE_FORMAT_EXTENSIBLE: the format is its sub-format's
+        tag = int.from_bytes(chunk[24:26], "little")
+    if tag != 1 or bits != 16 or channels < 1:
+        kind = f"{bits}-bit PCM" if tag == 1 else f"format {tag} ({bits}-bit)"
+        raise InputError(f"stdin: a WAV stream of {kind}, {channels} channel{'s' * (channels != 1)}; 16-bit PCM is "
+                         "read (ffmpeg ... -f wav -acodec pcm_s16le -, or raw: -f s16le -ac 1 -)")
+    try:
+        check_stream_rate(rate)
+    except InputError as error:
+        raise InputError(f"stdin: the WAV header's {error}") from None
+    return rate, channels
+
+
+def pcm_frames_to_float(pcm: bytes, channels: int) -> np.ndarray:
+    """Whole frames of interleaved little-endian int16 PCM to float32 mono (the channels' mean), as a file's."""
+    samples = int16_to_float(pcm)
+    return samples if channels == 1 else samples.reshape(-1, channels).mean(axis=1)
 
 
 # a stream's rate must share enough with 16 kHz that its resampling kernel (16000/g by rate/g taps, g their gcd)

@@ -178,9 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     transcribe = commands.add_parser("transcribe", help="stream audio files through the model")
     transcribe.add_argument("audio", nargs="+", help="audio files (wav, flac, ogg, mp3); - reads raw little-endian "
-                            "int16 mono PCM from stdin as it arrives (e.g. from ffmpeg -f s16le -ac 1 -)")
+                            "int16 mono PCM from stdin as it arrives (e.g. from ffmpeg -f s16le -ac 1 -), or a 16-bit "
+                            "WAV stream (ffmpeg -f wav -, cat x.wav), whose header gives its rate and channels")
     transcribe.add_argument("--input-rate", type=int, default=16000,
-                            help="sample rate of the PCM on stdin (with -; resampled to 16 kHz; "
+                            help="sample rate of the raw PCM on stdin (with -; resampled to 16 kHz; "
                             "default: %(default)s)")
     _decoding_args(transcribe, vad=True)
     transcribe.add_argument("--format", choices=(*TRANSCRIBE_FORMATS, *FORMAT_ALIASES),

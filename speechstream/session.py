@@ -684,41 +684,64 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
                    segment_starts: list[float] | None = None) -> list[Event]:
     """Stream raw little-endian int16 mono PCM from a binary file object (a pipe, stdin) as it arrives: each read
     returns what the pipe holds (up to ``block_bytes``), resampled to 16 kHz buffer by buffer and fed to one session,
-    so text comes while the audio does. The end of the input, or Ctrl-C, finishes the stream (its tail is read and
+    so text comes while the audio does. A stream that starts with a WAV header (16-bit PCM: ``ffmpeg -f wav -``,
+    ``cat x.wav``) is read as that header says: its rate (``sample_rate`` is for raw PCM), its channels (mixed to
+    mono) and its data chunk alone. The end of the input, or Ctrl-C, finishes the stream (its tail is read and
     written); a Ctrl-C while the session works on a buffer takes effect once that buffer is done (an interrupted step
-    would leave its caches half-updated), one while the pipe is waited on at once. A last odd byte is dropped. The
-    audio a file would hold gives the events that file gives.
+    would leave its caches half-updated), one while the pipe is waited on at once. A last incomplete sample is
+    dropped. The audio a file would hold gives the events that file gives.
     ``segment_starts``: as in ``transcribe_file``."""
-    from speechstream.audio import StreamResampler, int16_to_float
+    from speechstream.audio import StreamResampler, pcm_frames_to_float, stream_layout
 
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or block_bytes < 2:
         raise InputError(f"sample_rate must be a whole number of Hz and block_bytes at least 2 (got {sample_rate!r}, "
                          f"{block_bytes!r})")
-    resampler = StreamResampler(sample_rate)
     session = StreamingSession(model, decoding, partials=partials)
     read = getattr(stream, "read1", stream.read)
     events, carry, received = [], b"", 0
+    layout, resampler, left = None, None, None  # known once the first bytes tell raw PCM from a WAV header
 
     def feed(samples: np.ndarray) -> None:
         for event in session.feed(samples):
             events.append(event)
             on_event(event)
 
+    def take(data: bytes, ended: bool = False) -> bytes:
+        """Whole frames of ``data`` (after the header, within the data chunk); keeps the rest in ``carry``."""
+        nonlocal carry, layout, resampler, left
+        data = carry + data
+        if layout is None:
+            layout = stream_layout(data, sample_rate, ended)
+            if layout is None:
+                carry = data
+                return b""
+            resampler, left, data = StreamResampler(layout.rate), layout.length, data[layout.offset :]
+        if left is not None:
+            data, left = data[:left], left - min(left, len(data))
+        frame = 2 * layout.channels
+        whole = len(data) - len(data) % frame
+        carry = data[whole:]
+        return data[:whole]
+
     with HeldInterrupts() as interrupts:
         try:
             while data := read(block_bytes):
-                received += len(data)
-                data = carry + data
-                whole = len(data) - len(data) % 2
-                carry = data[whole:]
-                with interrupts.held():
-                    feed(resampler.push(int16_to_float(data[:whole])))
+                pcm = take(data)
+                received += len(pcm)
+                if pcm:
+                    with interrupts.held():
+                        feed(resampler.push(pcm_frames_to_float(pcm, layout.channels)))
                 if interrupts.pending:
                     break
         except KeyboardInterrupt:
             pass  # Ctrl-C: finish with what has arrived
+    if layout is None:  # the stream ended inside what could still have been a WAV header
+        pcm = take(b"", ended=True)
+        received += len(pcm)
+        if pcm:
+            feed(resampler.push(pcm_frames_to_float(pcm, layout.channels)))
     if received < 2:
-        raise InputError("stdin: no audio (raw little-endian int16 mono PCM was expected)")
+        raise InputError("stdin: no audio (raw little-endian int16 mono PCM or a 16-bit WAV stream was expected)")
     feed(resampler.flush())
     for event in session.finish():
         events.append(event)

@@ -262,3 +262,24 @@ def test_rates_with_huge_resampling_kernels_are_refused(rate):
 def test_a_time_range_must_be_finite_numbers(offset, duration):
     with pytest.raises(InputError, match="bad time range"):
         load_audio("samples/jfk.wav", offset, duration)
+
+
+def test_stream_layout_reads_a_wav_header_that_arrives_in_pieces(tmp_path):
+    """A WAV header on a stream is told from raw PCM by its first 12 bytes and read once its data chunk starts, however
+    the pipe cuts it; raw PCM is raw at the given rate (also one that happens to start with b"RIFF")."""
+    from speechstream.audio import PcmLayout, stream_layout
+
+    path = tmp_path / "x.wav"
+    soundfile.write(path, np.zeros((100, 2), np.float32), 22050, subtype="PCM_16")
+    data = path.read_bytes()
+    offset = data.index(b"data") + 8
+    assert all(stream_layout(data[:n], 16000) is None for n in range(offset))
+    assert stream_layout(data[:offset], 16000) == PcmLayout(22050, 2, offset, 400)
+    assert stream_layout(b"\x01\x02\x03\x04", 8000) == PcmLayout(8000)
+    assert stream_layout(b"RIFF\x00\x00\x00\x00ABCD", 8000) == PcmLayout(8000)
+    assert stream_layout(b"RI", 8000, ended=True) == PcmLayout(8000)
+    with pytest.raises(InputError, match="without audio"):
+        stream_layout(data[: offset - 8], 16000, ended=True)
+    soundfile.write(path, np.zeros(100, np.float32), 16000, subtype="PCM_24")
+    with pytest.raises(InputError, match="24-bit PCM, 1 channel; 16-bit PCM is read"):
+        stream_layout(path.read_bytes(), 16000)

@@ -522,11 +522,37 @@ def test_stdin_pcm_gives_what_the_file_gives(capsys, monkeypatch, tmp_path, word
     assert strip(piped) == strip(filed) and strip(piped)[-1]["text"]
 
 
+@pytest.mark.parametrize("rate, channels", [(16000, 1), (44100, 2)])
+def test_a_wav_stream_on_stdin_gives_what_the_file_gives(capsys, monkeypatch, tmp_path, wordy, rate, channels):
+    """`cat x.wav | transcribe -` and `ffmpeg -f wav - | transcribe -`: the WAV header is read (its rate and channels,
+    whatever --input-rate says), not decoded as samples; a chunk after the data chunk is not audio either."""
+    import io
+
+    mono = soundfile.read(write_wav(tmp_path / "mono.wav", seconds=2.3, rate=rate), dtype="float32")[0]
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, np.stack([mono, -0.5 * mono][:channels], axis=1), rate, subtype="PCM_16")
+    data = path.read_bytes() + b"LIST\x04\x00\x00\x00abcd"  # a trailing chunk (metadata), after the samples
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, piped, err = run(capsys, "transcribe", "-", "--input-rate", 8000, "--format", "jsonl")
+    assert code == 0, err
+    code, filed, err = run(capsys, "transcribe", path, "--format", "jsonl")
+    assert code == 0, err
+
+    def strip(out):  # wall-clock fields differ between runs
+        return [{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "compute_s")}
+                for line in out.splitlines()]
+
+    assert strip(piped) == strip(filed) and strip(piped)[-1]["audio_s"] == pytest.approx(2.3)
+
+
 @pytest.mark.parametrize("stdin, argv, match", [
     (b"", ["-"], "stdin: no audio"),
     (b"\x01", ["-"], "stdin: no audio"),
     (b"\x00\x00", ["-", "-"], "can be given once"),
     (b"\x00\x00", ["-", "--input-rate", "0"], "--input-rate must be between"),
+    (b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x03\x00\x01\x00\x80\x3e\x00\x00\x00\xfa\x00\x00\x04\x00\x20\x00"
+     b"data\x00\x00\x00\x00" + bytes(64), ["-"], "stdin: a WAV stream of format 3 \\(32-bit\\), 1 channel;"),
+    (b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00", ["-"], "stdin: a WAV header without audio"),
 ])
 def test_bad_stdin_is_one_line(capsys, monkeypatch, stdin, argv, match):
     import io
