@@ -438,14 +438,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from speechstream.weights.fetch import ASSETS, fetch
+    from speechstream.weights.fetch import ASSETS, fetch, hashes_recorded
 
     names = args.names or list(ASSETS)
     unknown = [n for n in names if n not in ASSETS]
     if unknown:
         raise InputError(f"unknown asset {unknown[0]!r} (known: {', '.join(ASSETS)})")
     for name in names:
-        print(f"{name}: {fetch(name, force=args.force, verify=True)}")
+        path = fetch(name, force=args.force, verify=True)
+        print(f"{name}: {path}")
+        if not hashes_recorded(path):
+            print(f"speechstream: note: {name} was cached by an older speechstream that recorded no sha256 of its "
+                  f"files: only their sizes were checked (`speechstream fetch --force {name}` rebuilds it with them)",
+                  file=sys.stderr)
     return 0
 
 

