@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     _decoding_args(transcribe, vad=True)
     transcribe.add_argument("--format", choices=(*TRANSCRIBE_FORMATS, *FORMAT_ALIASES),
                             help="default: from the extension of --output (.txt, .jsonl, .json, .srt, .vtt); else text")
-    transcribe.add_argument("--output", help="write to this file instead of stdout")
+    transcribe.add_argument("--output", help="write to this file instead of stdout (-: stdout)")
     transcribe.add_argument("--no-partials", action="store_true", help="jsonl: omit partial events")
 
     verify = commands.add_parser(
@@ -279,6 +279,8 @@ def _model_name(args: argparse.Namespace, decoding=None) -> str:
 def cmd_transcribe(args: argparse.Namespace) -> int:
     # usage errors first, before the slow imports (torch, transformers) and the model load
     decoding = _decoding_config(args)
+    if args.output == "-":  # the usual name of stdout, where the output goes anyway
+        args.output = None
     args.format = output_format(args.format, args.output, TRANSCRIBE_FORMATS)
     if args.audio.count("-") > 1:
         raise InputError("- (stdin) can be given once")
@@ -476,6 +478,9 @@ def cmd_live(args: argparse.Namespace) -> int:
         print("\n".join(live.describe_devices(live.input_devices(sd), default)))
         return 0
     decoding = _decoding_config(args)
+    if args.output == "-":
+        raise InputError("--output -: live prints the text as it comes to stdout already; --output names a file "
+                         "to save the transcript to")
     args.format = output_format(args.format, args.output, LIVE_FORMATS)
     device = live.resolve_device(sd, spec)
     name = _model_name(args, decoding)

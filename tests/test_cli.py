@@ -373,6 +373,15 @@ def test_output_file(capsys, tmp_path, clip):
     check_jsonl(output.read_text(encoding="utf-8"), 0.8)
 
 
+def test_output_dash_is_stdout(capsys, tmp_path, clip, monkeypatch):
+    """``--output -`` is stdout (the usual meaning), not a file named "-"."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "transcribe", clip, "--format", "jsonl", "--output", "-")
+    assert code == 0, err
+    check_jsonl(out, 0.8)
+    assert not (tmp_path / "-").exists()
+
+
 @pytest.mark.parametrize("fmt", ["text", "jsonl", "json", "srt", "vtt"])
 def test_an_output_is_kept_when_no_audio_file_gives_a_transcript(capsys, tmp_path, fmt):
     """An existing --output is replaced only once there is a transcript; a missing one is not left behind empty."""
@@ -749,6 +758,7 @@ def test_live_saves_what_transcribe_writes_after_dropped_silence(capsys, monkeyp
     (["--output", "{tmp}/x.jsonl"], "cannot write jsonl"),
     (["--output", "{tmp}/x.vtt", "--format", "srt"], "extension of vtt, but --format is srt"),
     (["--output", "{tmp}/no/such/folder/x.srt"], "cannot write the output"),
+    (["--output", "-"], "prints the text as it comes to stdout already"),
 ])
 def test_live_refuses_a_bad_output_before_it_listens(capsys, monkeypatch, tmp_path, argv, match):
     from speechstream import live
