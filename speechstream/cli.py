@@ -60,6 +60,7 @@ class LazyOutput:
     def __init__(self, path: str):
         self.path = path
         self.handle = None
+        self.held = ""  # see hold
 
     def write(self, text: str) -> None:
         if self.handle is None:
@@ -67,7 +68,15 @@ class LazyOutput:
                 self.handle = open(self.path, "w", encoding="utf-8")
             except OSError as error:
                 raise InputError(f"{self.path}: cannot write the output ({error.strerror or error})") from None
-        self.handle.write(text)
+        self.handle.write(self.held + text)
+        self.held = ""
+
+    def hold(self, text: str) -> None:
+        """Write ``text`` only if the file is, or will be, written anyway (a failed input's placeholder line)."""
+        if self.handle is None:
+            self.held += text
+        else:
+            self.write(text)
 
     def flush(self) -> None:
         if self.handle is not None:
@@ -351,6 +360,13 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
         except InputError as error:  # report, keep what was done, go on with the other files
             print(f"speechstream: error: {error}", file=sys.stderr)
             failed = error
+            # the output keeps one entry per input: text one line (what was committed before the error, if
+            # anything), jsonl an error event in place of the "end" (the server's error event)
+            placeholder = {"text": "\n", "jsonl": json.dumps({"type": "error", "message": str(error)},
+                                                             ensure_ascii=False) + "\n"}.get(args.format)
+            if placeholder:
+                out.hold(placeholder) if isinstance(out, LazyOutput) else out.write(placeholder)
+                out.flush()
             continue
         if args.format == "text":
             out.write("\n")

@@ -382,6 +382,27 @@ def test_output_dash_is_stdout(capsys, tmp_path, clip, monkeypatch):
     assert not (tmp_path / "-").exists()
 
 
+@pytest.mark.parametrize("to_file", [False, True])
+def test_a_failed_input_keeps_its_place_in_text_and_jsonl(capsys, tmp_path, clip, to_file):
+    """Several inputs, some unreadable: text has one line per input (empty for a failed one), jsonl an error
+    event where a failed input's events would be, so the output still lines up with the inputs."""
+    bad = tmp_path / "bad.wav"
+    bad.write_text("not audio at all\n" * 30)
+    outputs = {}
+    for fmt in ("text", "jsonl"):
+        target = tmp_path / f"out.{fmt}"
+        code, out, err = run(capsys, "transcribe", bad, clip, bad, "--format", fmt,
+                             *(["--output", target] if to_file else []))
+        assert code == 2 and err.count("bad.wav: not a readable audio file") == 2
+        outputs[fmt] = target.read_text(encoding="utf-8") if to_file else out
+    _, solo, _ = run(capsys, "transcribe", clip)
+    assert outputs["text"] == "\n" + solo + "\n"
+    events = [json.loads(line) for line in outputs["jsonl"].splitlines()]
+    assert events[0]["type"] == "error" and "not a readable audio file" in events[0]["message"]
+    assert events[-1]["type"] == "error" and [e["type"] for e in events].count("end") == 1
+    assert events[-2]["type"] == "end" and events[-2]["text"] == solo.strip()
+
+
 @pytest.mark.parametrize("fmt", ["text", "jsonl", "json", "srt", "vtt"])
 def test_an_output_is_kept_when_no_audio_file_gives_a_transcript(capsys, tmp_path, fmt):
     """An existing --output is replaced only once there is a transcript; a missing one is not left behind empty."""
