@@ -49,11 +49,15 @@ fi
 if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   $SS fetch whisper-base smollm2-135m-instruct
   $SS train recipes/asr/$MODEL.yaml
-  # each continuation reads the previous run's feature cache (same encoder, same chunks) and adds its new set's
+  # each continuation reads the previous run's feature cache and adds its new set's: the cache's folders
+  # (features/chunk640-encoder<digest>, one per chunk size, right context and encoder) are linked, not copied
   share_features() {
-    if [ -d "$1/features/chunk640" ] && [ ! -e "$2/features/chunk640" ]; then
-      mkdir -p "$2/features" && ln -sfn "$(cd "$1/features" && pwd -P)/chunk640" "$2/features/chunk640"
-    fi
+    local folder
+    for folder in "$1"/features/chunk*; do
+      if [ -d "$folder" ] && [ ! -e "$2/features/${folder##*/}" ]; then
+        mkdir -p "$2/features" && ln -sfn "$(cd "$folder" && pwd -P)" "$2/features/${folder##*/}"
+      fi
+    done
   }
   share_features runs/$MODEL runs/$MODEL-more
   $SS train recipes/asr/$MODEL-more.yaml

@@ -1,0 +1,45 @@
+"""The recipes' run.sh scripts, driven with a stand-in ``speechstream`` command (nothing is trained)."""
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A stand-in for .venv/bin/speechstream: ``train recipes/asr/NAME.yaml`` adds an entry named after the run to
+# runs/NAME/features/<cache folder>/, the folder speechstream.train.FeatureCache names (chunk, encoder digest).
+FAKE_SPEECHSTREAM = """#!/usr/bin/env bash
+set -euo pipefail
+echo "$*" >> calls.log
+if [ "$1" = train ]; then
+  name=$(basename "$2" .yaml)
+  mkdir -p "runs/$name/features/chunk640-encoder0123456789ab"
+  touch "runs/$name/features/chunk640-encoder0123456789ab/$name.safetensors"
+fi
+"""
+
+
+def test_asr_run_sh_shares_the_feature_cache_between_continuations(tmp_path: Path):
+    (tmp_path / "recipes" / "asr").mkdir(parents=True)
+    shutil.copy(ROOT / "recipes" / "asr" / "run.sh", tmp_path / "recipes" / "asr" / "run.sh")
+    fake = tmp_path / ".venv" / "bin" / "speechstream"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(FAKE_SPEECHSTREAM)
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    result = subprocess.run(["bash", str(tmp_path / "recipes" / "asr" / "run.sh"), "1", "1"], cwd="/",
+                            capture_output=True, text=True, timeout=60, env=os.environ | {"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+
+    calls = (tmp_path / "calls.log").read_text().splitlines()  # run from the repository root, whatever the cwd
+    assert [call.split()[-1] for call in calls if call.startswith("train")][-1] == \
+        "recipes/asr/smollm2-whisper-base-ctc.yaml"
+    first = tmp_path / "runs" / "smollm2-whisper-base" / "features" / "chunk640-encoder0123456789ab"
+    assert not first.is_symlink()
+    for run in ("more", "1c", "1d", "ctc"):
+        folder = tmp_path / "runs" / f"smollm2-whisper-base-{run}" / "features" / first.name
+        assert folder.is_symlink() and folder.resolve() == first.resolve(), run
+    # every run found the cache of those before it and added to it: one folder holds them all
+    assert sorted(path.stem for path in first.iterdir()) == sorted(
+        ["smollm2-whisper-base"] + [f"smollm2-whisper-base-{run}" for run in ("more", "1c", "1d", "ctc")])
