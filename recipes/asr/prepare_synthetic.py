@@ -32,6 +32,8 @@ import sys  # noqa: E402
 from collections import Counter, defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
+
 from speechstream.data.render import (  # noqa: E402
     SPLITS,
     RenderSpec,

@@ -36,6 +36,8 @@ from collections import Counter  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
+
 from speechstream.data.corpora import run_main  # noqa: E402
 from speechstream.data.parallel_text import AlignConfig, Pair, build_parallel_corpus  # noqa: E402
 from speechstream.data.render import (  # noqa: E402

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -387,3 +388,29 @@ def test_the_usage_examples_in_recipe_docstrings_keep_their_line_breaks(script: 
     for line in doc.splitlines():
         if line.strip().startswith("python "):
             assert "  " not in line.strip(), line
+
+
+# Imports for a subprocess that cannot find the package anywhere but on sys.path (the editable install's finder, if
+# any, is removed), started outside the checkout: a recipe script must put its own checkout on sys.path.
+NO_INSTALLED_PACKAGE = """
+import runpy, sys
+sys.meta_path = [finder for finder in sys.meta_path if "speechstream" not in repr(finder).lower()]
+sys.path = [entry for entry in sys.path if entry not in ("", {root!r})]
+sys.argv = [{script!r}, "--help"]
+try:
+    runpy.run_path({script!r}, run_name="__main__")
+except SystemExit as stop:
+    assert stop.code in (0, None), stop.code
+package = sys.modules.get("speechstream")
+print(package.__file__ if package else "not imported")
+"""
+
+
+@pytest.mark.parametrize("script", sorted(str(path.relative_to(ROOT)) for path in (ROOT / "recipes").rglob("*.py")))
+def test_recipe_scripts_run_from_a_checkout_without_the_package_installed(script: str, tmp_path: Path):
+    code = NO_INSTALLED_PACKAGE.format(root=str(ROOT), script=str(ROOT / script))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                            env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"})
+    assert result.returncode == 0, result.stderr[-500:]
+    imported = result.stdout.strip().splitlines()[-1]
+    assert imported == "not imported" or Path(imported) == ROOT / "speechstream" / "__init__.py", imported
