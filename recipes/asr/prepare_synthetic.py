@@ -39,6 +39,7 @@ from speechstream.data.render import (  # noqa: E402
     RenderSpec,
     add_common_arguments,
     check_common_arguments,
+    read_json,
     read_plan,
     render_stage,
     write_json,
@@ -48,6 +49,7 @@ from speechstream.data.render import (  # noqa: E402
     write_stats,
 )
 from speechstream.data.corpora import run_main  # noqa: E402
+from speechstream.errors import InputError  # noqa: E402
 from speechstream.data.synthesize import (  # noqa: E402
     ENGINES,
     HELDOUT_ENGINE_WEIGHTS,
@@ -89,12 +91,27 @@ def plan_settings(args: argparse.Namespace) -> dict:
 
 # --- stage 1: text -------------------------------------------------------------------------------------------------
 
+def text_seed(out: Path) -> int | None:
+    """The --seed OUT/text/ was shuffled with: its settings.json, else (a folder made before that file) the seed
+    of OUT's plan, which was made from that text; None when neither says."""
+    for settings in (out / "text" / "settings.json", out / "plan-settings.json"):
+        recorded = read_json(settings)
+        if isinstance(recorded, dict) and isinstance(recorded.get("seed"), int):
+            return recorded["seed"]
+    return None
+
+
 def load_or_build_text(out: Path, seed: int) -> Corpus:
     """The cleaned corpus, built once and kept in OUT/text/ (so a rerun does not depend on the machine's
-    packages having stayed the same)."""
+    packages having stayed the same). Its order and number sentences depend on ``seed``: text built with
+    another seed is refused (a plan made from it would differ from a fresh run's)."""
     folder = out / "text"
     files = {split: folder / f"{split}.jsonl" for split in ("train", "heldout")}
     if all(path.exists() for path in files.values()) and (folder / "counts.json").exists():
+        built = text_seed(out)
+        if built is not None and built != seed:
+            raise InputError(f"{folder} was built with --seed {built}, not {seed}: use another --out (or delete "
+                             f"{folder} and {out / 'plan.jsonl'} to rebuild them)")
         corpus = Corpus()
         for split, path in files.items():
             pools: dict[str, list[Sentence]] = defaultdict(list)
@@ -115,7 +132,8 @@ def load_or_build_text(out: Path, seed: int) -> Corpus:
         pools = getattr(corpus, split)
         write_jsonl(path, [{"text": sentence.text, "source": sentence.source}
                            for source in SOURCES for sentence in pools.get(source, [])])
-    write_json(folder / "counts.json", corpus.counts())
+    write_json(folder / "settings.json", {"seed": seed})
+    write_json(folder / "counts.json", corpus.counts())  # last: the folder is complete once it exists
     return corpus
 
 

@@ -25,6 +25,9 @@ from speechstream.data.synthesize import (
     synthesize,
     word_ends_from_starts,
 )
+from speechstream.data.corpora import run_main
+from speechstream.data.text_corpus import build_corpus
+from speechstream.errors import InputError
 from speechstream.eval.quality import normalize_english
 from tests.helpers import check_resume_and_repeat, load_recipe
 
@@ -172,7 +175,35 @@ def test_recipe_end_to_end_with_espeak(tmp_path, monkeypatch):
 
     check_resume_and_repeat(recipe.main, out, tmp_path / "again", arguments, _seed_text)
     with pytest.raises(SystemExit):
-        recipe.main(["--out", str(out), *arguments[:-2], "--workers", "1", "--seed", "1"])  # another plan
+        recipe.main(["--out", str(out), "--hours", "0.001", *arguments[2:]])  # another plan
+    with pytest.raises(InputError, match="built with --seed 0, not 1"):  # text and plan of another seed
+        recipe.main(["--out", str(out), *arguments, "--seed", "1"])
+
+
+def test_recipe_refuses_text_built_with_another_seed(tmp_path, monkeypatch, capsys):
+    """OUT/text/ is shuffled by --seed: a replan (plan.jsonl deleted, as the refusal of a changed --seed suggests)
+    over the text of another seed would make a set that a fresh run with the new seed does not make."""
+    recipe = load_recipe(RECIPE)
+    sentences = [f"The {animal} {verb} over the {place} early this morning." for animal in ("cat", "dog", "fox")
+                 for verb in ("jumped", "walked", "ran") for place in ("fence", "river")]
+    monkeypatch.setattr(recipe, "build_corpus", lambda config, seed: build_corpus(
+        config, seed, sources=[("fortunes", sentences)]))
+    out = tmp_path / "synth"
+    built = recipe.load_or_build_text(out, 2)
+    assert len(built.train["fortunes"]) > 1
+    assert json.loads((out / "text" / "settings.json").read_text()) == {"seed": 2}
+    assert recipe.load_or_build_text(out, 2).train == built.train
+    with pytest.raises(InputError, match="built with --seed 2, not 3"):
+        recipe.load_or_build_text(out, 3)
+
+    legacy = tmp_path / "legacy"  # a folder made before text/settings.json: its plan tells the seed
+    _seed_text(legacy)
+    assert recipe.load_or_build_text(legacy, 1).train  # nothing says which seed: kept
+    (legacy / "plan-settings.json").write_text(json.dumps({"seed": 0, "hours": 1.0}))
+    arguments = ["--out", str(legacy), "--hours", "0.0005", "--engines", "espeak", "--seed", "1"]
+    assert run_main(recipe.main, arguments) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("speechstream: error: ") and "built with --seed 0, not 1" in last
 
 
 def test_recipe_refuses_engines_without_heldout_voices(capsys):
