@@ -6,7 +6,8 @@
 
 TSV is covost_v2.<src>_<tgt>.tsv (columns path, translation, split, and sentence once joined with Common Voice, as
 CoVoST's get_covost_splits.py does) or a per-split covost_v2.<src>_<tgt>.<split>.tsv; languages come from the name.
---clips is the source language's Common Voice clips/ folder. --split all keeps every row.
+--clips is the source language's Common Voice clips/ folder. --split all keeps every row. Rows with an empty
+translation are left out (counted and named): `speechstream eval --task translate` cannot score them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import covost_entries, recipe_parser, run_main, write_from_args  # noqa: E402
+from speechstream.data.corpora import (covost_entries, recipe_parser, run_main, with_translation,  # noqa: E402
+                                       write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--clips", required=True, help="the Common Voice clips/ folder of the source language")
     command.add_argument("--split", default="test", help="train, dev or test (default: test); all: every row")
     args = command.parse_args(argv)
-    write_from_args(covost_entries(args.tsv, args.clips, None if args.split == "all" else args.split), args)
+    entries, untranslated = with_translation(covost_entries(args.tsv, args.clips,
+                                                            None if args.split == "all" else args.split))
+    write_from_args(entries, args, untranslated)
     return 0
 
 

@@ -7,7 +7,9 @@
 ROOT holds en-<lang>/ (or is it): en-<lang>/data/<split>/txt/<split>.yaml, <split>.en, <split>.<lang> and wav/.
 `speechstream eval` reads only each segment's time range of its talk. With --talks each line is a whole talk
 with its sentences as "segments" (long form: `speechstream eval --vad` decodes the talk as one stream and adds
-StreamLAAL, each sentence's LAAL after the hypothesis is resegmented into the sentences).
+StreamLAAL, each sentence's LAAL after the hypothesis is resegmented into the sentences). Segments with an empty
+translation are left out of a segment manifest (counted and named: `speechstream eval --task translate` cannot score
+them); a talk keeps them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
 from speechstream.data.corpora import (mustc_entries, recipe_parser, require_names, run_main,  # noqa: E402
-                                       talk_entries, write_from_args)
+                                       talk_entries, with_translation, write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     require_names("--lang", args.lang)
     require_names("--split", args.split)
     entries = mustc_entries(args.root, args.lang, args.split)
-    write_from_args(talk_entries(entries) if args.talks else entries, args)
+    if args.talks:  # a talk keeps its untranslated sentences: eval scores the talk's joined translation
+        write_from_args(talk_entries(entries), args)
+    else:
+        kept, untranslated = with_translation(entries)
+        write_from_args(kept, args, untranslated)
     return 0
 
 

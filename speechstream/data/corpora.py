@@ -217,6 +217,16 @@ def talk_entries(entries: Iterable[dict]) -> Iterator[dict]:
         yield talk
 
 
+def with_translation(entries: Iterable[dict]) -> tuple[list[dict], list[str]]:
+    """(the entries whose ``translation`` holds a word, the ids of the others). `speechstream eval --task
+    translate` refuses an empty reference (BLEU and chrF cannot score one), so a corpus's untranslated segments
+    are left out of a translation manifest rather than making the whole manifest unusable."""
+    kept, left_out = [], []
+    for entry in entries:
+        (kept if str(entry.get("translation") or "").strip() else left_out).append(entry)
+    return kept, [str(entry["id"]) for entry in left_out]
+
+
 # -- plain JSONL ----------------------------------------------------------------------------------------------------
 
 
@@ -358,10 +368,19 @@ def require_names(option: str, *values: str) -> None:
         raise InputError(f"{option} must not be empty")
 
 
-def write_from_args(entries: Iterable[dict], args: argparse.Namespace) -> int:
-    """`write_manifest` with a recipe's output options; prints and returns the number of utterances."""
+def write_from_args(entries: Iterable[dict], args: argparse.Namespace, untranslated: Iterable[str] = ()) -> int:
+    """`write_manifest` with a recipe's output options; prints and returns the number of utterances, and names
+    the ``untranslated`` ids that `with_translation` left out."""
+    untranslated = list(untranslated)
+    if untranslated and isinstance(entries, list) and not entries:
+        raise InputError(f"every one of the corpus's {len(untranslated)} utterances has an empty translation")
     count = write_manifest(entries, args.out, absolute=args.absolute, limit=args.limit, check_audio=args.check_audio)
-    print(f"{args.out}: {count} utterances")
+    left_out = ""
+    if untranslated:
+        shown = ", ".join(untranslated[:MAX_MISSING_SHOWN])
+        more = f" and {len(untranslated) - MAX_MISSING_SHOWN} more" if len(untranslated) > MAX_MISSING_SHOWN else ""
+        left_out = f" ({len(untranslated)} left out with an empty translation: {shown}{more})"
+    print(f"{args.out}: {count} utterances{left_out}")
     return count
 
 

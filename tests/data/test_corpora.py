@@ -25,6 +25,7 @@ from speechstream.data.corpora import (
     write_manifest,
 )
 from speechstream.errors import InputError
+from speechstream.eval.run import manifest_references
 from speechstream.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,6 +211,35 @@ def test_mustc_entries_are_segments(mustc: Path):
                           "text": "three four", "translation": "drei vier", "source_lang": "en", "target_lang": "de",
                           "offset": 1.2, "duration": 0.6}
     assert list(mustc_entries(mustc / "en-de", "de")) == entries  # the root may be the en-de folder
+
+
+def test_untranslated_segments_are_left_out_of_translation_manifests(mustc: Path, common_voice: Path, tmp_path: Path):
+    """`speechstream eval --task translate` refuses a manifest with an empty translation; the recipes leave such
+    segments out (counted and named) instead of writing one."""
+    (mustc / "en-de/data/tst-COMMON/txt/tst-COMMON.de").write_text("eins zwei\n \nfünf\n")
+    out = tmp_path / "mustc.jsonl"
+    result = run_recipe("prepare_mustc.py", mustc, "--lang", "de", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{out}: 2 utterances (1 left out with an empty translation: ted_1_1)\n"
+    assert [line["id"] for line in read_lines(out)] == ["ted_1_0", "ted_2_0"]
+    assert manifest_references(read_manifest(out), "translate", out) == ["eins zwei", "fünf"]  # eval takes it
+    talks = tmp_path / "talks.jsonl"  # a talk keeps the sentence: its joined translation is scored
+    assert run_recipe("prepare_mustc.py", mustc, "--lang", "de", "--talks", "--out", talks).returncode == 0
+    assert [len(line["segments"]) for line in read_lines(talks)] == [2, 1]
+
+    tsv = write_tsv(tmp_path / "covost_v2.es_en.tsv", ["path", "sentence", "translation", "client_id", "split"], [
+        ["common_voice_es_1.wav", "Dijo hola.", " ", "c1", "test"],
+        ["common_voice_es_2.wav", "Buenos días", "Good morning", "c2", "test"],
+    ])
+    out = tmp_path / "covost.jsonl"
+    result = run_recipe("prepare_covost.py", tsv, "--clips", common_voice / "clips", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert "1 left out with an empty translation: common_voice_es_1" in result.stdout
+    assert [line["id"] for line in read_lines(out)] == ["common_voice_es_2"]
+    write_tsv(tsv, ["path", "translation", "split"], [["common_voice_es_1.wav", "", "test"]])
+    result = run_recipe("prepare_covost.py", tsv, "--clips", common_voice / "clips", "--out", out)
+    assert result.returncode == 2
+    assert result.stderr == "speechstream: error: every one of the corpus's 1 utterances has an empty translation\n"
 
 
 def test_mustc_mismatched_lines_are_an_error(mustc: Path):
