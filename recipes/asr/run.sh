@@ -24,6 +24,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 first=${1:-0}; last=${2:-3}
+if [ $# -gt 2 ] || ! [[ "$first" =~ ^[0-9]+$ && "$last" =~ ^[0-9]+$ ]] \
+    || [ "$first" -gt "$last" ] || [ "$last" -gt 3 ]; then
+  echo "usage: $0 [first_stage] [last_stage] (stages 0-3, first <= last)" >&2
+  exit 2
+fi
 SS=.venv/bin/speechstream
 PY=.venv/bin/python
 MODEL=smollm2-whisper-base

@@ -13,6 +13,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 first=${1:-0}; last=${2:-4}
+if [ $# -gt 2 ] || ! [[ "$first" =~ ^[0-9]+$ && "$last" =~ ^[0-9]+$ ]] \
+    || [ "$first" -gt "$last" ] || [ "$last" -gt 4 ]; then
+  echo "usage: $0 [first_stage] [last_stage] (stages 0-4, first <= last)" >&2
+  exit 2
+fi
 SS=.venv/bin/speechstream
 PY=.venv/bin/python
 MODEL=smollm2-whisper-base-es-en

@@ -6,6 +6,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # A stand-in for .venv/bin/speechstream: ``train recipes/asr/NAME.yaml`` adds an entry named after the run to
@@ -43,3 +45,15 @@ def test_asr_run_sh_shares_the_feature_cache_between_continuations(tmp_path: Pat
     # every run found the cache of those before it and added to it: one folder holds them all
     assert sorted(path.stem for path in first.iterdir()) == sorted(
         ["smollm2-whisper-base"] + [f"smollm2-whisper-base-{run}" for run in ("more", "1c", "1d", "ctc")])
+
+
+@pytest.mark.parametrize("recipe,last", [("asr", 3), ("st", 4)])
+@pytest.mark.parametrize("stages", [["one"], ["1", "x"], ["3", "1"], ["9"], ["0", "9"], ["-1"], ["0", "1", "2"]])
+def test_run_sh_refuses_stages_it_does_not_have(tmp_path: Path, recipe: str, last: int, stages: list[str]):
+    """A stage argument that is not a stage ran nothing and exited 0 (the test's error made every `if` false)."""
+    (tmp_path / "recipes" / recipe).mkdir(parents=True)
+    script = tmp_path / "recipes" / recipe / "run.sh"
+    shutil.copy(ROOT / "recipes" / recipe / "run.sh", script)
+    result = subprocess.run(["bash", str(script), *stages], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"usage: {script} [first_stage] [last_stage] (stages 0-{last}, first <= last)\n"
