@@ -54,6 +54,7 @@ from speechstream.data.render import (  # noqa: E402
     write_stats,
 )
 from speechstream.data.synthesize import estimate_seconds, sample_voice  # noqa: E402
+from speechstream.errors import InputError  # noqa: E402
 
 log = logging.getLogger("prepare_st")
 
@@ -111,7 +112,8 @@ def utterance_seed(seed: int, utterance_id: str) -> int:
 def plan_split(split: str, pairs: list[Pair], seconds: float, heldout_voices: bool, args: argparse.Namespace,
                count: int | None = None) -> list[dict]:
     """Items of one split, taking ``pairs`` in order, until the estimated duration reaches ``seconds``
-    (or ``count`` items, or the pairs run out)."""
+    (or ``count`` items). Pairs that run out first are an InputError naming the option that asked for too much
+    (no pair is spoken twice, so the set cannot grow past the text)."""
     prefix = SPLITS[split]
     rng = random.Random(f"{args.seed}-st-voices-{split}")
     items: list[dict] = []
@@ -128,6 +130,10 @@ def plan_split(split: str, pairs: list[Pair], seconds: float, heldout_voices: bo
                       "voice": voice.to_dict(), "seed": utterance_seed(args.seed, utterance_id),
                       "estimate_s": round(estimate, 2)})
         total += estimate + 0.35  # mean padding added by augmentation
+    if count is None and total < seconds:
+        option, asked = ("--hours", args.hours) if split == "train" else ("--heldout-hours", args.heldout_hours)
+        raise InputError(f"{option} {asked:g}: the parallel text holds about {total / 3600:.2f} h of {split} pairs; "
+                         "ask for less")
     return items
 
 

@@ -18,6 +18,7 @@ from speechstream.data.synthesize import (
     sample_voice,
     synthesize,
 )
+from speechstream.data.corpora import run_main
 from speechstream.errors import SpeechstreamError
 from speechstream.manifest import read_manifest
 from speechstream.train import read_examples
@@ -129,3 +130,23 @@ def test_recipe_end_to_end(tmp_path, monkeypatch):
     check_resume_and_repeat(recipe.main, out, tmp_path / "again", arguments, _seed_text)
     with pytest.raises(SystemExit):
         recipe.main(["--out", str(out), "--hours", "0.002", "--workers", "1"])  # another plan is refused
+
+
+def test_recipe_refuses_more_hours_than_the_text_holds(tmp_path, capsys):
+    """No pair is spoken twice: --hours or --heldout-hours past what the text can fill planned a smaller set
+    without a word (--hours 100 over the Bible text planned 46.5 h)."""
+    recipe = load_recipe(RECIPE)
+    for option, text in (("--hours", "h of train pairs"), ("--heldout-hours", "h of heldout pairs")):
+        out = tmp_path / option.strip("-")
+        _seed_text(out)
+        hours = ["--hours", "0.0005", "--heldout-hours", "0.0005"]
+        hours[hours.index(option) + 1] = "1"
+        assert run_main(recipe.main, ["--out", str(out), *hours, "--text-only"]) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith(f"speechstream: error: {option} 1: the parallel text holds about 0.0") and text in last
+        assert not (out / "plan.jsonl").exists()
+    out = tmp_path / "fits"
+    _seed_text(out)
+    assert run_main(recipe.main, ["--out", str(out), "--hours", "0.0005", "--heldout-hours", "0.0005",
+                                  "--text-only"]) == 0
+    assert (out / "plan.jsonl").exists()
