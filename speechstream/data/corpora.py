@@ -73,6 +73,8 @@ def read_tsv(path: str | Path, escapechar: str | None = None) -> list[dict]:
     lines = _lines(path)
     if not lines:
         raise InputError(f"{path}: the file is empty")
+    if escapechar and (len(lines[-1]) - len(lines[-1].rstrip(escapechar))) % 2:  # escapes the end of the file
+        raise InputError(f"{path}:{len(lines)}: ends with a lone {escapechar!r} (it escapes nothing)")
     header = next(csv.reader(lines[:1], delimiter="\t", quoting=csv.QUOTE_NONE, escapechar=escapechar))
     rows = []
     reader = csv.reader(lines[1:], delimiter="\t", quoting=csv.QUOTE_NONE, escapechar=escapechar)

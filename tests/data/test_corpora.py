@@ -161,6 +161,19 @@ def test_covost_entries_filter_the_split(common_voice: Path, tmp_path: Path):
         list(covost_entries(tsv, common_voice / "clips", "dev"))
 
 
+def test_covost_escape_at_the_end_of_the_file_is_a_one_line_error(common_voice: Path, tmp_path: Path):
+    """A dangling escape took the end of the file into the last field ("test" + a newline), and the split error
+    that followed printed that newline: two lines."""
+    tsv = tmp_path / "covost_v2.es_en.tsv"
+    tsv.write_text("path\ttranslation\tsplit\ncommon_voice_es_1.wav\tHe said\\\\\ttest\\")
+    result = run_recipe("prepare_covost.py", tsv, "--clips", common_voice / "clips", "--out", tmp_path / "m.jsonl")
+    assert result.returncode == 2
+    assert result.stderr == f"speechstream: error: {tsv}:2: ends with a lone '\\\\' (it escapes nothing)\n"
+    tsv.write_text("path\ttranslation\tsplit\ncommon_voice_es_1.wav\tHe said\\\\\ttest\n")  # an escaped \\
+    (entry,) = covost_entries(tsv, common_voice / "clips")
+    assert entry["translation"] == "He said\\"
+
+
 def test_covost_file_names():
     assert covost_languages("/x/covost_v2.es_en.tsv") == ("es", "en", None)
     assert covost_languages("covost_v2.en_zh-CN.test.tsv") == ("en", "zh-CN", "test")
