@@ -178,14 +178,15 @@ class EncoderStream:
     def __init__(self, encoder: StreamingWhisperEncoder):
         self.encoder = encoder
         d = encoder.config.d_model
-        self._mel = torch.zeros(0, encoder.config.num_mel_bins)  # mel frames from index _mel_start on
+        param = encoder.conv1.weight  # state lives on the encoder's device, in its dtype (mel comes from the CPU)
+        self._mel = param.new_zeros(0, encoder.config.num_mel_bins)  # mel frames from index _mel_start on
         self._mel_start = 0
         self._mel_total = 0  # mel frames received
-        self._conv = torch.zeros(0, d)  # first-conv outputs from index _conv_start on
+        self._conv = param.new_zeros(0, d)  # first-conv outputs from index _conv_start on
         self._conv_start = 0
         self._conv_done = 0  # first-conv outputs computed
         self._stem_done = 0  # stem outputs computed
-        self._pending = torch.zeros(0, d)  # stem outputs (with positions) from frames_done to _stem_done
+        self._pending = param.new_zeros(0, d)  # stem outputs (with positions) from frames_done to _stem_done
         self.frames_done = 0  # encoder frames emitted
         self._cache: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(encoder.layers)
 
@@ -221,7 +222,7 @@ class EncoderStream:
         lookahead = 0 if final else enc.config.lookahead_frames
         new = max(self._stem_done - lookahead - self.frames_done, 0)
         if new == 0:
-            return torch.zeros(0, enc.config.d_model)
+            return param.new_zeros(0, enc.config.d_model)
         x = self._pending[None]  # (1, new + look-ahead, d)
         left = enc.config.left_frames
         for i, layer in enumerate(enc.layers):

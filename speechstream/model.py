@@ -228,7 +228,7 @@ class SpeechLLM(nn.Module):
         mel = torch.zeros(len(audios), max(1, int(mel_len.max())), features.N_MELS)
         for b, m in enumerate(mels):
             mel[b, : m.shape[0]] = m
-        frames = self.encoder(mel.to(device), mel_len.to(device), frame_ends)  # (B, U, d)
+        frames = self.encoder(mel.to(self.encoder.conv1.weight), mel_len.to(device), frame_ends)  # (B, U, d)
         n_frames = torch.tensor([ends[-1] for ends in frame_ends], device=device)
         keep = torch.arange(frames.shape[1], device=device)[None, :] < n_frames[:, None]
         return EncodedBatch(frames * keep[..., None], frame_ends)

@@ -145,3 +145,30 @@ def test_projector_stream_equals_batch(pieces, scale):
     streamed = torch.cat(out)
     assert streamed.shape[0] == -(-sum(pieces) // 4)
     assert (streamed - batch).abs().max() < 1e-5
+
+
+def test_the_stream_runs_where_the_encoder_is_with_mel_from_the_cpu():
+    """The stream's buffers (mel and conv context, pending frames) were made on the CPU in float32, so beside an
+    encoder on a GPU every push failed ('Expected all tensors to be on the same device'), and in bfloat16 the conv
+    met float input. The meta device (shapes, no data) stands in for a GPU here; it fails the same way."""
+    encoder = tiny_encoder(20, lookahead=4).to("meta")
+    mel = features.log_mel(np.zeros(16000, np.float32))  # (100, 80) on the CPU, as LogMelStream gives it
+    stream = EncoderStream(encoder)
+    first, rest, tail = stream.push(mel[:50]), stream.push(mel[50:]), stream.push(mel[:0], final=True)
+    assert [x.device.type for x in (first, rest, tail)] == ["meta"] * 3
+    assert [x.shape[0] for x in (first, rest, tail)] == [20, 25, 5]
+    assert stream.push(mel[:0]).device.type == "meta"  # nothing new: an empty result on the encoder's device too
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_encoder_streams_what_its_batch_forward_gives(dtype):
+    encoder = tiny_encoder(20, lookahead=4).to(dtype)
+    audio = (0.1 * np.random.default_rng(6).standard_normal(16000)).astype(np.float32)
+    with torch.no_grad():
+        segments, _ = stream_encode(encoder, audio, 320)
+        ends = schedule.segment_frame_ends(len(audio), chunk_samples(320), 4)
+        mel = features.log_mel(audio)[None].to(dtype)
+        batch = encoder(mel, torch.tensor([mel.shape[1]]), [ends])[0]
+    streamed = torch.cat(segments)
+    assert streamed.dtype == dtype and streamed.shape == batch.shape
+    assert (streamed.float() - batch.float()).abs().max() < 0.05

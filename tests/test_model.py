@@ -175,3 +175,15 @@ def test_decoding_ctc_table_is_built_once_and_again_when_the_checkpoint_changes(
     assert rebuilt is not table and torch.equal(rebuilt[-1], torch.ones_like(rebuilt[-1]))
     model.ctc_classes = None
     assert model.decoding_ctc_table().shape[0] == model.decoder.llm.get_input_embeddings().weight.shape[0] + 1
+
+
+def test_the_training_side_source_runs_in_the_models_dtype(tiny_model):
+    """``encode`` handed the encoder float32 mel whatever the model's dtype: a bfloat16 model failed in its first
+    convolution ('Input type (float) and bias type (c10::BFloat16) should be the same')."""
+    import copy
+
+    model = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    audio = (0.1 * np.random.default_rng(0).standard_normal(20000)).astype(np.float32)
+    source = model.source_batch([audio], 320)
+    assert source.embeds.dtype == torch.bfloat16
+    assert source.speech_lengths.tolist() == tiny_model.source_batch([audio], 320).speech_lengths.tolist()
