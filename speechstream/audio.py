@@ -7,7 +7,9 @@ package derives its frame arithmetic from these constants.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,20 +31,89 @@ def load_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None
 
     ``offset_s`` and ``duration_s`` read only that time range of the file (a segment of a long recording;
     ``duration_s`` None: to the end). Raises InputError with a one-line reason for a missing, unreadable,
-    empty or non-finite file, or a range that is not inside the file.
+    empty or non-finite file, or a range that is not inside the file. ``stream_audio`` reads the same samples
+    a block at a time.
     """
-    import soundfile
-
     path = Path(path)
     start, stop = check_audio(path, offset_s, duration_s)
+    with _reading(path):
+        [(samples, sample_rate)] = _read_blocks(path, start, stop, None)
+        return prepare_samples(samples, sample_rate)
+
+
+FILE_BLOCK_S = 10  # seconds of a file ``stream_audio`` reads at a time
+# reads start and end on multiples of this many frames of the file (the samples of an MPEG-1 layer III frame, two of
+# MPEG-2's): libsndfile 1.2 decodes some mp3 files differently when a read starts or ends inside a frame (reads of
+# 1000 frames, or a seek to frame 8159, gave samples off by 0.1)
+MP3_FRAME = 1152
+
+
+def stream_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None = None,
+                 block_s: float | None = None) -> Iterator[np.ndarray]:
+    """``load_audio`` in pieces, for a file of any length: its samples (float32 mono 16 kHz; concatenated, what
+    ``load_audio`` returns) read, mixed down and resampled about ``block_s`` seconds (None: FILE_BLOCK_S) at a time,
+    so memory stays that of a block. The header is checked at the first piece; a bad sample (NaN, infinite) or an
+    unreadable stretch is an InputError when its block is reached. A rate ``StreamResampler`` refuses (a huge
+    kernel) is read whole.
+    """
+    path = Path(path)
+    start, stop = check_audio(path, offset_s, duration_s)
+    with _reading(path):
+        rate = _sample_rate(path)
+        try:
+            resampler = StreamResampler(rate)
+        except InputError:  # an odd rate: one block of the whole range
+            yield load_audio(path, offset_s, duration_s)
+            return
+        block = MP3_FRAME * max(1, round((block_s or FILE_BLOCK_S) * rate / MP3_FRAME))
+        for samples, _ in _read_blocks(path, start, stop, block):
+            samples = samples.mean(axis=1)
+            check_finite(samples)
+            yield np.clip(resampler.push(samples), -1.0, 1.0)
+        yield np.clip(resampler.flush(), -1.0, 1.0)
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Turn what reading ``path`` raises into an InputError naming the file."""
+    import soundfile
+
     try:
-        samples, sample_rate = soundfile.read(str(path), start=start, stop=stop, dtype="float32", always_2d=True)
+        yield
+    except InputError as error:
+        message = str(error)
+        raise InputError(message if message.startswith(f"{path}: ") else f"{path}: {message}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
         raise InputError(f"{path}: not a readable audio file ({_reason(error)})") from None
-    try:
-        return prepare_samples(samples, sample_rate)
-    except InputError as error:
-        raise InputError(f"{path}: {error}") from None
+
+
+def _sample_rate(path: Path) -> int:
+    import soundfile
+
+    return soundfile.info(str(path)).samplerate
+
+
+def _read_blocks(path: Path, start: int, stop: int | None,
+                 block: int | None) -> Iterator[tuple[np.ndarray, int]]:
+    """((frames, channels) float32 samples, sample rate) of frames ``start`` .. ``stop`` (None: the end), in reads
+    that start and end on multiples of ``block`` frames of the file (a multiple of MP3_FRAME; None: one read, one
+    block); at least one, and none empty. A file whose data ends before the length its header gives ends there."""
+    import soundfile
+
+    with soundfile.SoundFile(str(path)) as handle:
+        end = handle.frames if stop is None else stop
+        at = start - start % MP3_FRAME
+        handle.seek(at)
+        first = True
+        while at < end:
+            upto = end if block is None else min(end, (at // block + 1) * block)
+            samples = handle.read(upto - at, dtype="float32", always_2d=True)[max(start - at, 0) :]
+            if not len(samples):  # truncated data
+                break
+            yield samples, handle.samplerate
+            at, first = upto, False
+        if first:
+            raise InputError("the audio holds no samples")
 
 
 def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None = None) -> tuple[int, int | None]:

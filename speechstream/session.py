@@ -34,6 +34,7 @@ tokens until it needs audio that has not arrived.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
@@ -659,18 +660,30 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
     ``transcribe`` and ``eval`` both use this loop, so evaluation measures what ships. ``offset_s`` and
     ``duration_s`` stream only that time range of the file (a manifest's segment of a long recording). A
     ``segment_starts`` list is extended with the session's ``segment_start_times`` (for ``outputs.cues``).
+    The file is read a block at a time (``audio.stream_audio``): memory does not grow with its length.
     """
-    from speechstream.audio import load_audio
+    from speechstream.audio import stream_audio
     from speechstream.chunker import chunk_samples
 
-    audio = load_audio(path, offset_s, duration_s)
+    blocks = stream_audio(path, offset_s, duration_s)
+    first = next(blocks)  # the header and the first block are checked before a session is made
     session = StreamingSession(model, decoding, partials=partials)
     step = chunk_samples(decoding.chunk_ms)
-    events = []
-    for start in range(0, len(audio), step):
-        for event in session.feed(audio[start : start + step]):
+    events, held = [], np.zeros(0, np.float32)
+
+    def feed(samples: np.ndarray) -> None:
+        for event in session.feed(samples):
             events.append(event)
             on_event(event)
+
+    for block in itertools.chain([first], blocks):  # fed in chunks of the chunk grid, as a live source would
+        held = np.concatenate([held, block]) if held.size else block
+        whole = held.size - held.size % step
+        for start in range(0, whole, step):
+            feed(held[start : start + step])
+        held = held[whole:]
+    if held.size:
+        feed(held)
     for event in session.finish():
         events.append(event)
         on_event(event)
