@@ -193,7 +193,9 @@ def check_finite(samples: np.ndarray) -> None:
 
 
 def resample(samples: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
-    """Band-limited resampling of a whole signal (torchaudio's windowed-sinc resampler)."""
+    """Band-limited resampling of a whole signal: torchaudio's windowed-sinc resampler (the one ``StreamResampler``
+    reproduces buffer by buffer); a rate that shares little with the new one (8001 Hz: a kernel of 16000 x 8001
+    taps, gigabytes) goes through soxr, which takes any ratio at a small cost."""
     import torch
     import torchaudio.functional
 
@@ -201,6 +203,10 @@ def resample(samples: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
         raise InputError(f"invalid sample rate {orig_rate}")
     if orig_rate == new_rate:
         return samples
+    if not small_rate_ratio(orig_rate, new_rate):
+        import soxr
+
+        return soxr.resample(np.ascontiguousarray(samples, dtype=np.float32), orig_rate, new_rate, quality="VHQ")
     tensor = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
     out = torchaudio.functional.resample(tensor, orig_rate, new_rate)
     return out.numpy()
@@ -284,10 +290,16 @@ def pcm_frames_to_float(pcm: bytes, channels: int) -> np.ndarray:
 MAX_RATE_RATIO_TERM = 1000
 
 
+def small_rate_ratio(rate: int, new_rate: int = SAMPLE_RATE) -> bool:
+    """Whether torchaudio's resampling kernel from ``rate`` to ``new_rate`` (new/g by rate/g taps, g their gcd) is
+    small."""
+    g = math.gcd(rate, new_rate)
+    return max(rate // g, new_rate // g) <= MAX_RATE_RATIO_TERM
+
+
 def check_stream_rate(rate: int) -> None:
     """A sample rate ``StreamResampler`` takes at a bounded cost per buffer, or an input error."""
-    g = math.gcd(rate, SAMPLE_RATE)
-    if rate <= 0 or max(rate // g, SAMPLE_RATE // g) > MAX_RATE_RATIO_TERM:
+    if rate <= 0 or not small_rate_ratio(rate):
         raise InputError(f"sample rate {rate} Hz is not supported for streams (use a common rate such as 8000, "
                          "11025, 16000, 22050, 24000, 32000, 44100 or 48000)")
 

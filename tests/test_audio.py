@@ -348,3 +348,24 @@ def test_stream_layout_reads_a_wav_header_that_arrives_in_pieces(tmp_path):
     soundfile.write(path, np.zeros(100, np.float32), 16000, subtype="PCM_24")
     with pytest.raises(InputError, match="24-bit PCM, 1 channel; 16-bit PCM is read"):
         stream_layout(path.read_bytes(), 16000)
+
+
+def test_a_file_at_an_odd_rate_is_resampled_without_a_huge_kernel(tmp_path, monkeypatch):
+    """8001 Hz shares nothing with 16 kHz: torchaudio's kernel would be 16000 x 8001 taps (gigabytes, seconds);
+    soxr resamples it, and a 1 kHz tone stays a 1 kHz tone of the same level."""
+    import torchaudio.functional
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torchaudio's resampler was used for 8001 Hz")
+
+    monkeypatch.setattr(torchaudio.functional, "resample", refuse)
+    rate, seconds = 8001, 3.0
+    t = np.arange(int(rate * seconds)) / rate
+    path = tmp_path / "odd.wav"
+    soundfile.write(path, 0.5 * np.sin(2 * np.pi * 1000 * t), rate, subtype="FLOAT")
+    audio = load_audio(path)
+    assert abs(audio.size - seconds * SAMPLE_RATE) <= 2
+    middle = audio[SAMPLE_RATE : 2 * SAMPLE_RATE]  # one second away from the ends
+    spectrum = np.abs(np.fft.rfft(middle))
+    assert np.argmax(spectrum) == 1000  # 1 Hz bins
+    assert np.sqrt(np.mean(middle**2)) == pytest.approx(0.5 / np.sqrt(2), rel=1e-3)
