@@ -340,6 +340,7 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
     failed = None
     for path in args.audio:
         starts: list[float] = []  # where the file's VAD segments start (s): no cue starts in a dropped pause
+        wrote_text = False  # text: some of this input's transcript is out
 
         def on_event(event):
             if args.format == "jsonl":
@@ -347,8 +348,10 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
                     out.write(outputs.jsonl_line(event) + "\n")
                     out.flush()
             elif args.format == "text" and event.type == "final":
+                nonlocal wrote_text
                 out.write(event.text)
                 out.flush()
+                wrote_text = wrote_text or bool(event.text)
 
         try:
             if path == "-":
@@ -360,12 +363,19 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
         except InputError as error:  # report, keep what was done, go on with the other files
             print(f"speechstream: error: {error}", file=sys.stderr)
             failed = error
-            # the output keeps one entry per input: text one line (what was committed before the error, if
-            # anything), jsonl an error event in place of the "end" (the server's error event)
-            placeholder = {"text": "\n", "jsonl": json.dumps({"type": "error", "message": str(error)},
-                                                             ensure_ascii=False) + "\n"}.get(args.format)
-            if placeholder:
-                out.hold(placeholder) if isinstance(out, LazyOutput) else out.write(placeholder)
+            # several inputs: each keeps its place in the output: text one line (what was committed before the
+            # error, if anything), jsonl an error event in place of the "end" (the server's error event)
+            several = len(args.audio) > 1
+            if args.format == "text" and (several or wrote_text):
+                placeholder = "\n"
+            elif args.format == "jsonl" and several:
+                placeholder = json.dumps({"type": "error", "message": str(error)}, ensure_ascii=False) + "\n"
+            else:
+                placeholder = ""
+            if placeholder and isinstance(out, LazyOutput):
+                out.hold(placeholder)  # written only if the file is written anyway
+            elif placeholder:
+                out.write(placeholder)
                 out.flush()
             continue
         if args.format == "text":

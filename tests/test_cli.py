@@ -401,6 +401,9 @@ def test_a_failed_input_keeps_its_place_in_text_and_jsonl(capsys, tmp_path, clip
     assert events[0]["type"] == "error" and "not a readable audio file" in events[0]["message"]
     assert events[-1]["type"] == "error" and [e["type"] for e in events].count("end") == 1
     assert events[-2]["type"] == "end" and events[-2]["text"] == solo.strip()
+    for fmt in ("text", "jsonl"):  # one input: nothing stands in for it
+        code, out, err = run(capsys, "transcribe", bad, "--format", fmt)
+        assert code == 2 and out == ""
 
 
 @pytest.mark.parametrize("fmt", ["text", "jsonl", "json", "srt", "vtt"])
