@@ -116,6 +116,20 @@ def _read_blocks(path: Path, start: int, stop: int | None,
             raise InputError("the audio holds no samples")
 
 
+MPEG_SCAN_BYTES = 65536  # where an MP3's first frame is looked for (after any junk before it)
+
+
+def looks_like_mpeg(path: Path) -> bool:
+    """An ID3 tag at the start, or an MPEG audio frame sync (11 set bits) in the first MPEG_SCAN_BYTES: text or
+    other data named .mp3 has neither."""
+    with open(path, "rb") as handle:
+        head = handle.read(MPEG_SCAN_BYTES)
+    if head.startswith(b"ID3"):
+        return True
+    data = np.frombuffer(head, np.uint8)
+    return bool(np.any((data[:-1] == 0xFF) & (data[1:] >= 0xE0)))
+
+
 def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None = None) -> tuple[int, int | None]:
     """What ``load_audio`` checks before it reads samples, from the file's header alone (cheap): the file exists,
     is a non-empty audio file, and holds the time range. Returns the (start, stop) frames to read (stop None: to
@@ -129,6 +143,9 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
         raise InputError(f"{path}: is a directory, not an audio file")
     if path.stat().st_size == 0:
         raise InputError(f"{path}: the file is empty")
+    if path.suffix.lower() == ".mp3" and not looks_like_mpeg(path):
+        # libsndfile's MPEG decoder would try to resync through it, printing notes on stderr, then fail
+        raise InputError(f"{path}: not a readable audio file (no ID3 tag or MPEG audio frame where an MP3 starts)")
     try:
         info = soundfile.info(str(path))
         if offset_s or duration_s is not None:

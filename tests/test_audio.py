@@ -369,3 +369,17 @@ def test_a_file_at_an_odd_rate_is_resampled_without_a_huge_kernel(tmp_path, monk
     spectrum = np.abs(np.fft.rfft(middle))
     assert np.argmax(spectrum) == 1000  # 1 Hz bins
     assert np.sqrt(np.mean(middle**2)) == pytest.approx(0.5 / np.sqrt(2), rel=1e-3)
+
+
+def test_text_named_mp3_is_refused_before_the_mpeg_decoder_chatters(tmp_path, capfd):
+    """libsndfile's MPEG decoder, given a non-MP3 named .mp3, prints resync notes on stderr before it fails."""
+    bad = tmp_path / "bad.mp3"
+    bad.write_text("not audio at all\n" * 30)
+    with pytest.raises(InputError, match=r"bad.mp3: not a readable audio file \(no ID3 tag or MPEG audio frame"):
+        load_audio(bad)
+    assert capfd.readouterr().err == ""
+    if _mp3_writable(tmp_path):  # a real one is read
+        signal = 0.3 * np.sin(np.linspace(0, 400, 16000)).astype(np.float32)
+        good = tmp_path / "good.mp3"
+        soundfile.write(good, signal, SAMPLE_RATE, format="MP3")
+        assert load_audio(good).size > 15000
