@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,7 @@ def _reading(path: Path) -> Iterator[None]:
 def _sample_rate(path: Path) -> int:
     import soundfile
 
-    return soundfile.info(str(path)).samplerate
+    return soundfile.info(os.fsencode(path)).samplerate
 
 
 def _read_blocks(path: Path, start: int, stop: int | None,
@@ -100,7 +101,7 @@ def _read_blocks(path: Path, start: int, stop: int | None,
     block); at least one, and none empty. A file whose data ends before the length its header gives ends there."""
     import soundfile
 
-    with soundfile.SoundFile(str(path)) as handle:
+    with soundfile.SoundFile(os.fsencode(path)) as handle:
         end = handle.frames if stop is None else stop
         at = start - start % MP3_FRAME
         handle.seek(at)
@@ -147,7 +148,7 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
         # libsndfile's MPEG decoder would try to resync through it, printing notes on stderr, then fail
         raise InputError(f"{path}: not a readable audio file (no ID3 tag or MPEG audio frame where an MP3 starts)")
     try:
-        info = soundfile.info(str(path))
+        info = soundfile.info(os.fsencode(path))  # bytes: a name that is not UTF-8 too
         if offset_s or duration_s is not None:
             return _frame_range(info, offset_s, duration_s)
         return 0, None

@@ -10,6 +10,7 @@ alignments.
 from __future__ import annotations
 
 import json
+import os
 from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
@@ -107,12 +108,18 @@ def vtt(events: list[Event], segment_starts: Sequence[float] = ()) -> str:
 def json_document(audio: str, events: list[Event], segment_starts: Sequence[float] = ()) -> dict:
     end = events[-1]
     return {
-        "audio": audio,
+        "audio": shown_path(audio),
         "text": end.text,
         "audio_s": _ms(end.audio_s),
         "compute_s": _ms(end.compute_s),
         "segments": [{"start": _ms(c.start), "end": _ms(c.end), "text": c.text} for c in cues(events, segment_starts)],
     }
+
+
+def shown_path(path: str) -> str:
+    """A file name as text: the bytes of a name that is not UTF-8 (Python keeps them as lone surrogates, which no
+    UTF-8 output can hold) as backslash escapes, ``bad\\xffname.wav``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _ms(seconds: float | None) -> float | None:

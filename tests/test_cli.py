@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -848,3 +849,18 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     _, err = process.communicate(timeout=300)
     assert process.returncode == 141, err
     assert b"error" not in err and b"Traceback" not in err
+
+
+def test_a_file_name_that_is_not_utf8_is_read_and_shown_escaped(capsys, tmp_path, clip):
+    """Linux names are bytes: one that is not UTF-8 reaches Python with lone surrogates, which soundfile could
+    not encode (the file was "not a readable audio file") and no UTF-8 output can hold."""
+    odd = os.path.join(os.fsdecode(bytes(tmp_path)), os.fsdecode(b"clip\xff.wav"))
+    try:
+        shutil.copy(clip, odd)
+    except (OSError, UnicodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    code, out, err = run(capsys, "transcribe", odd, "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["audio"].endswith("clip\\xff.wav")
+    code, out, err = run(capsys, "transcribe", odd, clip)
+    assert code == 0, err
