@@ -211,7 +211,9 @@ class CTCPrefixScorer:
         return self._best_labels
 
     def end_score(self) -> float:
-        """log p(the frames so far emit exactly g) - log psi(g)."""
+        """log p(the frames so far emit exactly g) - log psi(g); -inf when psi(g) = 0 (the frames cannot emit g)."""
+        if not math.isfinite(self.psi):
+            return NEG
         return float(np.logaddexp(self.r_n[-1], self.r_b[-1])) - self.psi
 
 
@@ -230,10 +232,12 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
     impossible (psi(g) = 0: more labels than the frames can emit): whatever followed would be a loop or invention.
     While the text is ``SHORT_MARGIN`` or more labels short of that path, the best fused text token overrides the
     LLM's end-of-text, and its end-of-chunk when that would make ``EOC_RUN`` in a row (``eoc_run``: end-of-chunk
-    tokens at the end of the text so far).
+    tokens at the end of the text so far). Weight 0 is the LLM's greedy choice, as a session without joint decoding.
     """
     logp = torch.log_softmax(llm_logits.float(), dim=-1).masked_fill(~allowed, NEG)
     top = int(torch.argmax(logp))
+    if weight <= 0:
+        return top  # (0 x a -inf CTC score would be NaN, and NaN wins np.argmax)
     if source_done and scorer.frames and (not math.isfinite(scorer.psi)
                                           or len(scorer.labels) >= scorer.best_path_length() + TAIL_MARGIN):
         return eos_id  # all the speech is read and the text is longer than the CTC head hears: it overran

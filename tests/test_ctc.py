@@ -1,6 +1,7 @@
 """Joint CTC decoding: prefix scores against brute-force path enumeration, incremental updates, fusion."""
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -79,6 +80,121 @@ def test_long_streams_stay_finite():
     for label in [int(s) for i, s in enumerate(best) if s != 50 and (i == 0 or s != best[i - 1])][:400]:
         scorer.append(label)
     assert np.isfinite(scorer.scores(np.arange(50))).all() and np.isfinite(scorer.end_score())
+
+
+def normalised(logits: np.ndarray) -> np.ndarray:
+    return logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_any_interleaving_of_frame_chunks_and_labels_equals_path_enumeration(seed):
+    """Frames in chunks of any size (empty ones too) and labels appended between them, before any frame or after the
+    last, zero-probability classes (-inf), repeated labels: the scores equal the sums over all alignments."""
+    rng = np.random.default_rng(seed)
+    frames, classes = int(rng.integers(0, 7)), int(rng.integers(1, 4))
+    with np.errstate(divide="ignore"):
+        lp = random_lp(frames, classes, seed)
+        if frames and seed % 3 == 0:
+            lp[rng.integers(frames), rng.integers(classes + 1)] = -np.inf
+            lp = normalised(lp)
+    labels = tuple(int(c) for c in rng.integers(0, classes, size=int(rng.integers(0, 4))))
+    if seed % 5 == 0 and labels:
+        labels = labels[:1] * 2  # a label repeated: it needs a blank between
+    steps = ["label"] * len(labels) + [int(n) for n in rng.integers(0, 3, size=frames + 1)]
+    rng.shuffle(steps)
+    scorer, read, written = CTCPrefixScorer(classes), 0, 0
+    for step in steps:
+        if step == "label":
+            scorer.append(labels[written])
+            written += 1
+        else:
+            scorer.add_frames(lp[read : read + step])
+            read += len(lp[read : read + step])
+    scorer.add_frames(lp[read:])
+    assert scorer.labels == list(labels) and scorer.frames == frames
+
+    def check(got, expected):  # log-probabilities below FLOOR (-1e4) are clipped: an impossible path scores about that
+        assert got == pytest.approx(expected, abs=1e-9) if np.isfinite(expected) else got < -5e3
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        psi = scorer.psi
+        check(psi, brute(lp, labels, exact=False) if labels else 0.0)
+        check(scorer.end_score() + psi if np.isfinite(psi) else scorer.end_score(), brute(lp, labels, exact=True))
+        extended = scorer.scores(np.arange(classes)) + psi
+        for c in range(classes):
+            check(extended[c], brute(lp, labels + (c,), exact=False))
+
+
+def forward_reference(lp: np.ndarray, labels: list[int]) -> tuple[float, float, np.ndarray]:
+    """The textbook CTC forward pass in float64 log space, frame by frame: (log psi(labels), log p(labels exactly),
+    log psi(labels + c) for every class c)."""
+    blank, count = lp.shape[1] - 1, len(labels)
+    n, b = np.full(count + 1, -np.inf), np.full(count + 1, -np.inf)
+    b[0] = 0.0
+    psi, extended = (-np.inf if count else 0.0), np.full(blank, -np.inf)
+
+    def may_follow(l):  # log prob that the frames so far end with labels[:l] and may emit labels[l] next
+        return b[l] if 0 < l < count and labels[l] == labels[l - 1] else np.logaddexp(b[l], n[l])
+
+    for row in lp:
+        for c in range(blank):
+            extended[c] = np.logaddexp(extended[c], (b[count] if count and labels[-1] == c else
+                                                     np.logaddexp(b[count], n[count])) + row[c])
+        if count:
+            psi = np.logaddexp(psi, may_follow(count - 1) + row[labels[-1]])
+        new_n = np.full(count + 1, -np.inf)
+        for l in range(1, count + 1):
+            new_n[l] = np.logaddexp(n[l], may_follow(l - 1)) + row[labels[l - 1]]
+        n, b = new_n, np.logaddexp(b, n) + row[blank]
+    return psi, np.logaddexp(n[count], b[count]), extended
+
+
+def test_a_long_float32_stream_streamed_in_chunks_matches_a_float64_forward_pass():
+    """Thousands of peaked frames (the head's float32 log-probabilities), the text appended as its labels are heard:
+    the scores stay finite and within 1e-6 of the frame-by-frame float64 recursion (no drift in the closed form)."""
+    rng = np.random.default_rng(0)
+    classes, frames = 5, 2500
+    path = np.concatenate([[classes] * int(rng.integers(1, 5)) + [int(rng.integers(classes))] * int(rng.integers(1, 3))
+                           for _ in range(frames)])[:frames]
+    logits = rng.normal(size=(frames, classes + 1))
+    logits[np.arange(frames), path] += 12.0
+    lp = normalised(logits).astype(np.float32)
+    starts = [t for t in range(frames) if path[t] != classes and (t == 0 or path[t] != path[t - 1])]
+    labels = [int(path[t]) for t in starts]
+    scorer, written = CTCPrefixScorer(classes), 0
+    for start in range(0, frames, 16):
+        scorer.add_frames(lp[start : start + 16])
+        while written < len(labels) and starts[written] < start + 16:
+            scorer.append(labels[written])
+            written += 1
+    psi, exact, extended = forward_reference(lp.astype(np.float64), labels)
+    assert len(labels) > 400 and np.isfinite([psi, exact]).all()
+    assert scorer.psi == pytest.approx(psi, abs=1e-6)
+    assert scorer.end_score() + scorer.psi == pytest.approx(exact, abs=1e-6)
+    np.testing.assert_allclose(scorer.scores(np.arange(classes)) + scorer.psi, extended, rtol=1e-9, atol=1e-6)
+
+
+def test_weight_zero_is_the_greedy_token_even_where_the_ctc_rules_out_a_candidate():
+    """0 x -inf is NaN, which np.argmax takes for the best: the LLM's second choice used to win."""
+    lp = np.log(np.array([[0.9, 0.05, 0.05], [0.05, 0.05, 0.9]]))  # two frames: class 0 then a blank
+    scorer = CTCPrefixScorer(2)
+    scorer.add_frames(lp)
+    scorer.append(0)
+    assert scorer.scores(np.array([0]))[0] == -np.inf  # "0 0" needs three frames (a blank between)
+    class_of, allowed = torch.tensor([-1, -1, 0, 1]), torch.ones(4, dtype=torch.bool)
+    llm = torch.tensor([0.0, 0.0, 1.0, 3.0])  # the LLM prefers token 3 (class 1); token 2 (class 0) is second
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fuse(llm, allowed, scorer, class_of, 0.0, 3, 0, 1, source_done=False) == 3
+
+
+def test_the_end_score_of_a_text_no_frame_can_emit_is_minus_infinity_not_nan():
+    scorer = CTCPrefixScorer(2)
+    scorer.append(1)  # a label before any frame
+    assert scorer.end_score() == -np.inf
+    scorer.add_frames(np.log(np.array([[0.1, 0.8, 0.1]])))
+    assert scorer.end_score() + scorer.psi == pytest.approx(np.log(0.8))
 
 
 def fuse_case(llm: list[float], weight: float, source_done: bool = True):
