@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_PERIOD = 12  # the repetition guard's longest block (tokens)
+
 
 @dataclass(frozen=True)
 class Read:
@@ -42,10 +44,12 @@ class StreamView:
     tokens_since_read: int  # target tokens fed since the last read
     eoc_id: int  # end-of-chunk token
     eos_id: int  # end-of-transcript token
-    recent: tuple[int, ...] = ()  # the last target tokens fed, oldest first, pending excluded
+    # the last text tokens fed in this segment (end-of-chunk tokens and the header left out; the policy's
+    # ``recent_tokens`` of them), oldest first, pending excluded
+    recent: tuple[int, ...] = ()
 
 
-def repeats_at_end(tokens: tuple[int, ...], min_repeats: int, max_period: int = 12) -> bool:
+def repeats_at_end(tokens: tuple[int, ...], min_repeats: int, max_period: int = MAX_PERIOD) -> bool:
     """True when the sequence ends with some block of 1..max_period tokens repeated min_repeats times in a row."""
     for period in range(1, max_period + 1):
         span = period * min_repeats
@@ -59,6 +63,8 @@ def repeats_at_end(tokens: tuple[int, ...], min_repeats: int, max_period: int = 
 
 class Policy:
     """Base class: decide the next action."""
+
+    recent_tokens = 0  # text tokens the policy looks back on (``StreamView.recent``)
 
     def decide(self, view: StreamView) -> Action:
         raise NotImplementedError
@@ -84,6 +90,7 @@ class WaitK(Policy):
         self.max_tokens = max_tokens
         self.max_tail_tokens = max_tail_tokens
         self.max_repeats = max_repeats
+        self.recent_tokens = MAX_PERIOD * max_repeats  # enough for the longest loop, however many chunk ends it spans
 
     def _looping(self, view: StreamView) -> bool:
         if not self.max_repeats or view.pending in (None, view.eoc_id, view.eos_id):

@@ -115,7 +115,6 @@ class _Unit:
 
 
 TokenChooser = Callable[[torch.Tensor], int]  # (V,) logits of the last fed row -> next token
-RECENT_TOKENS = 64  # target tokens a policy sees (for its repetition guard: 4 repeats of 12 and the chunk ends)
 
 
 def greedy_chooser(model: SpeechLLM) -> TokenChooser:
@@ -180,6 +179,8 @@ class StreamingSession:
         self.units: deque[_Unit] = deque()  # units computed but not yet read by the LLM
         self.stats: list[UnitStats] = []  # per unit, in order
         self.target_ids: list[int] = []  # every target token fed (header, text, markers)
+        # the segment's last text tokens (no end-of-chunk markers), as many as the policy looks back on
+        self._recent: deque[int] = deque(maxlen=getattr(self.policy, "recent_tokens", 0))
         self.logits: list[torch.Tensor] = []  # (V,) per fed target row, when record_logits is set
         self.record_logits = False
         self._chunks_made = 0
@@ -208,7 +209,6 @@ class StreamingSession:
         self._waiting = np.zeros(0, np.float32)  # with VAD, samples from _released on: not yet known to be speech
         self._silent_end = False  # with VAD, the audio ended in silence after the last segment (nothing to read)
         self._segment_read_done = False  # the last unit of ``segment`` has been read
-        self._segment_target_start = 0  # index in target_ids of this segment's first target token
         self._stats_base = 0  # index in stats of this segment's first unit
         self._context_ids: list[int] = []  # text tokens fed after this segment's header (not emitted)
         self._held: list[Event] = []  # events made inside next_request, returned by the next call
@@ -495,7 +495,7 @@ class StreamingSession:
         self._tokens_since_read = 0
         self._stopped = False
         self._last_partial = ""
-        self._segment_target_start = len(self.target_ids)
+        self._recent.clear()
         self._stats_base = len(self.stats) - len(self.units)
         return events
 
@@ -575,6 +575,8 @@ class StreamingSession:
             self._pending = self.choose(logits[-1])
         self._reads_since_prediction = 0
         for token in tokens if request.is_text else []:
+            if token != self.model.eoc_id:
+                self._recent.append(token)
             if token in self.model.special_ids:
                 if token == self.model.eoc_id:
                     events += self._final(self.text.commit_all())
@@ -600,7 +602,7 @@ class StreamingSession:
             tokens_since_read=self._tokens_since_read,
             eoc_id=self.model.eoc_id,
             eos_id=self.model.eos_id,
-            recent=tuple(self.target_ids[max(self._segment_target_start, len(self.target_ids) - RECENT_TOKENS) :]),
+            recent=tuple(self._recent),
         )
 
     def _advance(self) -> list[Event]:

@@ -1,5 +1,7 @@
 """The wait-k policy's decisions."""
 
+import pytest
+
 from speechstream.policy import Read, Stop, StreamView, WaitK, Write
 
 EOC, EOS, WORD = 100, 101, 7
@@ -74,3 +76,42 @@ def test_the_repetition_guard_sees_loops_across_chunk_ends_up_to_twelve_tokens()
     policy = WaitK(1, max_repeats=4)
     assert policy.decide(view(recent=recent, pending=27, source_done=True)) == Stop()
     assert policy.decide(view(recent=recent, pending=26, source_done=True)) == Write()
+
+
+def _longest_repeat_run(tokens: list[int], period: int) -> int:
+    """The most times in a row any block of ``period`` tokens occurs in ``tokens``."""
+    best = 0
+    for start in range(len(tokens) - period + 1):
+        block, runs = tokens[start : start + period], 1
+        while tokens[start + runs * period : start + (runs + 1) * period] == block:
+            runs += 1
+        best = max(best, runs)
+    return best
+
+
+@pytest.mark.parametrize("max_repeats, period, eoc_every", [(4, 12, 2), (4, 12, 1), (6, 12, 0), (8, 10, 0)])
+def test_a_session_stops_a_loop_however_many_chunk_ends_it_spans_and_at_any_max_repeats(tiny_model, max_repeats,
+                                                                                        period, eoc_every):
+    """The session showed the policy its last 64 target tokens, end-of-chunk markers included: a loop of 12 tokens
+    with a chunk end every two (72 tokens for 4 repeats) or --max-repeats 6 (72 tokens) was never caught."""
+    import numpy as np
+
+    from speechstream.config import DecodingConfig
+    from speechstream.session import StreamingSession
+
+    block = [ord(c) for c in "abcdefghijkl"[:period]]  # the tiny model's byte tokens
+    script = [t for i, t in enumerate(block) for t in ([t, tiny_model.eoc_id] if eoc_every and (i + 1) % eoc_every
+                                                        == 0 else [t])]
+    written = []
+
+    def looping(_logits) -> int:  # an LLM stuck in a loop: the script again and again, whatever it hears
+        written.append(script[len(written) % len(script)])
+        return written[-1]
+
+    decoding = DecodingConfig(chunk_ms=640, k=1, max_repeats=max_repeats)
+    session = StreamingSession(tiny_model, decoding, choose=looping, partials=False)
+    session.feed((0.1 * np.random.default_rng(0).standard_normal(16000 * 8)).astype(np.float32))
+    session.finish()
+    text = [t for t in session.target_ids[len(tiny_model.header_ids) :] if t != tiny_model.eoc_id]
+    assert len(text) >= max_repeats * period - 1  # it wrote the loop until the guard had to act ...
+    assert _longest_repeat_run(text, period) == max_repeats - 1  # ... and never a block max_repeats times in a row
