@@ -115,3 +115,23 @@ def test_a_session_stops_a_loop_however_many_chunk_ends_it_spans_and_at_any_max_
     text = [t for t in session.target_ids[len(tiny_model.header_ids) :] if t != tiny_model.eoc_id]
     assert len(text) >= max_repeats * period - 1  # it wrote the loop until the guard had to act ...
     assert _longest_repeat_run(text, period) == max_repeats - 1  # ... and never a block max_repeats times in a row
+
+
+def test_the_guard_catches_exact_blocks_only_a_near_loop_and_rhetorical_repeats_are_written():
+    """What the guard sees, in words standing for tokens: a block that varies ("A question. A question. A country.",
+    the jfk.wav run-on of MODEL_CARD.md) is a loop only once that whole pattern repeats; no rule on fewer repeats
+    would spare speech that repeats itself (the run-on is the end-of-audio rule's to stop: TAIL_MARGIN)."""
+    from speechstream.policy import repeats_at_end
+
+    ids: dict[str, int] = {}
+
+    def tokens(text: str) -> tuple[int, ...]:
+        return tuple(ids.setdefault(word, len(ids)) for word in text.split())
+
+    near = "A question . A question . A country ."
+    assert not repeats_at_end(tokens(near), 4)
+    assert not repeats_at_end(tokens(f"{near} {near} {near}"), 4)
+    assert repeats_at_end(tokens(f"{near} {near} {near} {near}"), 4)  # a block of nine, four times
+    speech = "we shall fight on the beaches we shall fight on the landing grounds we shall fight in the fields"
+    assert not any(repeats_at_end(tokens(speech)[:end], 4) for end in range(1, len(speech.split()) + 1))
+    assert not repeats_at_end(tokens("no no no"), 4) and repeats_at_end(tokens("no no no no"), 4)
