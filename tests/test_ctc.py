@@ -481,3 +481,27 @@ def test_more_candidates_than_tokens_and_an_impossible_text():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert np.all(short.scores(np.array([0, 1, 2])) == -np.inf)
+
+
+@pytest.mark.parametrize("k", [1, 50])
+@pytest.mark.parametrize("samples", [0, 100, 5121])
+def test_joint_wait_k_edges_no_audio_less_than_a_chunk_more_chunks_waited_for_than_come_and_empty_feeds(
+        tiny_model, k, samples):
+    """k beyond the chunks the audio has, audio shorter than a chunk (or none), a final partial chunk, zero-length
+    feeds and a second finish: every unit is read, the text is the same as from one feed, nothing is raised."""
+    from speechstream.config import DecodingConfig
+    from speechstream.session import StreamingSession
+
+    audio = _noise(9, samples)
+    decoding = DecodingConfig(chunk_ms=320, k=k, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
+    whole = _joint_session(tiny_model, decoding, audio, max(samples, 1))
+    session = StreamingSession(tiny_model, decoding, partials=False)
+    empty = np.zeros(0, np.float32)
+    for start in range(0, samples, 2000):
+        session.feed(empty)
+        session.feed(audio[start : start + 2000])
+    session.feed(empty)
+    end = session.finish()[-1]
+    assert session.finish() == [] and end.type == "end" and end.audio_s == pytest.approx(samples / 16000, abs=1e-6)
+    assert session.target_ids == whole.target_ids and len(session.target_ids) > len(tiny_model.header_ids)
+    assert session._units_read == samples // 5120 + 1 and session.joint.scorer.frames == whole.joint.scorer.frames
