@@ -92,8 +92,9 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(message)
 
 
-def _decoding_args(parser: argparse.ArgumentParser, vad: bool) -> None:
-    """The decoding options every decoding command shares; ``vad``: whether VAD segmentation is on by default."""
+def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool = True) -> None:
+    """The decoding options every decoding command shares; ``vad``: whether VAD segmentation is on by default;
+    ``ablations``: whether the command decodes the GPE ablations (``serve`` takes ``none`` alone)."""
     from speechstream.config import DecodingConfig
 
     defaults = DecodingConfig()
@@ -121,7 +122,8 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool) -> None:
                         help="CPU speed mode: int8 LLM weights (approximate; --device cpu only)")
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
                         "none (GPE), interleaved, source-sees-target or reencode; see README.md, Ablations and the "
-                        "sweep")
+                        "sweep" if ablations else "decoding-time GPE ablation: none only (serve decodes with GPE "
+                        "itself; the ablations are for transcribe, eval and live)")
     parser.add_argument("--ctc-weight", type=float, default=defaults.ctc_weight,
                         help="joint CTC decoding: weight of the model's CTC head against the LLM, at least 0 and "
                         "below 1 (0: off; default: the model's own, ctc_weight in its config.yaml)")
@@ -143,7 +145,7 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=defaults.host, help="interface to listen on (default: localhost only)")
     parser.add_argument("--port", type=int, default=defaults.port,
                         help="TCP port (0: any free port; default: %(default)s)")
-    _decoding_args(parser, vad=True)
+    _decoding_args(parser, vad=True, ablations=False)
     parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions,
                         help="concurrent streams (default: %(default)s)")
     parser.add_argument("--max-frame-bytes", type=int, default=defaults.max_frame_bytes,

@@ -830,6 +830,27 @@ def test_help_names_the_defaults(capsys, command, shown):
             8765, 8, 262144, 3600.0, 64)
 
 
+@pytest.mark.parametrize("command", ["transcribe", "eval", "live", "serve"])
+def test_help_offers_only_the_ablations_the_command_decodes(capsys, monkeypatch, command):
+    """serve decodes with GPE alone: its --help must not list the ablations it refuses."""
+    from speechstream import model
+    from speechstream.cli import build_parser
+    from speechstream.config import ABLATIONS
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    offered = [name for name in ABLATIONS[1:] if name in text.split("--ablation ABLATION", 2)[2]]
+    if command != "serve":
+        assert offered == list(ABLATIONS[1:])
+        return
+    assert offered == [] and "none only" in text
+    monkeypatch.setattr(model, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    for name in ABLATIONS[1:]:
+        code, _, err = run(capsys, "serve", "--model", "tiny-random", "--port", "0", "--ablation", name)
+        assert_one_error(code, err, match="GPE only")
+
+
 @pytest.mark.parametrize("fmt", ["txt", "text"])
 def test_txt_and_text_name_the_same_format_in_transcribe(capsys, tmp_path, clip, fmt):
     out = tmp_path / "out.txt"
