@@ -117,7 +117,8 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool =
     parser.add_argument("--max-repeats", type=int, default=defaults.max_repeats,
                         help="stop a chunk's writing when a token block repeats this often (0: off; else at least 2; "
                         "default: %(default)s)")
-    parser.add_argument("--device", default=defaults.device, help="torch device (cpu, cuda)")
+    parser.add_argument("--device", default=defaults.device,
+                        help="torch device: cpu, cuda, cuda:N or mps, where present (default: %(default)s)")
     parser.add_argument("--int8", action="store_true",
                         help="CPU speed mode: int8 LLM weights (approximate; --device cpu only)")
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
@@ -179,7 +180,8 @@ def _bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms; default: %(default)s)")
     parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=False,
                         help="end segments at pauses and reset the caches (default: off)")
-    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device: cpu, cuda, cuda:N or mps, where present (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:

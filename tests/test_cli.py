@@ -805,10 +805,10 @@ def test_an_unwritable_output_is_refused_before_the_model_loads(capsys, monkeypa
 
 @pytest.mark.parametrize("command, shown", [
     ("transcribe", ["--chunk-ms CHUNK_MS", "default: 640", "default: 2)", "default: 24)", "default: 4)",
-                    "default: 32)", "default: 600)", "default: 16000)", "smollm2-whisper-base-es-en"]),
+                    "default: 32)", "default: 600)", "default: 16000)", "smollm2-whisper-base-es-en", "default: cpu)"]),
     ("serve", ["default: 8765)", "default: 8)", "default: 262144)", "default: 3600.0)", "default: 64)"]),
     ("eval", ["whose own default is --chunk-ms 1000; default: gpe)"]),
-    ("bench", ["default: 30.0)", "default: 5.0)", "default: 640)"]),
+    ("bench", ["default: 30.0)", "default: 5.0)", "default: 640)", "default: cpu)"]),
     ("verify", ["default: 640)", "default: 1 3)"]),
 ])
 def test_help_names_the_defaults(capsys, command, shown):
