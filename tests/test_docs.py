@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "recipes").glob("*/README.md")])
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "recipes").glob("*/README.md"),
+               ROOT / "samples/README.md"])
 COMMANDS = ("transcribe", "verify", "eval", "train", "serve", "live", "bench", "fetch")
 # options of other tools that the docs mention (pip's, for how simuleval is installed)
 FOREIGN_OPTIONS = {"--no-deps"}
@@ -95,6 +96,13 @@ def test_every_repository_path_a_doc_names_exists(doc):
             if not (any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
                 missing.append(path)
     assert not missing, f"{doc_id(doc)} names paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=doc_id)
+def test_every_make_target_a_doc_names_exists(doc):
+    targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M))
+    named = set(re.findall(r"\bmake ([a-z][\w-]*)", doc.read_text(encoding="utf-8")))
+    assert named <= targets, f"{doc_id(doc)} names make targets the Makefile lacks: {sorted(named - targets)}"
 
 
 def readme_module_table() -> list[str]:
