@@ -1,7 +1,8 @@
 """The ``speechstream`` command line.
 
 Every failure ends in one ``speechstream: error: ...`` line on stderr with exit code
-2 (bad usage or input) or 1 (anything else); ``--debug`` shows the traceback.
+2 (bad usage or input) or 1 (anything else); ``--debug`` (before or after the command) prints the traceback
+before that line.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from speechstream.errors import InputError, SpeechstreamError
@@ -252,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("names", nargs="*",
                        help="assets (default: all): whisper-tiny.en, whisper-base, smollm2-135m-instruct")
     fetch.add_argument("--force", action="store_true", help="convert again even if cached")
+    for command in commands.choices.values():  # after the command too: speechstream transcribe x.wav --debug
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
     return parser
 
 
@@ -572,8 +576,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except SpeechstreamError as error:
-        if debug:
-            raise
+        if debug:  # the traceback, then the same error line and exit code as without --debug
+            traceback.print_exc()
         print(f"speechstream: error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
@@ -585,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except Exception as error:  # noqa: BLE001 - the user gets one line; --debug shows the rest
         if debug:
-            raise
+            traceback.print_exc()
         print(f"speechstream: error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
 

@@ -221,11 +221,14 @@ def test_a_bad_file_does_not_stop_the_next(capsys, tmp_path, clip):
     assert isinstance(documents, list) and [d["audio"] for d in documents] == [str(clip)]
 
 
-def test_debug_shows_the_traceback(tmp_path):
-    from speechstream.errors import InputError
-
-    with pytest.raises(InputError):
-        main(["--debug", "transcribe", str(tmp_path / "nope.wav")])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(capsys, tmp_path, where):
+    """--debug adds the traceback, before or after the command; the error line and exit code 2 stay (INTERFACES)."""
+    argv = ["transcribe", str(tmp_path / "nope.wav")]
+    code, _, err = run(capsys, *(["--debug", *argv] if where == "before" else [*argv, "--debug"]))
+    assert code == 2, err
+    assert err.startswith("Traceback (most recent call last):") and "InputError: " in err
+    assert error_lines(err) == [err.splitlines()[-1]] and err.splitlines()[-1].endswith("nope.wav: no such file")
 
 
 def test_subprocess_missing_file_has_no_traceback(tmp_path):
