@@ -1,4 +1,5 @@
-"""The documentation is true to the code: what README.md, docs/*.md and the recipes' READMEs name exists.
+"""The documentation is true to the code: what README.md, docs/*.md, the recipes' READMEs and the model cards
+name exists.
 
 Mechanical checks only, cheap (no model loads): every ``--option`` the docs name is an option of the command it is
 given to (or of some command or recipe script), every repository path they name exists, the README's module table
@@ -17,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "recipes").glob("*/README.md"),
-               ROOT / "samples/README.md"])
+               *(ROOT / "models").glob("*/MODEL_CARD.md"), ROOT / "samples/README.md"])
 COMMANDS = ("transcribe", "verify", "eval", "train", "serve", "live", "bench", "fetch")
 # options of other tools that the docs mention (pip's, for how simuleval is installed)
 FOREIGN_OPTIONS = {"--no-deps"}
