@@ -101,8 +101,10 @@ class StreamStart:
     target_lang: str | None
 
 
-def parse_start(text: str, served_model: str, served_task: str) -> StreamStart:
-    """Check the first text frame of a stream; raise ``ProtocolError`` with the reason."""
+def parse_start(text: str, served_model: str, served_task: str,
+                languages: tuple[str | None, str | None] = (None, None)) -> StreamStart:
+    """Check the first text frame of a stream; raise ``ProtocolError`` with the reason. ``languages``: the served
+    model's (speech, text) languages; a stream that names others is refused (None: the model declares none)."""
     from speechstream.chunker import chunk_samples
 
     try:
@@ -128,10 +130,13 @@ def parse_start(text: str, served_model: str, served_task: str) -> StreamStart:
     model = message.get("model")
     if model is not None and model != served_model:
         raise ProtocolError(f"this server serves model {served_model!r}, not {model!r}")
-    for name in ("source_lang", "target_lang"):
+    for name, served in zip(("source_lang", "target_lang"), languages):
         value = message.get(name)
-        if value is not None and (not isinstance(value, str) or not 1 <= len(value) <= 16):
+        if value is not None and (not isinstance(value, str) or not 1 <= len(value.strip()) <= 16):
             raise ProtocolError(f"{name} must be a short language code")
+        if value is not None and served is not None and value.strip().lower() != served:
+            raise ProtocolError(f"this server's model takes {languages[0]} speech to {languages[1]} text: "
+                                f"{name} {served}, not {value!r}")
     chunk_ms = message.get("chunk_ms")
     if chunk_ms is not None:
         if not isinstance(chunk_ms, int) or isinstance(chunk_ms, bool):
@@ -351,6 +356,8 @@ class Server:
         self.model = model
         self.model_name = model_name
         self.task = task
+        config_of = getattr(model, "config", None)  # the model's declared languages (None: any)
+        self.languages = (getattr(config_of, "source_lang", None), getattr(config_of, "target_lang", None))
         self.config = config.validate()
         if getattr(decoding, "ablation", "none") != "none":
             raise InputError("serve decodes with GPE only (ablation none)")
@@ -478,7 +485,7 @@ class Server:
             raise ProtocolError("audio before the start message")
         if msg.type != WSMsgType.TEXT:
             raise ProtocolError("the connection closed before the start message")
-        return parse_start(msg.data, self.model_name, self.task)
+        return parse_start(msg.data, self.model_name, self.task, self.languages)
 
     async def _read(self, ws, stream: Stream) -> str:
         """Read the client's frames into the stream's queue until the socket closes ("gone") or the

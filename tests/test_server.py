@@ -334,6 +334,25 @@ def test_null_optional_start_fields_are_left_out():
     assert (start.task, start.chunk_ms, start.source_lang) == ("asr", None, None)
 
 
+def test_a_stream_naming_languages_the_model_does_not_take_is_refused(tiny_model):
+    """An English model refuses "source_lang": "fr" (it would transcribe French as English); case and spaces do not
+    count; a model that declares no languages (tiny-random) takes any."""
+    from speechstream.server import ProtocolError, parse_start
+
+    def start(**fields) -> str:
+        return json.dumps({"type": "start", "sample_rate": 16000} | fields)
+
+    english = ("en", "en")
+    assert parse_start(start(source_lang="EN ", target_lang="en"), "m", "asr", english).source_lang == "EN "
+    for name in ("source_lang", "target_lang"):
+        with pytest.raises(ProtocolError, match=f"takes en speech to en text: {name} en, not 'fr'"):
+            parse_start(start(**{name: "fr"}), "m", "asr", english)
+    with pytest.raises(ProtocolError, match="target_lang en, not 'es'"):
+        parse_start(start(task="translate", source_lang="es", target_lang="es"), "m", "translate", ("es", "en"))
+    assert Server(tiny_model, "tiny-random", FAST).languages == (None, None)
+    assert parse_start(start(source_lang="fr"), "tiny-random", "asr", (None, None)).source_lang == "fr"
+
+
 def test_one_session_too_many_gets_an_error_and_the_others_go_on(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=2), choose=text_favouring_chooser)
     pcm = to_pcm(clips(1.0)[0])
