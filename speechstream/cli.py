@@ -586,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout went away (| head): stop quietly, as a shell tool does
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # (the interpreter's last flush of stdout would fail again)
-        return 128 + signal.SIGPIPE
+        return 128 + getattr(signal, "SIGPIPE", 13)  # (Windows has no SIGPIPE: its POSIX number)
     except Exception as error:  # noqa: BLE001 - the user gets one line; --debug shows the rest
         if debug:
             traceback.print_exc()
