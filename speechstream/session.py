@@ -34,6 +34,7 @@ tokens until it needs audio that has not arrived.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import deque
@@ -212,6 +213,7 @@ class StreamingSession:
         self._stats_base = 0  # index in stats of this segment's first unit
         self._context_ids: list[int] = []  # text tokens fed after this segment's header (not emitted)
         self._held: list[Event] = []  # events made inside next_request, returned by the next call
+        self._failure: str | None = None  # an exception escaped a call mid-way: the state is no longer whole
 
     def _new_llm_state(self):
         """A fresh one-row LLM state (at the start and at each segment)."""
@@ -227,14 +229,31 @@ class StreamingSession:
         if self._audio_done:
             raise InputError("the audio has ended (end_audio was called): no more samples can be fed")
         samples = feed_samples(samples)
+        self._check_whole()
         start = self._clock_start()
         events: list[Event] = []
-        with torch.no_grad():
+        with torch.no_grad(), self._failing():
             for step in self._route(samples):
                 events += self._front(step)
-        self._samples_in += samples.size
+            self._samples_in += samples.size
         self._compute_s += time.perf_counter() - start
         return events
+
+    def _check_whole(self) -> None:
+        """Refuse more work once an earlier call failed mid-way (``_failing``)."""
+        if self._failure is not None:
+            raise InputError(f"the session failed in an earlier call ({self._failure}) and cannot go on: its state "
+                             "is partly updated; close() gives the text committed so far")
+
+    @contextlib.contextmanager
+    def _failing(self):
+        """Around work that changes the state: an exception that escapes it (a device error, Ctrl-C) leaves a
+        chunk, a read or a step half done, so the session refuses further work instead of going on without it."""
+        try:
+            yield
+        except BaseException as error:
+            self._failure = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            raise
 
     def _route(self, samples: np.ndarray) -> list[tuple[str, object]]:
         """What the front end does with a feed, in order: ("audio", samples) to encode, ("skip", n) samples dropped
@@ -315,8 +334,9 @@ class StreamingSession:
         if self.llm is None:
             raise ValueError("a batched session (own_llm=False) is finished by its driver: end_audio(), run the "
                              "batch until it stops, then close()")
+        self._check_whole()
         start = self._clock_start()
-        with torch.no_grad():
+        with torch.no_grad(), self._failing():
             self.end_audio()
             events = self._advance()
         self._compute_s += time.perf_counter() - start
@@ -328,12 +348,14 @@ class StreamingSession:
         at all is not read (nothing is written for silence)."""
         if self._audio_done:
             return
-        self._open_pending_onset()
-        if self._front_open:
-            self._add_unit(self.chunker.flush(), final=True)
-        else:  # only silence since the last cut (or since the start): it is passed over, not read
-            self._silent_end = True
-        self._audio_done = True
+        self._check_whole()
+        with torch.no_grad(), self._failing():
+            self._open_pending_onset()
+            if self._front_open:
+                self._add_unit(self.chunker.flush(), final=True)
+            else:  # only silence since the last cut (or since the start): it is passed over, not read
+                self._silent_end = True
+            self._audio_done = True
 
     def _open_pending_onset(self) -> None:
         """With VAD, where the audio stops (its end, or a gap): speech heard but not yet confirmed opens its segment
@@ -359,8 +381,9 @@ class StreamingSession:
             raise InputError("the audio has ended (end_audio was called): no gap can follow")
         if samples == 0:
             return []
+        self._check_whole()
         start = self._clock_start()
-        with torch.no_grad():
+        with torch.no_grad(), self._failing():
             self._open_pending_onset()
             if self._front_open and self._released > self._front_start:
                 self._end_front_segment()
@@ -376,7 +399,8 @@ class StreamingSession:
         return events
 
     def close(self) -> list[Event]:
-        """Commit whatever text is left and return it with the "end" event."""
+        """Commit whatever text is left and return it with the "end" event (also after a call that failed mid-way,
+        which leaves the session refusing any other work)."""
         if self.finished:
             return []
         events = self._take_held()

@@ -331,3 +331,32 @@ def test_ctrl_c_while_waiting_for_the_pipe_ends_at_once(tiny_model):
         os.close(write_fd)
         stream.close()
     assert events[-1].type == "end" and events[-1].audio_s == pytest.approx(0.3)
+
+
+def test_a_session_whose_call_failed_mid_way_refuses_more_work(tiny_model, monkeypatch):
+    """An exception inside ``feed`` (a device error in an LLM step) left the chunk it was reading half done: the
+    unit had been taken from the queue and the samples were never counted, and the next feeds went on silently
+    without them. Now every later call says so in one line; ``close`` still gives the text committed before."""
+    rng = np.random.default_rng(3)
+    audio = (0.1 * rng.standard_normal(6 * SAMPLE_RATE)).astype(np.float32)
+    session = StreamingSession(tiny_model, DECODING, choose=text_favouring_chooser(tiny_model))
+    step, calls = tiny_model.decoder.step, []
+
+    def failing_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("CUDA out of memory")
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_model.decoder, "step", failing_step)
+    events, feeds = [], iter(range(0, audio.size, 4000))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        for start in feeds:
+            events += session.feed(audio[start : start + 4000])
+    for call in (lambda: session.feed(audio[:4000]), lambda: session.gap(100), session.finish, session.end_audio):
+        with pytest.raises(InputError, match=r"failed in an earlier call \(RuntimeError: CUDA out of memory\)"):
+            call()
+    events += session.close()
+    end = events[-1]
+    assert end.type == "end" and end.text == "".join(e.text for e in events if e.type == "final") != ""
+    assert session.close() == [] and session.finish() == []
