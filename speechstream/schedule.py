@@ -55,3 +55,12 @@ def segment_token_ends(frame_ends: list[int], stack: int) -> list[int]:
     """Cumulative speech tokens per segment, given ``segment_frame_ends``."""
     last = len(frame_ends) - 1
     return [tokens_from_frames(f, stack, final=(j == last)) for j, f in enumerate(frame_ends)]
+
+
+def max_segment_samples(max_speech_tokens: int, chunk_size: int, stack: int) -> int:
+    """The most audio, in whole chunks, one segment may hold so that its speech tokens (the last stack padded, as at
+    a segment's end) number at most ``max_speech_tokens``; 0 when not even one chunk fits."""
+    n = (max_speech_tokens * stack * 2 * HOP_LENGTH // chunk_size + 1) * chunk_size  # a little more than fits
+    while n > 0 and tokens_from_frames(encoder_frames_total(n), stack, final=True) > max_speech_tokens:
+        n -= chunk_size
+    return n

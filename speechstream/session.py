@@ -18,6 +18,8 @@ text tokens after the assistant header (fed, never emitted again); the default i
 because the shipped models were trained without such context (their targets always
 start at the audio's first word), so they tend to treat context words as already
 transcribed speech.
+Without VAD a segment ends only where its source group would pass the LLM's positions
+(``max_position_embeddings``), as at a VAD cut.
 
 Contract with outside LLM drivers (``own_llm=False``): when ``segment`` has changed
 since a stream's previous request, give that stream a fresh LLM row (a state as from
@@ -44,7 +46,7 @@ from typing import BinaryIO, Callable
 import numpy as np
 import torch
 
-from speechstream import gpe
+from speechstream import gpe, schedule
 from speechstream.audio import SAMPLE_RATE, check_finite
 from speechstream.chunker import Chunker
 from speechstream.config import DecodingConfig, with_model_defaults
@@ -214,6 +216,21 @@ class StreamingSession:
         self._context_ids: list[int] = []  # text tokens fed after this segment's header (not emitted)
         self._held: list[Event] = []  # events made inside next_request, returned by the next call
         self._failure: str | None = None  # an exception escaped a call mid-way: the state is no longer whole
+        # without VAD, the audio of one segment whose source group fills the LLM's positions (None: no limit)
+        self._segment_samples = self._position_limit() if self.vad is None else None
+
+    def _position_limit(self) -> int | None:
+        """Samples of one segment whose source group (prompt, speech tokens, end marker) takes every position the LLM
+        has (``max_position_embeddings``); None when its config names no limit."""
+        limit = getattr(self.model.decoder.llm.config, "max_position_embeddings", None)
+        if not limit:
+            return None
+        speech = limit - len(self.model.prefix_ids) - len(self.model.suffix_ids)
+        samples = schedule.max_segment_samples(speech, self.chunker.chunk_size, self.model.config.projector.stack)
+        if samples <= 0:
+            raise InputError(f"model {self.model.config.name}: its LLM has {limit} positions, too few for the prompt "
+                             f"and one {self.decoding.chunk_ms} ms chunk")
+        return samples
 
     def _new_llm_state(self):
         """A fresh one-row LLM state (at the start and at each segment)."""
@@ -262,9 +279,8 @@ class StreamingSession:
         Without VAD all audio is encoded. With it, audio before a segment's speech is confirmed waits in
         ``_waiting`` (at most the VAD's look-back: ``speech_pad_ms``, plus up to ``max_segment_s`` while speech heard
         is not yet confirmed) and is dropped, except the ``speech_pad_ms`` before the speech."""
-        if self.vad is None:  # after a gap (``gap``) the next audio opens a segment
-            opens = not self._front_open and samples.size
-            return [("start", self._released), ("audio", samples)] if opens else [("audio", samples)]
+        if self.vad is None:
+            return self._route_all(samples)
         found = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant
         waiting = np.concatenate([self._waiting, samples]) if self._waiting.size else samples
         at = self._released  # absolute sample of waiting[0]
@@ -290,6 +306,24 @@ class StreamingSession:
         else:
             take(self.vad.keep_from(), "skip")
         self._waiting = waiting.copy() if waiting.size else np.zeros(0, np.float32)
+        return steps
+
+    def _route_all(self, samples: np.ndarray) -> list[tuple[str, object]]:
+        """``_route`` without VAD: every sample is encoded. After a gap (``gap``) the next audio opens a segment, and
+        a segment ends where its source group would pass the LLM's positions (``_segment_samples``: ~21 min of the
+        shipped models), as at a VAD cut: past them the model would run on positions it never learned."""
+        steps: list[tuple[str, object]] = []
+        at, start, is_open, limit = self._released, self._front_start, self._front_open, self._segment_samples
+        while samples.size:
+            if not is_open:
+                steps.append(("start", at))
+                start, is_open = at, True
+            room = samples.size if limit is None else start + limit - at
+            steps.append(("audio", samples[:room]))
+            at, samples = at + min(room, samples.size), samples[room:]
+            if at - start == limit:
+                steps.append(("cut", None))
+                is_open = False
         return steps
 
     def _front(self, step: tuple[str, object], advance: bool = True) -> list[Event]:

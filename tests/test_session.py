@@ -360,3 +360,41 @@ def test_a_session_whose_call_failed_mid_way_refuses_more_work(tiny_model, monke
     end = events[-1]
     assert end.type == "end" and end.text == "".join(e.text for e in events if e.type == "final") != ""
     assert session.close() == [] and session.finish() == []
+
+
+def test_max_segment_samples_is_the_most_whole_chunks_that_fit():
+    from speechstream.schedule import encoder_frames_total, max_segment_samples, tokens_from_frames
+
+    for budget, chunk_ms, stack in [(8171, 640, 8), (38, 640, 4), (7, 320, 4), (100, 1000, 2), (3, 640, 8)]:
+        chunk = chunk_ms * SAMPLE_RATE // 1000
+        n = max_segment_samples(budget, chunk, stack)
+        tokens = lambda samples: tokens_from_frames(encoder_frames_total(samples), stack, final=True)  # noqa: E731
+        assert n % chunk == 0 and tokens(n + chunk) > budget
+        assert n == 0 or tokens(n) <= budget
+    assert max_segment_samples(8171, 10240, 8) // SAMPLE_RATE // 60 == 21  # the shipped models: ~21 min
+
+
+def test_without_vad_a_segment_ends_before_the_source_passes_the_llms_positions(tiny_model, monkeypatch):
+    """Without VAD one stream's source group grew past ``max_position_embeddings`` (SmolLM2: 8192, ~21 minutes of
+    6.25 tokens a second) and the LLM went on, silently, at positions it never learned. Now the segment ends there as
+    at a VAD cut (its audio tail and end marker read, its text committed) and the next starts afresh."""
+    limit = 64
+    monkeypatch.setattr(tiny_model.decoder.llm.config, "max_position_embeddings", limit)
+    step, highest = tiny_model.decoder.step, []
+
+    def watching_step(state, embeds, kinds, keep=None):
+        logits = step(state, embeds, kinds, keep=keep)
+        highest.append(int(state.next_source_pos.max()) - 1)
+        return logits
+
+    monkeypatch.setattr(tiny_model.decoder, "step", watching_step)
+    rng = np.random.default_rng(4)
+    audio = (0.1 * rng.standard_normal(10 * SAMPLE_RATE)).astype(np.float32)
+    session, events = run(tiny_model, audio, 3000)
+    segment = 4 * 10240  # 4 chunks of 640 ms: 32 speech tokens + the prompt's 30 source tokens (a 5th: 40)
+    assert session._segment_samples == segment
+    assert max(highest) == len(tiny_model.prefix_ids) + 32 + len(tiny_model.suffix_ids) - 1 < limit
+    assert session.segment == 3 and session.segment_starts == [segment, 2 * segment, 3 * segment]
+    finals = [e for e in events if e.type == "final"]
+    assert "".join(e.text for e in finals) == events[-1].text != ""
+    assert [e.source_s for e in events] == sorted(e.source_s for e in events) and events[-1].source_s == 10.0
