@@ -13,8 +13,9 @@ of its audio and the end-of-source marker are read, the rest of its text is writ
 committed), then the front end (chunker, mel, encoder, projector) and the LLM cache start
 afresh, so memory and per-chunk work stay flat over hours. The transcript and all times
 (``source_s``) continue from the start of the stream. ``segment`` counts the resets.
-With ``context_tokens`` > 0 the next segment's target group starts with the last committed
-text tokens after the assistant header (fed, never emitted again); the default is 0
+With ``context_tokens`` > 0 the next segment's target group starts with the last tokens of the
+committed text (tokenized again, so the space between segments is kept) after the assistant
+header (fed, never emitted again); the default is 0
 because the shipped models were trained without such context (their targets always
 start at the audio's first word), so they tend to treat context words as already
 transcribed speech.
@@ -62,6 +63,8 @@ from speechstream.policy import Policy, Read, Stop, StreamView, Write, make_poli
 from speechstream.projector import ProjectorStream
 from speechstream.text import TextAssembler
 from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig
+
+CONTEXT_CHARS_PER_TOKEN = 16  # context_tokens: committed characters re-tokenized per token wanted (plenty)
 
 
 @dataclass(frozen=True)
@@ -539,8 +542,7 @@ class StreamingSession:
         """The current VAD segment has stopped: commit its text, then start the next with a fresh LLM state."""
         events = self._final(self.text.commit_all(force=True))
         self.segment += 1
-        n = self.decoding.context_tokens
-        self._context_ids = self.text.ids[-n:] if n > 0 else []
+        self._context_ids = self._context(self.decoding.context_tokens)
         self.text.start_segment()
         if self.joint is not None:
             self.joint.reset()
@@ -556,6 +558,14 @@ class StreamingSession:
         self._recent.clear()
         self._stats_base = len(self.stats) - len(self.units)
         return events
+
+    def _context(self, n: int) -> list[int]:
+        """The last ``n`` tokens of the committed text, tokenized again: the text ids of earlier segments hold no
+        space between one segment's last word and the next one's first, the committed text does."""
+        if n <= 0 or not self.text.committed:
+            return []
+        tail = self.text.committed[-CONTEXT_CHARS_PER_TOKEN * n :]
+        return list(self.model.tokenizer.encode(tail, add_special_tokens=False))[-n:]
 
     def _take_held(self) -> list[Event]:
         held, self._held = self._held, []

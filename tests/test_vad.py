@@ -218,24 +218,32 @@ def test_outside_driver_contract(tiny_model, speech_with_pauses):
     assert session.target_ids == own.target_ids and session.transcript == own.transcript
 
 
-def test_context_tokens_are_fed_not_emitted(tiny_model, speech_with_pauses):
+@pytest.mark.parametrize("n", [3, 400])
+def test_context_tokens_are_fed_not_emitted(tiny_model, speech_with_pauses, n):
+    """The last ``n`` tokens of the text committed so far (400: all of it, across segments), tokenized again."""
     audio, _ = speech_with_pauses
     audio = audio[: 2 * SAMPLE_RATE + audio.size // 2]
     decoding = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=40, vad=True,
-                              context_tokens=3)
+                              context_tokens=n)
     session, events, _ = feed_all(tiny_model, audio, 4000, decoding)
     header = list(tiny_model.header_ids)
     starts = [i for i in range(len(session.target_ids)) if session.target_ids[i : i + len(header)] == header]
     assert len(starts) == session.segment + 1 >= 2
     text_so_far: list[int] = []
-    for n, (start, stop) in enumerate(zip(starts, starts[1:] + [len(session.target_ids)])):
+    committed = ""  # the text committed before the segment: a space between segments' texts
+    for start, stop in zip(starts, starts[1:] + [len(session.target_ids)]):
         fed = session.target_ids[start + len(header) : stop]
-        context = text_so_far[-3:] if n else []
-        assert fed[: len(context)] == context  # the previous text, right after the header
-        text_so_far += [t for t in fed[len(context) :] if t not in tiny_model.special_ids]
+        # the previous text as committed, tokenized again, right after the header
+        context = tiny_model.tokenizer.encode(committed, add_special_tokens=False)[-n:] if committed else []
+        assert fed[: len(context)] == context
+        ids = [t for t in fed[len(context) :] if t not in tiny_model.special_ids]
+        text_so_far += ids
+        piece = tiny_model.tokenizer.decode(ids).strip()
+        committed = f"{committed} {piece}" if committed and piece else committed or piece
+    assert committed == session.transcript
     assert text_so_far == session.text.ids  # context tokens were not emitted again
-    finals = "".join(e.text for e in events if e.type == "final")
-    assert finals == session.transcript
+    finals = [e.text for e in events if e.type == "final"]
+    assert "".join(finals) == session.transcript
 
 
 def test_silence_before_speech_is_not_decoded(tiny_model):
