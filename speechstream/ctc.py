@@ -120,6 +120,11 @@ class CTCPrefixScorer:
         """(frames, C + 1) log-probabilities of the frames so far."""
         return self._columns(np.arange(self.blank + 1))
 
+    def columns(self, classes: np.ndarray) -> np.ndarray:
+        """(frames, len(classes)) log-probabilities of those class indices (the blank: ``blank``) in the frames so far.
+        """
+        return self._columns(classes)
+
     def _columns(self, classes: np.ndarray) -> np.ndarray:
         """(frames, len(classes)) log-probabilities of those classes in the frames so far."""
         rows = self._lp[: self._frames]
@@ -290,6 +295,14 @@ class JointCTC:
 
     def add_frames(self, vectors: np.ndarray) -> None:
         self.scorer.add_vectors(vectors)
+
+    def text_log_probs(self, ids: list[int]) -> tuple[np.ndarray, list[int | None]]:
+        """For aligning text tokens ``ids`` to the segment's frames (``align``): the (frames, K + 1) log-probabilities
+        of the K classes they use and the blank (last), and each token's column (None: not a CTC class)."""
+        classes = sorted({int(self.class_of[token]) for token in ids if int(self.class_of[token]) >= 0})
+        column = {label: j for j, label in enumerate(classes)}
+        labels = [column.get(int(self.class_of[token])) for token in ids]
+        return self.scorer.columns(np.array(classes + [self.scorer.blank], dtype=np.int64)), labels
 
     def add_text(self, token: int) -> None:
         """A text token was written: extend the hypothesis (tokens outside the CTC classes are skipped)."""

@@ -22,6 +22,10 @@ transcribed speech.
 Without VAD a segment ends only where its source group would pass the LLM's positions
 (``max_position_embeddings``), as at a VAD cut.
 
+Word times (``words``): with joint CTC decoding on a model with a fine CTC head, when a segment's text is all
+committed (its end, or ``close``) it is force-aligned to the segment's CTC frames (``speechstream.align``), and its
+words with the times they were spoken (on the stream's timeline) are added to ``words``; otherwise ``words`` stays [].
+
 Contract with outside LLM drivers (``own_llm=False``): when ``segment`` has changed
 since a stream's previous request, give that stream a fresh LLM row (a state as from
 ``model.decoder.new_state``) before stepping its next request. The change happens inside
@@ -48,7 +52,8 @@ import numpy as np
 import torch
 
 from speechstream import gpe, schedule
-from speechstream.audio import SAMPLE_RATE, check_finite
+from speechstream.align import Word, segment_words, token_pieces
+from speechstream.audio import HOP_LENGTH, SAMPLE_RATE, check_finite
 from speechstream.chunker import Chunker
 from speechstream.config import DecodingConfig, with_model_defaults
 from speechstream.ctc import JointCTC
@@ -118,6 +123,7 @@ class _Unit:
     last: bool = False  # the last unit of its segment (its audio tail and the end-of-source marker)
     segment: int = 0  # the segment it belongs to
     ctc: np.ndarray | None = None  # joint CTC decoding: the CTC head's frame vectors (of its speech tokens or windows)
+    origin_s: float = 0.0  # where its segment's audio starts on the stream's timeline (seconds)
 
 
 TokenChooser = Callable[[torch.Tensor], int]  # (V,) logits of the last fed row -> next token
@@ -221,6 +227,13 @@ class StreamingSession:
         self._failure: str | None = None  # an exception escaped a call mid-way: the state is no longer whole
         # without VAD, the audio of one segment whose source group fills the LLM's positions (None: no limit)
         self._segment_samples = self._position_limit() if self.vad is None else None
+        # word times (``speechstream.align``): with joint decoding on the fine CTC head, at each segment's end its text
+        # is aligned to its CTC frames; ``words`` holds every finished segment's words
+        self.words: list[Word] = []
+        self._aligns = self.joint is not None and self.model.ctc_head is not None
+        self._segment_origin_s = 0.0  # where the LLM's segment starts on the timeline
+        self._segment_ids_from = 0  # index in text.ids of the segment's first text token
+        self._written_s: list[float] = []  # per text token of the segment: source_s when it was written
 
     def _position_limit(self) -> int | None:
         """Samples of one segment whose source group (prompt, speech tokens, end marker) takes every position the LLM
@@ -446,6 +459,7 @@ class StreamingSession:
         tail = self.text.commit_all(force=True)
         if tail:
             events.append(self._event("final", tail))
+        self._align_segment()
         self.finished = True
         audio_s = self._samples_in / SAMPLE_RATE
         events.append(
@@ -526,7 +540,8 @@ class StreamingSession:
             ctc = self.joint.frame_vectors(self.ctc_windows.push(frames, final=final), fine=True)
         elif self.joint is not None:
             ctc = self.joint.frame_vectors(tokens)
-        self.units.append(_Unit(embeds, source_s, stats, last=final, segment=self._front_segment, ctc=ctc))
+        self.units.append(_Unit(embeds, source_s, stats, last=final, segment=self._front_segment, ctc=ctc,
+                                origin_s=self._front_start / SAMPLE_RATE))
 
     @property
     def _source_done(self) -> bool:
@@ -541,6 +556,7 @@ class StreamingSession:
     def _end_segment(self) -> list[Event]:
         """The current VAD segment has stopped: commit its text, then start the next with a fresh LLM state."""
         events = self._final(self.text.commit_all(force=True))
+        self._align_segment()
         self.segment += 1
         self._context_ids = self._context(self.decoding.context_tokens)
         self.text.start_segment()
@@ -567,6 +583,17 @@ class StreamingSession:
         tail = self.text.committed[-CONTEXT_CHARS_PER_TOKEN * n :]
         return list(self.model.tokenizer.encode(tail, add_special_tokens=False))[-n:]
 
+    def _align_segment(self) -> None:
+        """The segment's text is all committed: add its words with their times to ``words`` (``align``)."""
+        ids, self._segment_ids_from = self.text.ids[self._segment_ids_from :], len(self.text.ids)
+        written_s, self._written_s = self._written_s, []
+        if not self._aligns or not ids:
+            return
+        log_probs, labels = self.joint.text_log_probs(ids)
+        frame_s = self.model.ctc_head.hop * 2 * HOP_LENGTH / SAMPLE_RATE  # encoder frames: 2 mel frames (20 ms)
+        pieces = token_pieces(self.model.tokenizer, ids)  # (the segment's audio ends where its last unit ends)
+        self.words += segment_words(log_probs, labels, pieces, written_s, frame_s, self._segment_origin_s, self._source_s)
+
     def _take_held(self) -> list[Event]:
         held, self._held = self._held, []
         return held
@@ -591,6 +618,7 @@ class StreamingSession:
                 self._units_read += 1
                 self._segment_read_done = unit.last
                 self._source_s = unit.source_s
+                self._segment_origin_s = unit.origin_s
                 self._reads_since_prediction += 1
                 self._tokens_since_read = 0
                 if self.joint is not None:
@@ -649,6 +677,7 @@ class StreamingSession:
                 if token == self.model.eoc_id:
                     events += self._final(self.text.commit_all())
                 continue
+            self._written_s.append(self._source_s)
             events += self._final(self.text.add(token))
         return events + self._segment_stop()
 
@@ -724,12 +753,13 @@ class StreamingSession:
 
 def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_event: Callable[[Event], None],
                     partials: bool = True, offset_s: float = 0.0, duration_s: float | None = None,
-                    segment_starts: list[float] | None = None) -> list[Event]:
+                    segment_starts: list[float] | None = None, words: list[Word] | None = None) -> list[Event]:
     """Stream one audio file through a session chunk by chunk (as a live source would); return its events.
 
     ``transcribe`` and ``eval`` both use this loop, so evaluation measures what ships. ``offset_s`` and
     ``duration_s`` stream only that time range of the file (a manifest's segment of a long recording). A
-    ``segment_starts`` list is extended with the session's ``segment_start_times`` (for ``outputs.cues``).
+    ``segment_starts`` list is extended with the session's ``segment_start_times``, a ``words`` list with its
+    ``words`` (both for ``outputs.cues``).
     The file is read a block at a time (``audio.stream_audio``): memory does not grow with its length.
     """
     from speechstream.audio import stream_audio
@@ -759,12 +789,14 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
         on_event(event)
     if segment_starts is not None:
         segment_starts += session.segment_start_times
+    if words is not None:
+        words += session.words
     return events
 
 
 def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO, sample_rate: int,
                    on_event: Callable[[Event], None], partials: bool = True, block_bytes: int = 6400,
-                   segment_starts: list[float] | None = None) -> list[Event]:
+                   segment_starts: list[float] | None = None, words: list[Word] | None = None) -> list[Event]:
     """Stream raw little-endian int16 mono PCM from a binary file object (a pipe, stdin) as it arrives: each read
     returns what the pipe holds (up to ``block_bytes``), resampled to 16 kHz buffer by buffer and fed to one session,
     so text comes while the audio does. A stream that starts with a WAV header (16-bit PCM: ``ffmpeg -f wav -``,
@@ -773,7 +805,7 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
     written); a Ctrl-C while the session works on a buffer takes effect once that buffer is done (an interrupted step
     would leave its caches half-updated), one while the pipe is waited on at once. A last incomplete sample is
     dropped. The audio a file would hold gives the events that file gives.
-    ``segment_starts``: as in ``transcribe_file``."""
+    ``segment_starts``, ``words``: as in ``transcribe_file``."""
     from speechstream.audio import StreamResampler, pcm_frames_to_float, stream_layout
 
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or block_bytes < 2:
@@ -831,4 +863,6 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
         on_event(event)
     if segment_starts is not None:
         segment_starts += session.segment_start_times
+    if words is not None:
+        words += session.words
     return events

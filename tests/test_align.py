@@ -1,0 +1,111 @@
+"""Word times by forced alignment (speechstream.align) on hand-made CTC log-probabilities, and in a session."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from speechstream.align import Word, align_words, emission_words, frames_needed, segment_words, token_frames, words_of
+from tests.conftest import text_favouring_chooser
+
+BLANK, A, B = 2, 0, 1  # two classes and the blank (last)
+
+
+def frames(*path: int, classes: int = 2) -> np.ndarray:
+    """Log-probabilities whose best frame-by-frame path is ``path`` (0.9 on it, the rest shared)."""
+    lp = np.full((len(path), classes + 1), np.log(0.1 / classes))
+    for t, label in enumerate(path):
+        lp[t, label] = np.log(0.9)
+    return lp
+
+
+def test_tokens_take_the_frames_that_emit_them():
+    lp = frames(BLANK, A, A, BLANK, BLANK, B, BLANK)
+    assert token_frames(lp, [A, B]) == [(1, 3), (5, 6)]
+
+
+def test_the_same_label_twice_needs_a_blank_between():
+    lp = frames(BLANK, A, BLANK, A, BLANK)
+    assert token_frames(lp, [A, A]) == [(1, 2), (3, 4)]
+    assert frames_needed([A, A]) == 3 and frames_needed([A, B]) == 2
+    assert token_frames(frames(A, A), [A, A]) is None  # two frames cannot emit A, A
+    assert token_frames(frames(A, B), [A, B]) == [(0, 1), (1, 2)]
+    assert token_frames(frames(A, B), [A, B, A]) is None  # more labels than frames
+
+
+def test_a_token_without_a_class_takes_the_gap_between_its_neighbours():
+    lp = frames(A, BLANK, BLANK, BLANK, B)
+    assert token_frames(lp, [A, None, B]) == [(0, 1), (1, 4), (4, 5)]
+    assert token_frames(lp, [None, A, None]) == [(0, 0), (0, 1), (1, 1)]
+    assert token_frames(lp, [None, None]) is None  # nothing to align
+
+
+def test_words_start_at_a_space_and_punctuation_moves_no_time():
+    pieces = ["He", " was", " n", "ot", ",", " ", " ..."]
+    assert words_of(pieces) == [("He", 0, 1), ("was", 1, 2), ("not,", 2, 4), ("...", 6, 7)]
+    # "," is aligned to the pause after "not", the last frame: "not," still ends where "ot" does
+    lp = frames(A, BLANK, B, A, BLANK, BLANK, B)
+    words = align_words(lp, [A, B, A, None], [" n", "ot", " so", ","], frame_s=0.04, origin_s=10.0)
+    assert [w.text for w in words] == ["not", "so,"]
+    assert words[0] == Word("not", 10.0, pytest.approx(10.12))
+    assert words[1].start_s == pytest.approx(10.12) and words[1].end_s == pytest.approx(10.16)
+
+
+def test_no_text_no_words_and_a_text_too_long_falls_back_to_emission_times():
+    assert align_words(frames(A, B), [], [], 0.04) == []
+    assert align_words(frames(A, B), [None], [" "], 0.04) == []
+    pieces, written = [" a", " b", "b", " c"], [1.0, 1.5, 1.6, 2.0]
+    assert align_words(frames(A, B), [A, B, B, A], pieces, 0.04) is None
+    fallback = [Word("a", 0.5, 1.0), Word("bb", 1.0, 1.6), Word("c", 1.6, 2.0)]
+    assert emission_words(pieces, written, origin_s=0.5) == fallback
+    assert segment_words(frames(A, B), [A, B, B, A], pieces, written, 0.04, 0.5, 9.0) == fallback
+    assert segment_words(frames(A, B, B), [A, B], pieces[:2], written[:2], 0.04, 0.5, 0.6) == [
+        Word("a", 0.5, pytest.approx(0.54)), Word("b", pytest.approx(0.54), 0.6)]  # (no time past the audio's end)
+
+
+def _fine_head_model(tiny_model):
+    from speechstream.model import SpeechLLM
+
+    config = dataclasses.replace(tiny_model.config, ctc_hop=2)
+    model = SpeechLLM(config, tiny_model.tokenizer, tiny_model.decoder.llm).eval()
+    model.load_state_dict(tiny_model.state_dict(), strict=False)
+    with torch.no_grad():
+        model.ctc_head.init_from_projector(model.projector, model.ctc_blank)
+    return model
+
+
+def _run(model, decoding, pieces, choose=None):
+    from speechstream.session import StreamingSession
+
+    session = StreamingSession(model, decoding, partials=False, choose=choose)
+    with torch.no_grad():
+        for piece in pieces:
+            if isinstance(piece, int):
+                session.gap(piece)
+            else:
+                session.feed(piece)
+        session.finish()
+    return session
+
+
+def test_a_session_gives_its_words_with_times_on_the_streams_timeline(tiny_model):
+    from speechstream.config import DecodingConfig
+
+    model = _fine_head_model(tiny_model)
+    noise = (0.1 * np.random.default_rng(3).standard_normal(24000)).astype(np.float32)
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
+    session = _run(model, decoding, [noise[:12000], 16000, noise[12000:]])  # 1 s lost between the halves
+    assert session.segment == 1 and session.words
+    assert " ".join(w.text for w in session.words) == " ".join(session.transcript.split())
+    starts = [w.start_s for w in session.words]
+    assert starts == sorted(starts) and all(w.start_s <= w.end_s <= 2.5 for w in session.words)
+    # the audio read: 0-0.75 s, then 1.75-2.5 s (the gap counted): every word lies in one of them, both have words
+    assert all(w.end_s <= 0.75 or w.start_s >= 1.75 for w in session.words)
+    assert session.words[0].end_s <= 0.75 and session.words[-1].start_s >= 1.75
+    greedy = _run(model, dataclasses.replace(decoding, ctc_weight=None), [noise], text_favouring_chooser(model))
+    assert greedy.transcript and greedy.words == []  # no joint decoding: no word times
+    coarse = _run(tiny_model, decoding, [noise])  # joint decoding on the coarse head: no word times
+    assert coarse.transcript and coarse.words == []
