@@ -348,6 +348,7 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
     failed = None
     for path in args.audio:
         starts: list[float] = []  # where the file's VAD segments start (s): no cue starts in a dropped pause
+        words: list = []  # the file's words with the times they were spoken (joint decoding on a fine CTC head)
         wrote_text = False  # text: some of this input's transcript is out
 
         def on_event(event):
@@ -364,10 +365,10 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
         try:
             if path == "-":
                 events = transcribe_pcm(model, decoding, sys.stdin.buffer, args.input_rate, on_event,
-                                        partials=args.format == "jsonl", segment_starts=starts)
+                                        partials=args.format == "jsonl", segment_starts=starts, words=words)
             else:
                 events = transcribe_file(model, decoding, path, on_event, partials=args.format == "jsonl",
-                                         segment_starts=starts)
+                                         segment_starts=starts, words=words)
         except InputError as error:  # report, keep what was done, go on with the other files
             print(f"speechstream: error: {error}", file=sys.stderr)
             failed = error
@@ -389,11 +390,11 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
         if args.format == "text":
             out.write("\n")
         elif args.format == "json":
-            documents.append(outputs.json_document("stdin" if path == "-" else path, events, starts))
+            documents.append(outputs.json_document("stdin" if path == "-" else path, events, starts, words))
         elif args.format == "srt":
-            out.write(outputs.srt(events, starts))
+            out.write(outputs.srt(events, starts, words))
         elif args.format == "vtt":
-            out.write(outputs.vtt(events, starts))
+            out.write(outputs.vtt(events, starts, words))
     return failed
 
 
@@ -539,12 +540,12 @@ def cmd_live(args: argparse.Namespace) -> int:
             if args.format == "text":
                 out.write(session.transcript + "\n")
             elif args.format == "json":
-                document = outputs.json_document(f"microphone:{device['name']}", result.events, starts)
+                document = outputs.json_document(f"microphone:{device['name']}", result.events, starts, session.words)
                 json.dump(document, out, ensure_ascii=False, indent=2)
                 out.write("\n")
             else:
                 write = outputs.srt if args.format == "srt" else outputs.vtt
-                out.write(write(result.events, starts))
+                out.write(write(result.events, starts, session.words))
     return 0
 
 

@@ -1,10 +1,12 @@
 """Transcript output formats: text, jsonl, json, srt, vtt.
 
-Timestamps of json/srt/vtt cues are emission times on the timeline of the whole audio (silence the VAD dropped
-included): a cue ends at the seconds of audio the model had read when it committed the cue's last words, and starts
-where the previous cue ended, but at most MAX_CUE_SECONDS before its end and never before the start of the VAD
-segment its first words belong to (so a cue after a pause does not start during the pause). They are not word
-alignments.
+Times are on the timeline of the whole audio (silence the VAD dropped included). With word times
+(``StreamingSession.words``: joint CTC decoding on a model with a fine CTC head, as the default English model;
+``speechstream.align``), json/srt/vtt cues are groups of words that start at their first word's start and end at
+their last word's end: when the words were spoken. Without them, cue times are emission times: a cue ends at the
+seconds of audio the model had read when it committed the cue's last words, and starts where the previous cue ended,
+but at most MAX_CUE_SECONDS before its end and never before the start of the VAD segment its first words belong to (so
+a cue after a pause does not start during the pause).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
 
+from speechstream.align import Word
 from speechstream.session import Event
 
 FORMATS = ("text", "jsonl", "json", "srt", "vtt")
 MAX_CUE_CHARS = 42  # a subtitle line
 MAX_CUE_SECONDS = 7.0
+MIN_CUE_SECONDS = 0.04  # with word times: a cue lasts at least this (one frame of the fine CTC head)
 TIME_DECIMALS = 3  # jsonl and json times are written in whole milliseconds
 
 
@@ -30,10 +34,37 @@ class Cue:
     start: float  # seconds
     end: float  # seconds
     text: str
+    words: tuple[Word, ...] = ()  # with word times: the cue's words
 
 
-def cues(events: list[Event], segment_starts: Sequence[float] = ()) -> list[Cue]:
-    """Group committed text into cues of at most MAX_CUE_CHARS and MAX_CUE_SECONDS.
+def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = ()) -> list[Cue]:
+    """Group words with times into cues of at most MAX_CUE_CHARS (a longer word stays whole) and MAX_CUE_SECONDS;
+    a VAD segment's start between two words (a pause) starts a new cue. A cue runs from its first word's start to
+    its last word's end, but starts no earlier than the previous cue ended and lasts at least MIN_CUE_SECONDS, so
+    cues are in order, never overlap and never have zero length."""
+    starts = sorted(segment_starts)
+    groups: list[list[Word]] = []
+    for word in words:
+        if groups:
+            group = groups[-1]
+            i = bisect_left(starts, group[-1].end_s)
+            pause = i < len(starts) and starts[i] <= word.start_s
+            text = " ".join(w.text for w in group + [word])
+            if not pause and len(text) <= MAX_CUE_CHARS and word.end_s - group[0].start_s <= MAX_CUE_SECONDS:
+                group.append(word)
+                continue
+        groups.append([word])
+    result, end = [], 0.0
+    for group in groups:
+        start = max(group[0].start_s, end)
+        end = max(group[-1].end_s, start + MIN_CUE_SECONDS)
+        result.append(Cue(start, end, " ".join(w.text for w in group), tuple(group)))
+    return result
+
+
+def cues(events: list[Event], segment_starts: Sequence[float] = (), words: Sequence[Word] = ()) -> list[Cue]:
+    """Group committed text into cues of at most MAX_CUE_CHARS and MAX_CUE_SECONDS; with ``words`` (the session's
+    words with their times), ``word_cues`` of them instead.
 
     A new cue begins when the next committed piece would take the cue past either limit (a piece longer than
     MAX_CUE_CHARS stays whole: there are no word times to split it at). A cue ends when its last words were
@@ -44,6 +75,8 @@ def cues(events: list[Event], segment_starts: Sequence[float] = ()) -> list[Cue]
     that starts before it. Pieces committed at the moment the previous cue ended (the flush at a segment end)
     join that cue: a cue never has zero length.
     """
+    if words:
+        return word_cues(words, segment_starts)
     starts = sorted(segment_starts)
 
     def segment_start(source_s: float) -> float:
@@ -89,31 +122,34 @@ def _vtt_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def srt(events: list[Event], segment_starts: Sequence[float] = ()) -> str:
+def srt(events: list[Event], segment_starts: Sequence[float] = (), words: Sequence[Word] = ()) -> str:
     blocks = [
         f"{i}\n{_timestamp(c.start, ',')} --> {_timestamp(c.end, ',')}\n{_one_line(c.text)}\n"
-        for i, c in enumerate(cues(events, segment_starts), 1)
+        for i, c in enumerate(cues(events, segment_starts, words), 1)
     ]
     return "\n".join(blocks)
 
 
-def vtt(events: list[Event], segment_starts: Sequence[float] = ()) -> str:
+def vtt(events: list[Event], segment_starts: Sequence[float] = (), words: Sequence[Word] = ()) -> str:
     blocks = [
         f"{_timestamp(c.start, '.')} --> {_timestamp(c.end, '.')}\n{_vtt_escape(_one_line(c.text))}\n"
-        for c in cues(events, segment_starts)
+        for c in cues(events, segment_starts, words)
     ]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
-def json_document(audio: str, events: list[Event], segment_starts: Sequence[float] = ()) -> dict:
+def json_document(audio: str, events: list[Event], segment_starts: Sequence[float] = (),
+                  words: Sequence[Word] = ()) -> dict:
+    """The json format's document of one input; with ``words``, each segment lists its words with their times."""
     end = events[-1]
-    return {
-        "audio": shown_path(audio),
-        "text": end.text,
-        "audio_s": _ms(end.audio_s),
-        "compute_s": _ms(end.compute_s),
-        "segments": [{"start": _ms(c.start), "end": _ms(c.end), "text": c.text} for c in cues(events, segment_starts)],
-    }
+    segments = []
+    for c in cues(events, segment_starts, words):
+        segment = {"start": _ms(c.start), "end": _ms(c.end), "text": c.text}
+        if words:
+            segment["words"] = [word.to_dict() for word in c.words]
+        segments.append(segment)
+    return {"audio": shown_path(audio), "text": end.text, "audio_s": _ms(end.audio_s), "compute_s": _ms(end.compute_s),
+            "segments": segments}
 
 
 def shown_path(path: str) -> str:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from speechstream import outputs
+from speechstream.align import Word
 from speechstream.outputs import MAX_CUE_CHARS, MAX_CUE_SECONDS, Cue, cues
 from speechstream.session import Event
 
@@ -212,3 +213,40 @@ def test_timestamps_past_99_hours_keep_every_digit(seconds, stamp):
     events = stream(final("Hi", seconds))
     assert outputs.srt(events).splitlines()[1].split(" --> ")[1] == stamp
     assert outputs.vtt(events).splitlines()[2].split(" --> ")[1] == stamp.replace(",", ".")
+
+
+# Word times (speechstream.align): the same text, spoken well before it was committed, and a pause at 5.0 s.
+WORDS = [Word("The", 0.2, 0.3), Word("quick", 0.4, 0.6), Word("brown", 0.7, 0.8), Word("fox", 0.9, 1.0),
+         Word("jumps", 1.1, 1.3), Word("over", 1.4, 1.5), Word("the", 1.6, 1.6), Word("lazy", 1.6, 1.7),
+         Word("dog", 1.8, 1.9), Word("again", 2.0, 2.2), Word("and", 5.5, 5.6), Word("then", 5.8, 6.0)]
+
+
+def test_with_word_times_cues_run_from_their_first_words_start_to_their_last_words_end():
+    assert cues(EVENTS, [0.0, 5.0], WORDS) == [
+        Cue(0.2, 1.7, "The quick brown fox jumps over the lazy", tuple(WORDS[:8])),  # 39 chars; + " dog" > 42
+        Cue(1.8, 2.2, "dog again", tuple(WORDS[8:10])),
+        Cue(5.5, 6.0, "and then", tuple(WORDS[10:])),  # the segment starting at 5.0 s starts a cue
+    ]
+    assert cues(EVENTS, (), WORDS)[-1] == Cue(1.8, 6.0, "dog again and then", tuple(WORDS[8:]))  # no pause known
+    assert cues(EVENTS, (), []) == cues(EVENTS)  # no word times: emission times
+
+
+def test_word_cues_keep_the_limits_and_never_overlap_or_have_zero_length():
+    slow = [Word(f"w{i}", 2.0 * i, 2.0 * i + 1.0) for i in range(6)]  # one word every 2 s
+    assert [(c.start, c.end) for c in cues([], (), slow)] == [(0.0, 7.0), (8.0, 11.0)]  # 7 s at most
+    # words placed at one instant (emission times of a segment that could not be aligned) or out of order
+    stuck = [Word("a" * 30, 3.0, 3.0), Word("b" * 30, 3.0, 3.0), Word("c", 2.5, 2.9)]
+    got = cues([], (), stuck)
+    assert [c.text for c in got] == ["a" * 30, "b" * 30 + " c"]
+    assert got[0].start == 3.0 and got[0].end == pytest.approx(3.0 + outputs.MIN_CUE_SECONDS)
+    assert got[1].start == got[0].end < got[1].end
+
+
+def test_json_srt_and_vtt_with_word_times():
+    document = outputs.json_document("a.wav", EVENTS, [0.0, 5.0], WORDS)
+    assert document["segments"][2] == {"start": 5.5, "end": 6.0, "text": "and then", "words": [
+        {"word": "and", "start": 5.5, "end": 5.6}, {"word": "then", "start": 5.8, "end": 6.0}]}
+    assert "words" not in outputs.json_document("a.wav", EVENTS)["segments"][0]
+    assert outputs.srt(EVENTS, [0.0, 5.0], WORDS).startswith(
+        "1\n00:00:00,200 --> 00:00:01,700\nThe quick brown fox jumps over the lazy\n")
+    assert "00:00:05.500 --> 00:00:06.000\nand then\n" in outputs.vtt(EVENTS, [0.0, 5.0], WORDS)
