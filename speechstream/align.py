@@ -10,9 +10,11 @@ each text token has at most one class (``None``: none, as for tokens outside the
 without a class are not aligned: they take the gap between their aligned neighbours' frames. A word starts with a
 token whose text starts with whitespace (as the tokenizer marks a word start; ``TextAssembler`` cuts there too).
 
-Where no alignment exists the segment has no word times (``align_words`` returns None; callers fall back to the
-emission times of ``outputs.cues``): when no token has a class, or when the text has more labels than the frames
-can emit (CTC needs at least one frame per label plus one blank frame between two equal labels in a row).
+Where no alignment exists the segment's words keep their emission times (``segment_words``): when no token has a
+class, when the text has more labels than the frames can emit (CTC needs at least one frame per label plus one blank
+frame between two equal labels in a row), or when the segment is too long to align at once (frames x labels over
+MAX_ALIGN_CELLS: the memory of the alignment grows so; only without VAD, whose segments are at most 24 s long, after
+about five minutes of continuous speech).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+
+MAX_ALIGN_CELLS = 10_000_000  # frames x labels of the largest segment aligned (about 80 MB of log-probabilities)
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,12 @@ class Word:
 def frames_needed(labels: Sequence[int]) -> int:
     """The fewest CTC frames that can emit ``labels``: one per label and a blank between equal neighbours."""
     return len(labels) + sum(1 for a, b in zip(labels, labels[1:]) if a == b)
+
+
+def alignable(frames: int, labels: Sequence[int | None]) -> bool:
+    """Whether a segment of ``frames`` CTC frames and these token ``labels`` is small enough to align (MAX_ALIGN_CELLS).
+    """
+    return frames * sum(label is not None for label in labels) <= MAX_ALIGN_CELLS
 
 
 def token_frames(log_probs: np.ndarray, labels: Sequence[int | None]) -> list[tuple[int, int]] | None:
@@ -137,8 +148,8 @@ def align_words(log_probs: np.ndarray, labels: Sequence[int | None], pieces: Seq
     ``labels`` and ``pieces``: each text token's CTC class and text; ``frame_s``: seconds per CTC frame;
     ``origin_s``: where the segment's audio starts on the stream's timeline; ``offset_s``: where in its frame
     a frame's audio lies; ``end_s``: where the segment's audio ends (the last frames' windows reach past it, into
-    zero padding: no time is later). A word runs from the first frame of its first spoken token to the last frame of its last
-    (``words_of``)."""
+    zero padding: no time is later). A word runs from the first frame of its first spoken token to the last frame of
+    its last (``words_of``)."""
     words = words_of(pieces)
     if not words:
         return []
@@ -176,9 +187,10 @@ def emission_words(pieces: Sequence[str], written_s: Sequence[float], origin_s: 
     return words
 
 
-def segment_words(log_probs: np.ndarray, labels: Sequence[int | None], pieces: Sequence[str],
+def segment_words(log_probs: np.ndarray | None, labels: Sequence[int | None], pieces: Sequence[str],
                   written_s: Sequence[float], frame_s: float, origin_s: float, end_s: float) -> list[Word]:
     """The words of one segment's text (per token: its CTC class ``labels`` and text ``pieces``) with the times they
-    were spoken (``align_words``), or their emission times where it cannot be aligned (``emission_words``)."""
-    aligned = align_words(log_probs, labels, pieces, frame_s, origin_s, end_s=end_s)
+    were spoken (``align_words``), or their emission times where it cannot be aligned (``emission_words``; also
+    with ``log_probs`` None: a segment too long to align, ``alignable``)."""
+    aligned = None if log_probs is None else align_words(log_probs, labels, pieces, frame_s, origin_s, end_s=end_s)
     return aligned if aligned is not None else emission_words(pieces, written_s, origin_s)

@@ -296,13 +296,16 @@ class JointCTC:
     def add_frames(self, vectors: np.ndarray) -> None:
         self.scorer.add_vectors(vectors)
 
-    def text_log_probs(self, ids: list[int]) -> tuple[np.ndarray, list[int | None]]:
-        """For aligning text tokens ``ids`` to the segment's frames (``align``): the (frames, K + 1) log-probabilities
-        of the K classes they use and the blank (last), and each token's column (None: not a CTC class)."""
+    def text_labels(self, ids: list[int]) -> tuple[list[int], list[int | None]]:
+        """For aligning text tokens ``ids`` to the segment's frames (``align``): the K CTC classes they use, and each
+        token's column among them (None: not a CTC class)."""
         classes = sorted({int(self.class_of[token]) for token in ids if int(self.class_of[token]) >= 0})
         column = {label: j for j, label in enumerate(classes)}
-        labels = [column.get(int(self.class_of[token])) for token in ids]
-        return self.scorer.columns(np.array(classes + [self.scorer.blank], dtype=np.int64)), labels
+        return classes, [column.get(int(self.class_of[token])) for token in ids]
+
+    def text_log_probs(self, classes: list[int]) -> np.ndarray:
+        """(frames, K + 1) log-probabilities of the segment's frames over those K classes and the blank (last)."""
+        return self.scorer.columns(np.array(classes + [self.scorer.blank], dtype=np.int64))
 
     def add_text(self, token: int) -> None:
         """A text token was written: extend the hypothesis (tokens outside the CTC classes are skipped)."""

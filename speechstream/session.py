@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from speechstream import gpe, schedule
-from speechstream.align import Word, segment_words, token_pieces
+from speechstream.align import Word, alignable, segment_words, token_pieces
 from speechstream.audio import HOP_LENGTH, SAMPLE_RATE, check_finite
 from speechstream.chunker import Chunker
 from speechstream.config import DecodingConfig, with_model_defaults
@@ -589,10 +589,13 @@ class StreamingSession:
         written_s, self._written_s = self._written_s, []
         if not self._aligns or not ids:
             return
-        log_probs, labels = self.joint.text_log_probs(ids)
+        classes, labels = self.joint.text_labels(ids)
+        log_probs = self.joint.text_log_probs(classes) if alignable(self.joint.scorer.frames, labels) else None
         frame_s = self.model.ctc_head.hop * 2 * HOP_LENGTH / SAMPLE_RATE  # encoder frames: 2 mel frames (20 ms)
-        pieces = token_pieces(self.model.tokenizer, ids)  # (the segment's audio ends where its last unit ends)
-        self.words += segment_words(log_probs, labels, pieces, written_s, frame_s, self._segment_origin_s, self._source_s)
+        pieces = token_pieces(self.model.tokenizer, ids)
+        # (the segment's audio ends where its last unit ends: _source_s)
+        self.words += segment_words(log_probs, labels, pieces, written_s, frame_s, self._segment_origin_s,
+                                    self._source_s)
 
     def _take_held(self) -> list[Event]:
         held, self._held = self._held, []

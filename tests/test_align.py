@@ -109,3 +109,21 @@ def test_a_session_gives_its_words_with_times_on_the_streams_timeline(tiny_model
     assert greedy.transcript and greedy.words == []  # no joint decoding: no word times
     coarse = _run(tiny_model, decoding, [noise])  # joint decoding on the coarse head: no word times
     assert coarse.transcript and coarse.words == []
+
+
+def test_a_segment_too_long_to_align_keeps_emission_times(tiny_model, monkeypatch):
+    from speechstream import align
+    from speechstream.config import DecodingConfig
+
+    assert align.alignable(100, [A, None, B]) and not align.alignable(align.MAX_ALIGN_CELLS, [A, B])
+    model = _fine_head_model(tiny_model)
+    noise = (0.1 * np.random.default_rng(3).standard_normal(24000)).astype(np.float32)
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
+    aligned = _run(model, decoding, [noise]).words
+    monkeypatch.setattr(align, "MAX_ALIGN_CELLS", 0)
+    emitted = _run(model, decoding, [noise]).words
+    assert [w.text for w in emitted] == [w.text for w in aligned] and emitted != aligned
+    # a word ends when it was written (a chunk end: a multiple of 0.32 s, or the audio's end) and starts where the
+    # word before it ended
+    assert all(round(w.end_s / 0.32, 6).is_integer() or w.end_s == 1.5 for w in emitted)
+    assert emitted[0].start_s == 0.0 and all(a.end_s == b.start_s for a, b in zip(emitted, emitted[1:]))
