@@ -12,6 +12,7 @@ a cue after a pause does not start during the pause).
 from __future__ import annotations
 
 import json
+import math
 import os
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ FORMATS = ("text", "jsonl", "json", "srt", "vtt")
 MAX_CUE_CHARS = 42  # a subtitle line
 MAX_CUE_SECONDS = 7.0
 MIN_CUE_SECONDS = 0.04  # with word times: a cue lasts at least this (one frame of the fine CTC head)
+# with word times: a cue stays on screen at least this long where the next cue and the audio's end leave room (a
+# word's aligned end is the end of its CTC spike, often before the sound ends: a last word alone lasted 40 ms)
+MIN_SHOW_SECONDS = 1.0
 TIME_DECIMALS = 3  # jsonl and json times are written in whole milliseconds
 
 
@@ -37,11 +41,12 @@ class Cue:
     words: tuple[Word, ...] = ()  # with word times: the cue's words
 
 
-def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = ()) -> list[Cue]:
+def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = (), until: float | None = None) -> list[Cue]:
     """Group words with times into cues of at most MAX_CUE_CHARS (a longer word stays whole) and MAX_CUE_SECONDS;
     a VAD segment's start between two words (a pause) starts a new cue. A cue runs from its first word's start to
     its last word's end, but starts no earlier than the previous cue ended and lasts at least MIN_CUE_SECONDS, so
-    cues are in order, never overlap and never have zero length."""
+    cues are in order, never overlap and never have zero length; a shorter cue than MIN_SHOW_SECONDS is held on
+    until then, or until the next cue starts or the audio ends (``until``, seconds), whichever comes first."""
     starts = sorted(segment_starts)
     groups: list[list[Word]] = []
     for word in words:
@@ -54,11 +59,16 @@ def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = ()) -> li
                 group.append(word)
                 continue
         groups.append([word])
-    result, end = [], 0.0
+    spans, end = [], 0.0
     for group in groups:
         start = max(group[0].start_s, end)
         end = max(group[-1].end_s, start + MIN_CUE_SECONDS)
-        result.append(Cue(start, end, " ".join(w.text for w in group), tuple(group)))
+        spans.append((start, end))
+    result = []
+    for i, (group, (start, end)) in enumerate(zip(groups, spans)):
+        held = min(start + MIN_SHOW_SECONDS, spans[i + 1][0] if i + 1 < len(spans) else math.inf,
+                   math.inf if until is None else until)
+        result.append(Cue(start, max(end, held), " ".join(w.text for w in group), tuple(group)))
     return result
 
 
@@ -76,7 +86,7 @@ def cues(events: list[Event], segment_starts: Sequence[float] = (), words: Seque
     join that cue: a cue never has zero length.
     """
     if words:
-        return word_cues(words, segment_starts)
+        return word_cues(words, segment_starts, events[-1].audio_s if events else None)
     starts = sorted(segment_starts)
 
     def segment_start(source_s: float) -> float:

@@ -224,11 +224,20 @@ WORDS = [Word("The", 0.2, 0.3), Word("quick", 0.4, 0.6), Word("brown", 0.7, 0.8)
 def test_with_word_times_cues_run_from_their_first_words_start_to_their_last_words_end():
     assert cues(EVENTS, [0.0, 5.0], WORDS) == [
         Cue(0.2, 1.7, "The quick brown fox jumps over the lazy", tuple(WORDS[:8])),  # 39 chars; + " dog" > 42
-        Cue(1.8, 2.2, "dog again", tuple(WORDS[8:10])),
-        Cue(5.5, 6.0, "and then", tuple(WORDS[10:])),  # the segment starting at 5.0 s starts a cue
+        Cue(1.8, 2.8, "dog again", tuple(WORDS[8:10])),  # words of 0.4 s: held on to MIN_SHOW_SECONDS
+        Cue(5.5, 6.5, "and then", tuple(WORDS[10:])),  # the segment starting at 5.0 s starts a cue
     ]
     assert cues(EVENTS, (), WORDS)[-1] == Cue(1.8, 6.0, "dog again and then", tuple(WORDS[8:]))  # no pause known
     assert cues(EVENTS, (), []) == cues(EVENTS)  # no word times: emission times
+
+
+def test_a_short_word_cue_is_held_on_until_the_next_cue_or_the_end_of_the_audio():
+    """A word's aligned end is the end of its CTC spike: a last word alone lasted 40 ms on screen."""
+    words = [Word("Hello", 0.5, 0.6), Word("there.", 1.0, 1.04), Word("Yes.", 1.3, 1.35)]
+    assert [(c.start, c.end) for c in outputs.word_cues(words, [0.0, 0.8, 1.2], until=10.0)] == [
+        (0.5, 1.0), (1.0, 1.3), (1.3, 2.3)]  # each held on until the next starts; the last for MIN_SHOW_SECONDS
+    assert outputs.word_cues(words, [0.0, 0.8, 1.2], until=1.5)[-1].end == 1.5  # not past the audio
+    assert outputs.word_cues(words[:1], until=0.55)[0].end == 0.6  # never cut before its word's end
 
 
 def test_word_cues_keep_the_limits_and_never_overlap_or_have_zero_length():
@@ -244,9 +253,9 @@ def test_word_cues_keep_the_limits_and_never_overlap_or_have_zero_length():
 
 def test_json_srt_and_vtt_with_word_times():
     document = outputs.json_document("a.wav", EVENTS, [0.0, 5.0], WORDS)
-    assert document["segments"][2] == {"start": 5.5, "end": 6.0, "text": "and then", "words": [
+    assert document["segments"][2] == {"start": 5.5, "end": 6.5, "text": "and then", "words": [
         {"word": "and", "start": 5.5, "end": 5.6}, {"word": "then", "start": 5.8, "end": 6.0}]}
     assert "words" not in outputs.json_document("a.wav", EVENTS)["segments"][0]
     assert outputs.srt(EVENTS, [0.0, 5.0], WORDS).startswith(
         "1\n00:00:00,200 --> 00:00:01,700\nThe quick brown fox jumps over the lazy\n")
-    assert "00:00:05.500 --> 00:00:06.000\nand then\n" in outputs.vtt(EVENTS, [0.0, 5.0], WORDS)
+    assert "00:00:05.500 --> 00:00:06.500\nand then\n" in outputs.vtt(EVENTS, [0.0, 5.0], WORDS)
