@@ -34,3 +34,19 @@ def check_resume_and_repeat(main: Callable[[list[str]], int], out: Path, again: 
     seed_text(again)
     assert main(["--out", str(again), *arguments]) == 0
     assert wav_digests(again) == before  # seeded: a fresh run writes identical audio
+
+
+def fine_head_model(tiny_model):
+    """The tiny model with a fine CTC head (a window every 2 encoder frames), started as a copy of its projector."""
+    import dataclasses
+
+    import torch
+
+    from speechstream.model import SpeechLLM
+
+    config = dataclasses.replace(tiny_model.config, ctc_hop=2)
+    model = SpeechLLM(config, tiny_model.tokenizer, tiny_model.decoder.llm).eval()
+    model.load_state_dict(tiny_model.state_dict(), strict=False)
+    with torch.no_grad():
+        model.ctc_head.init_from_projector(model.projector, model.ctc_blank)
+    return model

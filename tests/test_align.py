@@ -10,6 +10,7 @@ import torch
 
 from speechstream.align import Word, align_words, emission_words, frames_needed, segment_words, token_frames, words_of
 from tests.conftest import text_favouring_chooser
+from tests.helpers import fine_head_model
 
 BLANK, A, B = 2, 0, 1  # two classes and the blank (last)
 
@@ -66,17 +67,6 @@ def test_no_text_no_words_and_a_text_too_long_falls_back_to_emission_times():
         Word("a", 0.5, pytest.approx(0.54)), Word("b", pytest.approx(0.54), 0.6)]  # (no time past the audio's end)
 
 
-def _fine_head_model(tiny_model):
-    from speechstream.model import SpeechLLM
-
-    config = dataclasses.replace(tiny_model.config, ctc_hop=2)
-    model = SpeechLLM(config, tiny_model.tokenizer, tiny_model.decoder.llm).eval()
-    model.load_state_dict(tiny_model.state_dict(), strict=False)
-    with torch.no_grad():
-        model.ctc_head.init_from_projector(model.projector, model.ctc_blank)
-    return model
-
-
 def _run(model, decoding, pieces, choose=None):
     from speechstream.session import StreamingSession
 
@@ -94,7 +84,7 @@ def _run(model, decoding, pieces, choose=None):
 def test_a_session_gives_its_words_with_times_on_the_streams_timeline(tiny_model):
     from speechstream.config import DecodingConfig
 
-    model = _fine_head_model(tiny_model)
+    model = fine_head_model(tiny_model)
     noise = (0.1 * np.random.default_rng(3).standard_normal(24000)).astype(np.float32)
     decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
     session = _run(model, decoding, [noise[:12000], 16000, noise[12000:]])  # 1 s lost between the halves
@@ -116,7 +106,7 @@ def test_a_segment_too_long_to_align_keeps_emission_times(tiny_model, monkeypatc
     from speechstream.config import DecodingConfig
 
     assert align.alignable(100, [A, None, B]) and not align.alignable(align.MAX_ALIGN_CELLS, [A, B])
-    model = _fine_head_model(tiny_model)
+    model = fine_head_model(tiny_model)
     noise = (0.1 * np.random.default_rng(3).standard_normal(24000)).astype(np.float32)
     decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
     aligned = _run(model, decoding, [noise]).words

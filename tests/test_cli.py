@@ -258,6 +258,12 @@ def test_8khz_8bit_stereo_is_accepted(capsys, tmp_path):
     assert end["type"] == "end" and end["audio_s"] == pytest.approx(0.5, abs=1 / 16000)
 
 
+def without_clock(out: str) -> list[dict]:
+    """jsonl events without their wall-clock fields (they differ between runs)."""
+    return [{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "compute_s")}
+            for line in out.splitlines()]
+
+
 def check_jsonl(out: str, audio_s: float) -> list[dict]:
     lines = out.splitlines()
     events = [json.loads(line) for line in lines]  # every line is JSON
@@ -552,11 +558,7 @@ def test_stdin_pcm_gives_what_the_file_gives(capsys, monkeypatch, tmp_path, word
     code, filed, err = run(capsys, "transcribe", path, "--format", "jsonl")
     assert code == 0, err
 
-    def strip(out):  # wall-clock fields differ between runs
-        return [{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "compute_s")}
-                for line in out.splitlines()]
-
-    assert strip(piped) == strip(filed) and strip(piped)[-1]["text"]
+    assert without_clock(piped) == without_clock(filed) and without_clock(piped)[-1]["text"]
 
 
 @pytest.mark.parametrize("rate, channels", [(16000, 1), (44100, 2)])
@@ -575,11 +577,7 @@ def test_a_wav_stream_on_stdin_gives_what_the_file_gives(capsys, monkeypatch, tm
     code, filed, err = run(capsys, "transcribe", path, "--format", "jsonl")
     assert code == 0, err
 
-    def strip(out):  # wall-clock fields differ between runs
-        return [{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "compute_s")}
-                for line in out.splitlines()]
-
-    assert strip(piped) == strip(filed) and strip(piped)[-1]["audio_s"] == pytest.approx(2.3)
+    assert without_clock(piped) == without_clock(filed) and without_clock(piped)[-1]["audio_s"] == pytest.approx(2.3)
 
 
 @pytest.mark.parametrize("stdin, argv, match", [

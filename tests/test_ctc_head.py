@@ -109,14 +109,10 @@ def test_a_model_asking_for_a_head_its_checkpoint_lacks_is_refused(tmp_path):
 
 def test_joint_decoding_scores_the_fine_heads_windows_in_any_buffer_sizes(tiny_model):
     from speechstream.config import DecodingConfig
-    from speechstream.model import SpeechLLM
+    from tests.helpers import fine_head_model
     from tests.test_ctc import _joint_session, _noise
 
-    config = dataclasses.replace(tiny_model.config, ctc_hop=2)
-    model = SpeechLLM(config, tiny_model.tokenizer, tiny_model.decoder.llm).eval()
-    model.load_state_dict(tiny_model.state_dict(), strict=False)
-    with torch.no_grad():
-        model.ctc_head.init_from_projector(model.projector, model.ctc_blank)
+    model = fine_head_model(tiny_model)
     audio = _noise(7, 21000)
     decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
     whole = _joint_session(model, decoding, audio, len(audio))
