@@ -118,7 +118,7 @@ def test_joint_decoding_scores_the_fine_heads_windows_in_any_buffer_sizes(tiny_m
     whole = _joint_session(model, decoding, audio, len(audio))
     pieces = _joint_session(model, decoding, audio, 1111)
     frames = sum(stats.encoder_frames for stats in whole.stats)
-    stack = config.projector.stack
+    stack = model.config.projector.stack
     assert whole.joint.scorer.frames == -(-frames // 2) > -(-frames // stack)  # finer than the speech tokens
     assert pieces.target_ids == whole.target_ids and pieces.joint.scorer.frames == whole.joint.scorer.frames
     np.testing.assert_allclose(pieces.joint.scorer.lp, whole.joint.scorer.lp, atol=1e-6)
