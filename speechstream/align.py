@@ -28,6 +28,7 @@ import torch
 
 
 MAX_ALIGN_CELLS = 10_000_000  # frames x labels of the largest segment aligned (about 80 MB of log-probabilities)
+MAX_CHAR_TOKENS = 4  # a UTF-8 character has at most 4 bytes: the most byte-level tokens it can be split over
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,16 @@ def words_of(pieces: Sequence[str]) -> list[tuple[str, int, int]]:
     """Group token texts into words split at whitespace (a token that starts with a space starts a word, as the
     tokenizer marks word starts): (text, first token, stop token) per word. The token range is that of the word's
     spoken tokens (with a letter or digit), so punctuation, which is not heard, moves no word time (the aligner places
-    it anywhere in the pause after the word); all its tokens for a word of punctuation alone."""
+    it anywhere in the pause after the word); all its tokens for a word of punctuation alone. A token of text ""
+    (more bytes of a character an earlier token holds: ``token_pieces``) belongs to the word of the token before."""
     words: list[list] = []  # [text, first, stop, first spoken, stop spoken]
     new_word = True
     for i, piece in enumerate(pieces):
+        if not piece and words and not new_word:  # more bytes of a character the token before began: same word
+            word = words[-1]
+            word[2] = i + 1
+            word[4] = i + 1 if word[4] == i else word[4]
+            continue
         for part in re.split(r"(\s+)", piece):
             if not part or part.isspace():
                 new_word = new_word or bool(part)
@@ -166,13 +173,26 @@ def align_words(log_probs: np.ndarray, labels: Sequence[int | None], pieces: Seq
 
 def token_pieces(tokenizer, ids: Sequence[int], context: int = 4) -> list[str]:
     """Each token's text as it reads after the tokens before it (decoded with ``context`` tokens of left context,
-    as ``TextAssembler`` decodes, so a leading space is kept)."""
-    pieces = []
+    as ``TextAssembler`` decodes, so a leading space is kept). A character whose UTF-8 bytes are split over several
+    tokens (byte-level BPE: "ü" of " über", an emoji) is the text of the first of them, the others get "" (decoded
+    alone, each would be U+FFFD, not the character the transcript holds)."""
+    pieces: list[str] = []
+    start = 0  # the first token whose text is not given yet
     for i in range(len(ids)):
-        before = tokenizer.decode(ids[max(0, i - context) : i]) if i else ""
-        both = tokenizer.decode(ids[max(0, i - context) : i + 1])
-        pieces.append(both[len(before) :] if both.startswith(before) else tokenizer.decode(ids[i : i + 1]))
+        text = _decode(tokenizer, ids, start, i + 1, context)
+        pieces.append("")
+        if text.endswith("\ufffd") and i + 1 < len(ids) and i - start < MAX_CHAR_TOKENS - 1:
+            continue  # an incomplete character: its next bytes follow
+        pieces[start] = text
+        start = i + 1
     return pieces
+
+
+def _decode(tokenizer, ids: Sequence[int], start: int, stop: int, context: int) -> str:
+    """The text of ``ids[start:stop]`` as it reads after the tokens before it (``TextAssembler._decode``)."""
+    before = tokenizer.decode(ids[max(0, start - context) : start]) if start else ""
+    both = tokenizer.decode(ids[max(0, start - context) : stop])
+    return both[len(before) :] if both.startswith(before) else tokenizer.decode(ids[start:stop])
 
 
 def emission_words(pieces: Sequence[str], written_s: Sequence[float], origin_s: float) -> list[Word]:

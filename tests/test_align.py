@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from speechstream.align import Word, align_words, emission_words, frames_needed, segment_words, token_frames, words_of
+from speechstream.align import (Word, align_words, emission_words, frames_needed, segment_words, token_frames,
+                                token_pieces, words_of)
+from speechstream.text import TextAssembler
 from tests.conftest import text_favouring_chooser
 from tests.helpers import fine_head_model
 
@@ -53,6 +55,25 @@ def test_words_start_at_a_space_and_punctuation_moves_no_time():
     assert [w.text for w in words] == ["not", "so,"]
     assert words[0] == Word("not", 10.0, pytest.approx(10.12))
     assert words[1].start_s == pytest.approx(10.12) and words[1].end_s == pytest.approx(10.16)
+
+
+def test_a_character_split_over_byte_tokens_is_whole_in_its_word(tiny_model):
+    # the tiny model's byte tokenizer splits every non-ASCII character over 2-4 tokens: decoded one at a time,
+    # each was U+FFFD ("Zo\ufffd\ufffd"), where the transcript holds "Zoë"
+    text = " Zoë über 🙂 ok"
+    ids = tiny_model.tokenizer.encode(text, add_special_tokens=False)
+    pieces = token_pieces(tiny_model.tokenizer, ids)
+    assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
+    # each word spans all the tokens of its characters ("ë" is tokens 3-4, "ü" 6-7, the emoji 12-15)
+    assert words_of(pieces) == [("Zoë", 1, 5), ("über", 6, 11), ("🙂", 12, 16), ("ok", 17, 19)]
+    # bytes that never make a character (stray continuation bytes) read as the transcript reads them
+    ids = [0x80] * 6 + tiny_model.tokenizer.encode(" a b", add_special_tokens=False)
+    assembler = TextAssembler(tiny_model.tokenizer)
+    for token in ids:
+        assembler.add(token)
+    assembler.commit_all(force=True)
+    words = words_of(token_pieces(tiny_model.tokenizer, ids))
+    assert " ".join(w for w, _, _ in words) == " ".join(assembler.committed.split()) and words[-1] == ("b", 9, 10)
 
 
 def test_no_text_no_words_and_a_text_too_long_falls_back_to_emission_times():
