@@ -45,8 +45,9 @@ def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = (), until
     """Group words with times into cues of at most MAX_CUE_CHARS (a longer word stays whole) and MAX_CUE_SECONDS;
     a VAD segment's start between two words (a pause) starts a new cue. A cue runs from its first word's start to
     its last word's end, but starts no earlier than the previous cue ended and lasts at least MIN_CUE_SECONDS, so
-    cues are in order, never overlap and never have zero length; a shorter cue than MIN_SHOW_SECONDS is held on
-    until then, or until the next cue starts or the audio ends (``until``, seconds), whichever comes first."""
+    cues are in order, never overlap and never have zero length (nor end after the audio, ``until`` seconds: a cue
+    that would is moved back); a shorter cue than MIN_SHOW_SECONDS is held on until then, or until the next cue
+    starts or the audio ends, whichever comes first."""
     starts = sorted(segment_starts)
     groups: list[list[Word]] = []
     for word in words:
@@ -63,7 +64,16 @@ def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = (), until
     for group in groups:
         start = max(group[0].start_s, end)
         end = max(group[-1].end_s, start + MIN_CUE_SECONDS)
-        spans.append((start, end))
+        spans.append([start, end])
+    # words at the very end (aligned in the audio's last frame) were pushed past it by MIN_CUE_SECONDS: those cues
+    # are moved back instead, the last ending with the audio (or its last word, should that end later)
+    limit = math.inf if until is None or not words else max(until, max(word.end_s for word in words))
+    for span in reversed(spans):
+        if span[1] <= limit:
+            break
+        span[1] = limit
+        span[0] = min(span[0], limit - MIN_CUE_SECONDS)
+        limit = span[0]
     result = []
     for i, (group, (start, end)) in enumerate(zip(groups, spans)):
         held = min(start + MIN_SHOW_SECONDS, spans[i + 1][0] if i + 1 < len(spans) else math.inf,

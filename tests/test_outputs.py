@@ -249,6 +249,12 @@ def test_word_cues_keep_the_limits_and_never_overlap_or_have_zero_length():
     assert [c.text for c in got] == ["a" * 30, "b" * 30 + " c"]
     assert got[0].start == 3.0 and got[0].end == pytest.approx(3.0 + outputs.MIN_CUE_SECONDS)
     assert got[1].start == got[0].end < got[1].end
+    # words in the audio's last frame (aligned times stop at its end): the cues MIN_CUE_SECONDS pushes past the end
+    # of the audio are moved back, none starts or ends after it
+    last = [Word("a" * 30, 9.98, 10.0), Word("b" * 30, 10.0, 10.0), Word("c" * 30, 10.0, 10.0)]
+    got = outputs.word_cues(last, until=10.0)
+    assert [c.text[0] for c in got] == ["a", "b", "c"]
+    assert [t for c in got for t in (c.start, c.end)] == pytest.approx([9.88, 9.92, 9.92, 9.96, 9.96, 10.0])
 
 
 def test_json_srt_and_vtt_with_word_times():
