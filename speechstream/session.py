@@ -584,18 +584,19 @@ class StreamingSession:
         return list(self.model.tokenizer.encode(tail, add_special_tokens=False))[-n:]
 
     def _align_segment(self) -> None:
-        """The segment's text is all committed: add its words with their times to ``words`` (``align``)."""
-        ids, self._segment_ids_from = self.text.ids[self._segment_ids_from :], len(self.text.ids)
-        written_s, self._written_s = self._written_s, []
-        if not self._aligns or not ids:
-            return
-        classes, labels = self.joint.text_labels(ids)
-        log_probs = self.joint.text_log_probs(classes) if alignable(self.joint.scorer.frames, labels) else None
-        frame_s = self.model.ctc_head.hop * 2 * HOP_LENGTH / SAMPLE_RATE  # encoder frames: 2 mel frames (20 ms)
-        pieces = token_pieces(self.model.tokenizer, ids)
-        # (the segment's audio ends where its last unit ends: _source_s)
-        self.words += segment_words(log_probs, labels, pieces, written_s, frame_s, self._segment_origin_s,
-                                    self._source_s)
+        """The segment's text is all committed: add its words with their times to ``words`` (``align``). The
+        segment's tokens are marked done only once its words are in: an alignment interrupted (Ctrl-C) is done again
+        by ``close``, its words are not lost."""
+        ids = self.text.ids[self._segment_ids_from :]
+        if self._aligns and ids:
+            classes, labels = self.joint.text_labels(ids)
+            log_probs = self.joint.text_log_probs(classes) if alignable(self.joint.scorer.frames, labels) else None
+            frame_s = self.model.ctc_head.hop * 2 * HOP_LENGTH / SAMPLE_RATE  # encoder frames: 2 mel frames (20 ms)
+            pieces = token_pieces(self.model.tokenizer, ids)
+            # (the segment's audio ends where its last unit ends: _source_s)
+            self.words += segment_words(log_probs, labels, pieces, self._written_s, frame_s, self._segment_origin_s,
+                                        self._source_s)
+        self._segment_ids_from, self._written_s = len(self.text.ids), []
 
     def _take_held(self) -> list[Event]:
         held, self._held = self._held, []

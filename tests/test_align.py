@@ -138,3 +138,27 @@ def test_a_segment_too_long_to_align_keeps_emission_times(tiny_model, monkeypatc
     # word before it ended
     assert all(round(w.end_s / 0.32, 6).is_integer() or w.end_s == 1.5 for w in emitted)
     assert emitted[0].start_s == 0.0 and all(a.end_s == b.start_s for a, b in zip(emitted, emitted[1:]))
+
+
+def test_a_segment_whose_alignment_was_interrupted_is_aligned_by_close(tiny_model, monkeypatch):
+    from speechstream import session as session_module
+    from speechstream.config import DecodingConfig
+
+    model = fine_head_model(tiny_model)
+    noise = (0.1 * np.random.default_rng(3).standard_normal(24000)).astype(np.float32)
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
+    whole = _run(model, decoding, [noise[:12000], 16000]).words  # the first segment's words, not interrupted
+    real = session_module.segment_words
+
+    def interrupted(*args, **kwargs):  # Ctrl-C inside the first segment's alignment (at the gap's cut)
+        monkeypatch.setattr(session_module, "segment_words", real)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session_module, "segment_words", interrupted)
+    session = session_module.StreamingSession(model, decoding, partials=False)
+    session.feed(noise[:12000])
+    with pytest.raises(KeyboardInterrupt):
+        session.gap(16000)
+    session.close()  # (the session failed: close commits what it has, and aligns the segment again)
+    assert session.transcript and " ".join(w.text for w in session.words) == " ".join(session.transcript.split())
+    assert session.words == whole
