@@ -44,7 +44,9 @@ class Cue:
 def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = (), until: float | None = None) -> list[Cue]:
     """Group words with times into cues of at most MAX_CUE_CHARS (a longer word stays whole) and MAX_CUE_SECONDS;
     a VAD segment's start between two words (a pause) starts a new cue. A cue runs from its first word's start to
-    its last word's end, but starts no earlier than the previous cue ended and lasts at least MIN_CUE_SECONDS, so
+    its last word's end, but starts no earlier than the previous cue ended nor MAX_CUE_SECONDS before its end (a
+    word alone may span more: a fallback word's emission times, ``align.emission_words``), and lasts at least
+    MIN_CUE_SECONDS, so
     cues are in order, never overlap and never have zero length (nor end after the audio, ``until`` seconds: a cue
     that would is moved back); a shorter cue than MIN_SHOW_SECONDS is held on until then, or until the next cue
     starts or the audio ends, whichever comes first."""
@@ -62,7 +64,9 @@ def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = (), until
         groups.append([word])
     spans, end = [], 0.0
     for group in groups:
-        start = max(group[0].start_s, end)
+        # (at most MAX_CUE_SECONDS before its end: a word with emission times starts where the word before it ended,
+        # however long the silence between them)
+        start = max(group[0].start_s, end, group[-1].end_s - MAX_CUE_SECONDS)
         end = max(group[-1].end_s, start + MIN_CUE_SECONDS)
         spans.append([start, end])
     # words at the very end (aligned in the audio's last frame) were pushed past it by MIN_CUE_SECONDS: those cues

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from speechstream import outputs
-from speechstream.align import Word
+from speechstream.align import Word, emission_words
 from speechstream.outputs import MAX_CUE_CHARS, MAX_CUE_SECONDS, Cue, cues
 from speechstream.session import Event
 
@@ -249,6 +249,11 @@ def test_word_cues_keep_the_limits_and_never_overlap_or_have_zero_length():
     assert [c.text for c in got] == ["a" * 30, "b" * 30 + " c"]
     assert got[0].start == 3.0 and got[0].end == pytest.approx(3.0 + outputs.MIN_CUE_SECONDS)
     assert got[1].start == got[0].end < got[1].end
+    # emission times (a segment that could not be aligned): a word starts where the one before it ended, a minute
+    # of silence before: its cue is shown at most MAX_CUE_SECONDS (it was shown for the whole minute)
+    emitted = emission_words([" Hello", " there", " again"], [1.0, 1.3, 61.0], origin_s=0.0)
+    assert emitted[-1] == Word("again", 1.3, 61.0)
+    assert [(c.start, c.end) for c in outputs.word_cues(emitted, until=62.0)] == [(0.0, 1.3), (54.0, 61.0)]
     # words in the audio's last frame (aligned times stop at its end): the cues MIN_CUE_SECONDS pushes past the end
     # of the audio are moved back, none starts or ends after it
     last = [Word("a" * 30, 9.98, 10.0), Word("b" * 30, 10.0, 10.0), Word("c" * 30, 10.0, 10.0)]
