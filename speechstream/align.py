@@ -26,6 +26,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from speechstream.text import TextAssembler, decode_after
+
 
 MAX_ALIGN_CELLS = 10_000_000  # frames x labels of the largest segment aligned (about 80 MB of log-probabilities)
 MAX_CHAR_TOKENS = 4  # a UTF-8 character has at most 4 bytes: the most byte-level tokens it can be split over
@@ -171,7 +173,7 @@ def align_words(log_probs: np.ndarray, labels: Sequence[int | None], pieces: Seq
     return times
 
 
-def token_pieces(tokenizer, ids: Sequence[int], context: int = 4) -> list[str]:
+def token_pieces(tokenizer, ids: Sequence[int], context: int = TextAssembler.CONTEXT) -> list[str]:
     """Each token's text as it reads after the tokens before it (decoded with ``context`` tokens of left context,
     as ``TextAssembler`` decodes, so a leading space is kept). A character whose UTF-8 bytes are split over several
     tokens (byte-level BPE: "ü" of " über", an emoji) is the text of the first of them, the others get "" (decoded
@@ -179,20 +181,13 @@ def token_pieces(tokenizer, ids: Sequence[int], context: int = 4) -> list[str]:
     pieces: list[str] = []
     start = 0  # the first token whose text is not given yet
     for i in range(len(ids)):
-        text = _decode(tokenizer, ids, start, i + 1, context)
+        text = decode_after(tokenizer, ids, start, i + 1, context)
         pieces.append("")
         if text.endswith("\ufffd") and i + 1 < len(ids) and i - start < MAX_CHAR_TOKENS - 1:
             continue  # an incomplete character: its next bytes follow
         pieces[start] = text
         start = i + 1
     return pieces
-
-
-def _decode(tokenizer, ids: Sequence[int], start: int, stop: int, context: int) -> str:
-    """The text of ``ids[start:stop]`` as it reads after the tokens before it (``TextAssembler._decode``)."""
-    before = tokenizer.decode(ids[max(0, start - context) : start]) if start else ""
-    both = tokenizer.decode(ids[max(0, start - context) : stop])
-    return both[len(before) :] if both.startswith(before) else tokenizer.decode(ids[start:stop])
 
 
 def emission_words(pieces: Sequence[str], written_s: Sequence[float], origin_s: float) -> list[Word]:

@@ -46,10 +46,9 @@ def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = (), until
     a VAD segment's start between two words (a pause) starts a new cue. A cue runs from its first word's start to
     its last word's end, but starts no earlier than the previous cue ended nor MAX_CUE_SECONDS before its end (a
     word alone may span more: a fallback word's emission times, ``align.emission_words``), and lasts at least
-    MIN_CUE_SECONDS, so
-    cues are in order, never overlap and never have zero length (nor end after the audio, ``until`` seconds: a cue
-    that would is moved back); a shorter cue than MIN_SHOW_SECONDS is held on until then, or until the next cue
-    starts or the audio ends, whichever comes first."""
+    MIN_CUE_SECONDS, so cues are in order, never overlap and never have zero length (nor end after the audio,
+    ``until`` seconds: a cue that would is moved back); a shorter cue than MIN_SHOW_SECONDS is held on until then,
+    or until the next cue starts or the audio ends, whichever comes first."""
     starts = sorted(segment_starts)
     groups: list[list[Word]] = []
     for word in words:

@@ -8,6 +8,8 @@ plus an uncommitted tail, cutting only at word starts.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from transformers import PreTrainedTokenizerFast
 
 
@@ -38,6 +40,15 @@ def byte_tokenizer(special_tokens: list[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
 
 
+def decode_after(tokenizer, ids: Sequence[int], start: int, stop: int, context: int) -> str:
+    """The text of ``ids[start:stop]`` as it reads after the ``context`` tokens before it (decoded alone, a token
+    can lose the leading space that marks a word start)."""
+    first = max(0, start - context)
+    before = tokenizer.decode(ids[first:start]) if first < start else ""
+    both = tokenizer.decode(ids[first:stop])
+    return both[len(before) :] if both.startswith(before) else tokenizer.decode(ids[start:stop])
+
+
 class TextAssembler:
     """Append-only text from streamed token ids.
 
@@ -65,10 +76,7 @@ class TextAssembler:
         self._new_word = bool(self.committed)
 
     def _decode(self, start: int, stop: int) -> str:
-        context = max(0, start - self.CONTEXT)
-        before = self.tokenizer.decode(self.ids[context:start]) if context < start else ""
-        both = self.tokenizer.decode(self.ids[context:stop])
-        return both[len(before) :] if both.startswith(before) else self.tokenizer.decode(self.ids[start:stop])
+        return decode_after(self.tokenizer, self.ids, start, stop, self.CONTEXT)
 
     def add(self, token_id: int) -> str:
         """Append a token; return newly committed text ('' if none)."""
