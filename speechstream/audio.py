@@ -54,18 +54,13 @@ def stream_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | No
     """``load_audio`` in pieces, for a file of any length: its samples (float32 mono 16 kHz; concatenated, what
     ``load_audio`` returns) read, mixed down and resampled about ``block_s`` seconds (None: FILE_BLOCK_S) at a time,
     so memory stays that of a block. The header is checked at the first piece; a bad sample (NaN, infinite) or an
-    unreadable stretch is an InputError when its block is reached. A rate ``StreamResampler`` refuses (a huge
-    kernel) is read whole.
+    unreadable stretch is an InputError when its block is reached.
     """
     path = Path(path)
     start, stop = check_audio(path, offset_s, duration_s)
     with _reading(path):
         rate = _sample_rate(path)
-        try:
-            resampler = StreamResampler(rate)
-        except InputError:  # an odd rate: one block of the whole range
-            yield load_audio(path, offset_s, duration_s)
-            return
+        resampler = StreamResampler(rate)
         block = MP3_FRAME * max(1, round((block_s or FILE_BLOCK_S) * rate / MP3_FRAME))
         for samples, _ in _read_blocks(path, start, stop, block):
             samples = samples.mean(axis=1)
@@ -303,9 +298,11 @@ def pcm_frames_to_float(pcm: bytes, channels: int) -> np.ndarray:
     return samples if channels == 1 else samples.reshape(-1, channels).mean(axis=1)
 
 
-# a stream's rate must share enough with 16 kHz that its resampling kernel (16000/g by rate/g taps, g their gcd)
-# stays small: every common rate does (44.1 kHz: 160 x 441), 8001 Hz would not (16000 x 8001, seconds a buffer)
+# a resampling kernel from a rate that shares little with 16 kHz (16000/g by rate/g taps, g their gcd) is big: every
+# common rate keeps it small (44.1 kHz: 160 x 441), 8001 Hz would not (16000 x 8001 taps: gigabytes, seconds a
+# buffer), so such a rate goes through soxr, which takes any ratio at a small cost
 MAX_RATE_RATIO_TERM = 1000
+MIN_STREAM_RATE, MAX_STREAM_RATE = 1000, 384000
 
 
 def small_rate_ratio(rate: int, new_rate: int = SAMPLE_RATE) -> bool:
@@ -316,18 +313,19 @@ def small_rate_ratio(rate: int, new_rate: int = SAMPLE_RATE) -> bool:
 
 
 def check_stream_rate(rate: int) -> None:
-    """A sample rate ``StreamResampler`` takes at a bounded cost per buffer, or an input error."""
-    if rate <= 0 or not small_rate_ratio(rate):
-        raise InputError(f"sample rate {rate} Hz is not supported for streams (use a common rate such as 8000, "
-                         "11025, 16000, 22050, 24000, 32000, 44100 or 48000)")
+    """A sample rate a stream may have (``MIN_STREAM_RATE`` .. ``MAX_STREAM_RATE``), or an input error."""
+    if not MIN_STREAM_RATE <= rate <= MAX_STREAM_RATE:
+        raise InputError(f"sample rate {rate} Hz is not supported for streams ({MIN_STREAM_RATE} to "
+                         f"{MAX_STREAM_RATE} Hz are)")
 
 
 class StreamResampler:
     """Resample a stream buffer by buffer to 16 kHz with the same output as ``resample`` on the whole signal.
 
-    torchaudio's resampler computes its output in blocks of ``new`` samples (rates divided by
-    their gcd), block i from the input around samples ``i*orig`` with ``width`` samples of
-    context each side. Each buffer here re-runs it on a window that starts ``context``
+    A rate whose kernel would be big (``small_rate_ratio``) goes through soxr's own stream resampler, whose output
+    equals its whole-signal one. Otherwise: torchaudio's resampler computes its output in blocks of ``new``
+    samples (rates divided by their gcd), block i from the input around samples ``i*orig`` with ``width``
+    samples of context each side. Each buffer here re-runs it on a window that starts ``context``
     whole blocks before the first block not yet emitted and emits only blocks whose
     context has arrived, so every emitted sample is the one the whole-signal call gives.
     """
@@ -336,9 +334,12 @@ class StreamResampler:
                  rolloff: float = 0.99):
         if orig_rate <= 0 or new_rate <= 0:
             raise InputError(f"invalid sample rate {orig_rate}")
-        if new_rate == SAMPLE_RATE:
-            check_stream_rate(orig_rate)
         g = math.gcd(orig_rate, new_rate)
+        self._soxr = None
+        if not small_rate_ratio(orig_rate, new_rate):
+            import soxr
+
+            self._soxr = soxr.ResampleStream(orig_rate, new_rate, 1, dtype="float32", quality="VHQ")
         self.orig_rate, self.new_rate = orig_rate, new_rate
         self.orig, self.new = orig_rate // g, new_rate // g  # samples per block in and out
         width = math.ceil(lowpass_filter_width * self.orig / (min(self.orig, self.new) * rolloff))  # torchaudio's
@@ -353,6 +354,8 @@ class StreamResampler:
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         if self.orig_rate == self.new_rate:
             return samples
+        if self._soxr is not None:
+            return self._soxr.resample_chunk(samples, last=False)
         self._buffer = np.concatenate([self._buffer, samples])
         self._total += samples.size
         ready = (self._total - (self.context + 1) * self.orig) // self.orig + 1  # blocks whose context has arrived
@@ -362,6 +365,8 @@ class StreamResampler:
         """The end of the stream: the remaining samples (the input is zero past its end, as in ``resample``)."""
         if self.orig_rate == self.new_rate:
             return np.zeros(0, dtype=np.float32)
+        if self._soxr is not None:
+            return self._soxr.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
         return self._emit(None, final=True)
 
     def _emit(self, end_block: int | None, final: bool) -> np.ndarray:

@@ -301,11 +301,11 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     args.format = output_format(args.format, args.output, TRANSCRIBE_FORMATS)
     if args.audio.count("-") > 1:
         raise InputError("- (stdin) can be given once")
-    if not 1000 <= args.input_rate <= 384000:
-        raise InputError(f"--input-rate must be between 1000 and 384000 Hz, got {args.input_rate}")
-    from speechstream.audio import check_stream_rate
+    from speechstream.audio import MAX_STREAM_RATE, MIN_STREAM_RATE
 
-    check_stream_rate(args.input_rate)
+    if not MIN_STREAM_RATE <= args.input_rate <= MAX_STREAM_RATE:
+        raise InputError(f"--input-rate must be between {MIN_STREAM_RATE} and {MAX_STREAM_RATE} Hz, "
+                         f"got {args.input_rate}")
     if args.format in ("srt", "vtt") and len(args.audio) > 1:
         raise InputError(f"--format {args.format} makes one subtitle file per audio file: give one file at a time")
     files = [p for p in args.audio if p != "-"]

@@ -35,7 +35,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from speechstream.audio import check_stream_rate
 from speechstream.errors import InputError
 
 WEB_DIR = Path(__file__).resolve().parent / "web"  # the live page (package data)
@@ -119,10 +118,6 @@ def parse_start(text: str, served_model: str, served_task: str,
     rate = message.get("sample_rate")
     if not isinstance(rate, int) or isinstance(rate, bool) or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
         raise ProtocolError(f"sample_rate must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}")
-    try:
-        check_stream_rate(rate)
-    except InputError as error:
-        raise ProtocolError(str(error)) from None
     task = message.get("task")
     task = "asr" if task is None else task  # null, as for every optional field: the default
     if task != served_task:

@@ -130,9 +130,10 @@ def test_stream_audio_gives_load_audios_samples_in_bounded_blocks(tmp_path, rate
     streamed = np.concatenate(pieces)
     assert streamed.dtype == np.float32 and streamed.shape == whole.shape
     np.testing.assert_allclose(streamed, whole, atol=1e-6, rtol=0)
-    if rate != 2002:  # a rate with a huge resampling kernel (8000 x 1001) is read whole
-        block = MP3_FRAME * round(0.25 * rate / MP3_FRAME) * SAMPLE_RATE / rate
-        assert len(pieces) > 2 and max(len(p) for p in pieces) <= block + SAMPLE_RATE // 100
+    block = MP3_FRAME * max(1, round(0.25 * rate / MP3_FRAME)) * SAMPLE_RATE / rate
+    if rate == 2002:  # an odd rate (a huge torchaudio kernel, 8000 x 1001) goes through soxr: uneven pieces
+        block *= 1.5
+    assert len(pieces) > 2 and max(len(p) for p in pieces) <= block + SAMPLE_RATE // 100
 
 
 def test_stream_audio_errors_are_one_line_and_name_the_file(tmp_path):
@@ -295,8 +296,9 @@ def test_prepare_samples_rejects_bad_rates(rate):
         prepare_samples(np.zeros(10, np.float32), rate)
 
 
-@pytest.mark.parametrize("rate", [8000, 16000, 22050, 44100, 48000])
+@pytest.mark.parametrize("rate", [8000, 16000, 22050, 44100, 48000, 8001, 16001])
 def test_stream_resampler_equals_resampling_the_whole_signal(rate):
+    """Common rates (torchaudio) and odd ones (soxr, e.g. 8001 Hz) alike."""
     from speechstream.audio import StreamResampler, resample
 
     rng = np.random.default_rng(rate)
@@ -317,10 +319,30 @@ def test_common_stream_rates_are_accepted(rate):
     check_stream_rate(rate)
 
 
-@pytest.mark.parametrize("rate", [8001, 16001, 191999])
-def test_rates_with_huge_resampling_kernels_are_refused(rate):
-    with pytest.raises(InputError, match=f"{rate} Hz is not supported"):
-        StreamResampler(rate)
+@pytest.mark.parametrize("rate", [0, 999, 384001])
+def test_stream_rates_outside_the_range_are_refused(rate):
+    with pytest.raises(InputError, match=f"sample rate {rate} Hz is not supported for streams"):
+        check_stream_rate(rate)
+
+
+def test_a_stream_at_an_odd_rate_is_resampled_without_a_huge_kernel(monkeypatch):
+    """191999 Hz shares nothing with 16 kHz: torchaudio's kernel would be 16000 x 191999 taps; soxr's stream takes it
+    buffer by buffer, and a 1 kHz tone stays a 1 kHz tone of the same level."""
+    import torchaudio.functional
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torchaudio's resampler was used for 191999 Hz")
+
+    monkeypatch.setattr(torchaudio.functional, "resample", refuse)
+    rate = 191999
+    tone = (0.5 * np.sin(2 * np.pi * 1000 * np.arange(3 * rate) / rate)).astype(np.float32)
+    resampler = StreamResampler(rate)
+    pieces = [resampler.push(tone[i : i + 4096]) for i in range(0, tone.size, 4096)]
+    audio = np.concatenate(pieces + [resampler.flush()])
+    assert abs(audio.size - 3 * SAMPLE_RATE) <= 2
+    spectrum = np.abs(np.fft.rfft(audio[SAMPLE_RATE : 2 * SAMPLE_RATE]))
+    assert np.argmax(spectrum) == 1000
+    assert np.sqrt(np.mean(audio[SAMPLE_RATE : 2 * SAMPLE_RATE] ** 2)) == pytest.approx(0.5 / np.sqrt(2), rel=1e-3)
 
 
 @pytest.mark.parametrize("offset, duration", [(float("nan"), 1.0), ("1", 1.0), (0.5, float("inf"))])

@@ -139,7 +139,7 @@ class Recording:
 
 def test_eight_concurrent_streams_each_get_their_solo_transcript(tiny_model):
     audios = clips(2.5)
-    rates = [16000, 44100, 16000, 8000, 16000, 48000, 16000, 22050]  # some clients send other rates
+    rates = [16000, 44100, 16000, 8000, 16000, 48000, 8001, 22050]  # some clients send other rates
     pcms = [to_pcm(resample(a, 16000, r)) for a, r in zip(audios, rates)]
     alone = Recording()
     expected = [solo(tiny_model, FAST, resample(int16_to_float(p), r, 16000), alone(tiny_model))
@@ -262,7 +262,6 @@ START = json.dumps({"type": "start", "sample_rate": 16000, "task": "asr"})
         ([json.dumps({"type": "start", "sample_rate": 16000, "model": "other"})], "serves model"),
         ([json.dumps({"type": "start", "sample_rate": 16000, "chunk_ms": 5})], "chunk"),
         ([json.dumps({"type": "start", "sample_rate": 16000, "volume": 3})], "unknown start field"),
-        ([json.dumps({"type": "start", "sample_rate": 8001})], "8001 Hz is not supported"),
         (["[" * 5000], "JSON start message"),  # deeper than the JSON parser recurses
         ([START, "[" * 5000], '{"type": "end"}'),
         ([b"\x00\x00" * 100], "audio before the start"),
