@@ -755,6 +755,19 @@ class StreamingSession:
         return Event(kind, text, round(self._source_s, 3), round(self._wall(), 3))
 
 
+def _finish_stream(session: StreamingSession, events: list[Event], on_event: Callable[[Event], None],
+                   segment_starts: list[float] | None, words: list[Word] | None) -> list[Event]:
+    """End a file or pipe stream: its last events, then the segment starts and words the caller asked for."""
+    for event in session.finish():
+        events.append(event)
+        on_event(event)
+    if segment_starts is not None:
+        segment_starts += session.segment_start_times
+    if words is not None:
+        words += session.words
+    return events
+
+
 def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_event: Callable[[Event], None],
                     partials: bool = True, offset_s: float = 0.0, duration_s: float | None = None,
                     segment_starts: list[float] | None = None, words: list[Word] | None = None) -> list[Event]:
@@ -788,14 +801,7 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
         held = held[whole:]
     if held.size:
         feed(held)
-    for event in session.finish():
-        events.append(event)
-        on_event(event)
-    if segment_starts is not None:
-        segment_starts += session.segment_start_times
-    if words is not None:
-        words += session.words
-    return events
+    return _finish_stream(session, events, on_event, segment_starts, words)
 
 
 def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO, sample_rate: int,
@@ -862,11 +868,4 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
     if received < 2:
         raise InputError("stdin: no audio (raw little-endian int16 mono PCM or a 16-bit WAV stream was expected)")
     feed(resampler.flush())
-    for event in session.finish():
-        events.append(event)
-        on_event(event)
-    if segment_starts is not None:
-        segment_starts += session.segment_start_times
-    if words is not None:
-        words += session.words
-    return events
+    return _finish_stream(session, events, on_event, segment_starts, words)
