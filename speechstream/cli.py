@@ -114,7 +114,8 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool =
     parser.add_argument("--k", type=int, default=defaults.k,
                         help="chunks read before the first write (default: %(default)s)")
     parser.add_argument("--max-tokens-per-chunk", type=int, default=defaults.max_tokens_per_chunk,
-                        help="tokens written at most between two reads (then the next chunk is read; "
+                        help="text tokens written at most between two reads (then the next chunk is read; the "
+                        "assistant header and end-of-chunk markers are not counted; "
                         "default: %(default)s)")
     parser.add_argument("--max-repeats", type=int, default=defaults.max_repeats,
                         help="stop a chunk's writing when a token block repeats this often (0: off; else at least 2; "

@@ -113,7 +113,7 @@ class DecodingConfig:
     chunk_ms: int = 640  # audio per chunk (source segment)
     policy: str = "wait-k"  # read/write policy name
     k: int = 2  # chunks read before the first write
-    max_tokens_per_chunk: int = 24  # cap on tokens written between two reads
+    max_tokens_per_chunk: int = 24  # cap on text tokens written between two reads (header, markers not counted)
     max_tail_tokens: int = 200  # cap on tokens written after the end of the audio
     max_repeats: int = 4  # repetition guard: a block repeated this often ends the chunk's writing (0: off; not 1)
     device: str = "cpu"  # torch device

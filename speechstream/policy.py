@@ -41,12 +41,14 @@ class StreamView:
     source_done: bool  # every unit of the stream has been read (audio finished and all fed)
     pending: int | None  # predicted next target token, not yet fed; None before the header
     reads_since_prediction: int  # units read since ``pending`` was predicted
-    tokens_since_read: int  # target tokens fed since the last read
+    tokens_since_read: int  # target tokens fed since the last read (the assistant header and markers included)
     eoc_id: int  # end-of-chunk token
     eos_id: int  # end-of-transcript token
     # the last text tokens fed in this segment (end-of-chunk tokens and the header left out; the policy's
     # ``recent_tokens`` of them), oldest first, pending excluded
     recent: tuple[int, ...] = ()
+    # text tokens fed since the last read: the transcript's own, without the header, context or any marker
+    text_since_read: int = 0
 
 
 def repeats_at_end(tokens: tuple[int, ...], min_repeats: int, max_period: int = MAX_PERIOD) -> bool:
@@ -74,8 +76,9 @@ class WaitK(Policy):
     """Wait-k over chunks: read k chunks, then write until the model asks for the next chunk.
 
     The model ends each chunk's words with the end-of-chunk token, so one read can be
-    followed by zero, one or several words. ``max_tokens`` forces a read when a chunk's
-    writing runs long; ``max_tail_tokens`` stops writing after the end of the audio.
+    followed by zero, one or several words. ``max_tokens`` forces a read once that many text tokens
+    (the header and end-of-chunk markers not counted) follow one read; ``max_tail_tokens`` stops writing
+    once that many target tokens of any kind follow the last read (after the end of the audio).
     An end-of-transcript prediction before the audio has ended is taken as end of chunk.
     Repetition guard: when the pending token would make the text (end-of-chunk tokens left out)
     end in a block of up to 12 tokens repeated ``max_repeats`` times, the writer stops writing
@@ -109,7 +112,7 @@ class WaitK(Policy):
                 return Stop()
             return Write()
         wants_chunk = (
-            view.pending in (view.eoc_id, view.eos_id) or view.tokens_since_read >= self.max_tokens or looping
+            view.pending in (view.eoc_id, view.eos_id) or view.text_since_read >= self.max_tokens or looping
         )
         if not wants_chunk:
             return Write()

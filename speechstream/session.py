@@ -204,6 +204,7 @@ class StreamingSession:
         self._pending: int | None = None
         self._reads_since_prediction = 0
         self._tokens_since_read = 0
+        self._text_since_read = 0  # of those, text tokens (no header, context or marker): what max_tokens counts
         self._last_partial = ""
         self._stopped = False
         self._started_at: float | None = None
@@ -568,7 +569,7 @@ class StreamingSession:
         self._segment_read_done = False
         self._pending = None
         self._reads_since_prediction = 0
-        self._tokens_since_read = 0
+        self._tokens_since_read = self._text_since_read = 0
         self._stopped = False
         self._last_partial = ""
         self._recent.clear()
@@ -624,7 +625,7 @@ class StreamingSession:
                 self._source_s = unit.source_s
                 self._segment_origin_s = unit.origin_s
                 self._reads_since_prediction += 1
-                self._tokens_since_read = 0
+                self._tokens_since_read = self._text_since_read = 0
                 if self.joint is not None:
                     self.joint.add_frames(unit.ctc)
                 if unit.embeds.shape[0]:
@@ -682,6 +683,7 @@ class StreamingSession:
                     events += self._final(self.text.commit_all())
                 continue
             self._written_s.append(self._source_s)
+            self._text_since_read += 1
             events += self._final(self.text.add(token))
         return events + self._segment_stop()
 
@@ -701,6 +703,7 @@ class StreamingSession:
             pending=self._pending,
             reads_since_prediction=self._reads_since_prediction,
             tokens_since_read=self._tokens_since_read,
+            text_since_read=self._text_since_read,
             eoc_id=self.model.eoc_id,
             eos_id=self.model.eos_id,
             recent=tuple(self._recent),

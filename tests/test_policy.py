@@ -30,9 +30,47 @@ def test_end_of_chunk_reads_then_feeds_the_marker():
 
 def test_words_are_written_until_the_cap():
     policy = WaitK(1, max_tokens=4)
-    assert policy.decide(view(tokens_since_read=3)) == Write()
-    assert policy.decide(view(tokens_since_read=4)) == Read()
-    assert policy.decide(view(tokens_since_read=4, reads_since_prediction=1)) == Write(EOC)
+    assert policy.decide(view(text_since_read=3)) == Write()
+    assert policy.decide(view(text_since_read=4)) == Read()
+    assert policy.decide(view(text_since_read=4, reads_since_prediction=1)) == Write(EOC)
+    assert policy.decide(view(text_since_read=3, tokens_since_read=15)) == Write()  # header and markers: not counted
+
+
+def test_max_tokens_per_chunk_counts_the_text_tokens_written_after_each_read(tiny_model):
+    """The cap counted every target token since the read: the assistant header (11 tokens in the tiny model) and the
+    end-of-chunk marker fed after a read. With --max-tokens-per-chunk 12 the header's chunk got 1 text token and a
+    chunk that began with its marker 11. Now each read is followed by exactly 12 text tokens when the model never
+    asks for the next chunk."""
+    import numpy as np
+
+    from speechstream.config import DecodingConfig
+    from speechstream.session import StreamingSession
+
+    letters = [ord(c) for c in "abcdefgh"]
+    said = []
+
+    def chatty(_logits) -> int:  # an LLM that asks for the next chunk once (after its first word), then never
+        said.append(tiny_model.eoc_id if len(said) == 1 else letters[len(said) % len(letters)])
+        return said[-1]
+
+    decoding = DecodingConfig(chunk_ms=640, k=1, max_tokens_per_chunk=12, max_tail_tokens=5, max_repeats=0)
+    session = StreamingSession(tiny_model, decoding, choose=chatty, partials=False)
+    runs, step = [], session.next_request
+
+    def counting_step():  # the text tokens that follow each read
+        request = step()
+        if request is not None and bool((request.kinds == 1).any()):
+            runs.append(0)
+        if request is not None and request.is_text:
+            runs[-1] += sum(token not in tiny_model.special_ids for token in request.tokens)
+        return request
+
+    session.next_request = counting_step
+    session.feed((0.1 * np.random.default_rng(0).standard_normal(16000 * 4)).astype(np.float32))
+    session.finish()
+    header = len(tiny_model.header_ids)
+    assert session.target_ids[header : header + 3] == [letters[0], tiny_model.eoc_id, letters[2]]  # marker, text
+    assert runs[:-1] == [1, 12, 12, 12, 12, 12] and runs[-1] == 5  # the tail: max_tail_tokens
 
 
 def test_early_end_is_taken_as_end_of_chunk_and_real_end_stops():
