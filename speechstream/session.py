@@ -20,7 +20,8 @@ because the shipped models were trained without such context (their targets alwa
 start at the audio's first word), so they tend to treat context words as already
 transcribed speech.
 Without VAD a segment ends only where its source group would pass the LLM's positions
-(``max_position_embeddings``), as at a VAD cut.
+(``max_position_embeddings``), as at a VAD cut; with or without VAD it also ends, after a chunk, where the writing the
+decoding caps still allow could take its target group (positions phi on) past them (``_cut_due``).
 
 Word times (``words``): with joint CTC decoding on a model with a fine CTC head, when a segment's text is all
 committed (its end, or ``close``) it is force-aligned to the segment's CTC frames (``speechstream.align``), and its
@@ -64,7 +65,7 @@ from speechstream.errors import InputError
 from speechstream.features import LogMelStream
 from speechstream.interrupts import HeldInterrupts
 from speechstream.model import SpeechLLM
-from speechstream.policy import Policy, Read, Stop, StreamView, Write, make_policy
+from speechstream.policy import Action, Policy, Read, Stop, StreamView, Write, make_policy
 from speechstream.projector import ProjectorStream
 from speechstream.text import TextAssembler
 from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig
@@ -226,8 +227,10 @@ class StreamingSession:
         self._context_ids: list[int] = []  # text tokens fed after this segment's header (not emitted)
         self._held: list[Event] = []  # events made inside next_request, returned by the next call
         self._failure: str | None = None  # an exception escaped a call mid-way: the state is no longer whole
-        # without VAD, the audio of one segment whose source group fills the LLM's positions (None: no limit)
-        self._segment_samples = self._position_limit() if self.vad is None else None
+        # the most a segment may hold within the LLM's positions (None: no limit): audio, by its source group, and
+        # target tokens, from phi on; ``_cut_due`` ends a segment (as at a VAD cut) before either would pass them
+        self._segment_targets_from = 0  # index in target_ids of the LLM segment's first target token
+        self._segment_samples, self._target_room = self._position_limit()
         # word times (``speechstream.align``): with joint decoding on the fine CTC head, at each segment's end its text
         # is aligned to its CTC frames; ``words`` holds every finished segment's words
         self.words: list[Word] = []
@@ -236,18 +239,45 @@ class StreamingSession:
         self._segment_ids_from = 0  # index in text.ids of the segment's first text token
         self._written_s: list[float] = []  # per text token of the segment: source_s when it was written
 
-    def _position_limit(self) -> int | None:
-        """Samples of one segment whose source group (prompt, speech tokens, end marker) takes every position the LLM
-        has (``max_position_embeddings``); None when its config names no limit."""
+    def _position_limit(self) -> tuple[int | None, int | None]:
+        """(samples, target tokens) of one segment whose source group (prompt, speech tokens, end marker) and whose
+        target group (positions phi on) take every position the LLM has (``max_position_embeddings``); (None, None)
+        when its config names no limit."""
         limit = getattr(self.model.decoder.llm.config, "max_position_embeddings", None)
         if not limit:
-            return None
+            return None, None
         speech = limit - len(self.model.prefix_ids) - len(self.model.suffix_ids)
         samples = schedule.max_segment_samples(speech, self.chunker.chunk_size, self.model.config.projector.stack)
-        if samples <= 0:
-            raise InputError(f"model {self.model.config.name}: its LLM has {limit} positions, too few for the prompt "
-                             f"and one {self.decoding.chunk_ms} ms chunk")
-        return samples
+        target = limit - self.model.decoder.phi
+        if samples <= 0 or target < self._target_worst(queued=1):
+            raise InputError(f"model {self.model.config.name}: its LLM has {limit} positions (the target group from "
+                             f"{self.model.decoder.phi} on), too few for the prompt and one {self.decoding.chunk_ms} "
+                             "ms chunk, or for the header, one chunk's text and the tail (max_tail_tokens)")
+        return samples, target
+
+    def _target_worst(self, queued: int) -> int:
+        """The most target tokens the front end's segment could hold if ``queued`` more units were read in it before
+        its last one: those fed so far, the header (and context) if not yet fed, then up to the policy's caps (one
+        end-of-chunk marker and ``max_tokens_per_chunk`` text tokens after each read, ``max_tail_tokens`` after the
+        last, as the decoding config names them: a policy of one's own that writes more meets ``_decide``'s guard)."""
+        max_tokens, max_tail = self.decoding.max_tokens_per_chunk, self.decoding.max_tail_tokens
+        header = len(self.model.header_ids) + self.decoding.context_tokens
+        fed = current = 0
+        if self._front_segment == self.segment:
+            fed = len(self.target_ids) - self._segment_targets_from
+            header = 0 if self._pending is not None else header
+            current = max(max_tokens - self._text_since_read, 0) + 1 if self._units_read else 0
+        return fed + header + current + queued * (max_tokens + 1) + max_tail
+
+    def _cut_due(self) -> bool:
+        """After a chunk: the front end's segment must end here when one more chunk could carry its source group
+        or its target group past the LLM's positions (each segment is checked before it grows)."""
+        if self._segment_samples is not None and self._chunks_made * self.chunker.chunk_size >= self._segment_samples:
+            return True
+        if self._target_room is None:
+            return False
+        queued = sum(unit.segment == self._front_segment for unit in self.units) + 1  # (+1: the next chunk)
+        return self._target_worst(queued) > self._target_room
 
     def _new_llm_state(self):
         """A fresh one-row LLM state (at the start and at each segment)."""
@@ -296,8 +326,8 @@ class StreamingSession:
         Without VAD all audio is encoded. With it, audio before a segment's speech is confirmed waits in
         ``_waiting`` (at most the VAD's look-back: ``speech_pad_ms``, plus up to ``max_segment_s`` while speech heard
         is not yet confirmed) and is dropped, except the ``speech_pad_ms`` before the speech."""
-        if self.vad is None:
-            return self._route_all(samples)
+        if self.vad is None:  # every sample is encoded (``_front`` opens a segment where none is open)
+            return [("audio", samples)]
         found = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant
         waiting = np.concatenate([self._waiting, samples]) if self._waiting.size else samples
         at = self._released  # absolute sample of waiting[0]
@@ -325,24 +355,6 @@ class StreamingSession:
         self._waiting = waiting.copy() if waiting.size else np.zeros(0, np.float32)
         return steps
 
-    def _route_all(self, samples: np.ndarray) -> list[tuple[str, object]]:
-        """``_route`` without VAD: every sample is encoded. After a gap (``gap``) the next audio opens a segment, and
-        a segment ends where its source group would pass the LLM's positions (``_segment_samples``: ~21 min of the
-        shipped models), as at a VAD cut: past them the model would run on positions it never learned."""
-        steps: list[tuple[str, object]] = []
-        at, start, is_open, limit = self._released, self._front_start, self._front_open, self._segment_samples
-        while samples.size:
-            if not is_open:
-                steps.append(("start", at))
-                start, is_open = at, True
-            room = samples.size if limit is None else start + limit - at
-            steps.append(("audio", samples[:room]))
-            at, samples = at + min(room, samples.size), samples[room:]
-            if at - start == limit:
-                steps.append(("cut", None))
-                is_open = False
-        return steps
-
     def _front(self, step: tuple[str, object], advance: bool = True) -> list[Event]:
         """Carry out one routing step (``_route``) on the front end; return the events of the LLM work it allowed
         (none with ``advance`` False: the units are only queued)."""
@@ -356,14 +368,23 @@ class StreamingSession:
             self._front_open = True
             return []
         events = []
-        if kind == "audio":
-            self._released += value.size
-            for chunk in self.chunker.push(value):
+        if kind == "cut":
+            if self._front_open:  # (not when the segment was just ended at the positions' limit: ``_cut_due``)
+                self._end_front_segment()
+            return self._advance() if advance else []
+        chunk_size = self.chunker.chunk_size
+        while value.size:  # up to the end of one chunk at a time: a segment may end after any chunk
+            if not self._front_open:  # without VAD after a gap or a cut, with it after a cut inside speech
+                self._front(("start", self._released))
+            piece = value[: chunk_size - (self._released - self._front_start) % chunk_size]
+            value = value[piece.size :]
+            self._released += piece.size
+            for chunk in self.chunker.push(piece):
                 self._add_unit(chunk, final=False)
                 events += self._advance() if advance else []
-        else:  # "cut"
-            self._end_front_segment()
-            events += self._advance() if advance else []
+                if self._cut_due():  # as at a VAD cut: past here the LLM would run on positions it never learned
+                    self._end_front_segment()
+                    events += self._advance() if advance else []
         return events
 
     def _end_front_segment(self) -> None:
@@ -573,6 +594,7 @@ class StreamingSession:
         self._stopped = False
         self._last_partial = ""
         self._recent.clear()
+        self._segment_targets_from = len(self.target_ids)
         self._stats_base = len(self.stats) - len(self.units)
         return events
 
@@ -612,7 +634,7 @@ class StreamingSession:
         ``k`` reads it always is: the pending end-of-chunk token, or the header), both go in one request, so
         a chunk costs one LLM step less (not under ablation ``reencode``, which needs them apart)."""
         while not self._stopped:
-            action = self.policy.decide(self._view())
+            action = self._decide()
             if isinstance(action, Read):
                 if not self.units:
                     if self._audio_done:  # an empty segment after the last cut: nothing to read or write
@@ -629,7 +651,7 @@ class StreamingSession:
                 if self.joint is not None:
                     self.joint.add_frames(unit.ctc)
                 if unit.embeds.shape[0]:
-                    after = self.policy.decide(self._view()) if self.decoding.ablation != "reencode" else None
+                    after = self._decide() if self.decoding.ablation != "reencode" else None
                     return LLMRequest.read(unit.embeds, self._write(after) if isinstance(after, Write) else None)
             elif isinstance(action, Write):
                 return self._write(action)
@@ -640,12 +662,25 @@ class StreamingSession:
                     return None
         return None
 
-    def _write(self, action: Write) -> LLMRequest:
-        """The request of a write: the header first (and any context tokens), then one token at a time."""
+    def _decide(self) -> Action:
+        """The policy's decision, except a write the target group has no positions left for (``_cut_due`` ends a
+        segment before that with the built-in policy; this guards any other): the segment then reads on and stops."""
+        action = self.policy.decide(self._view())
+        if isinstance(action, Write) and self._target_room is not None:
+            fed = len(self.target_ids) - self._segment_targets_from
+            if fed + len(self._write_tokens(action)) > self._target_room:
+                return Stop() if self._source_done else Read()
+        return action
+
+    def _write_tokens(self, action: Write) -> list[int]:
+        """The target tokens a write feeds: the header first (and any context tokens), then one token at a time."""
         if self._pending is None:
-            tokens, is_text = list(self.model.header_ids) + self._context_ids, False
-        else:
-            tokens, is_text = [self._pending if action.token is None else action.token], True
+            return list(self.model.header_ids) + self._context_ids
+        return [self._pending if action.token is None else action.token]
+
+    def _write(self, action: Write) -> LLMRequest:
+        """The request of a write (``_write_tokens``)."""
+        tokens, is_text = self._write_tokens(action), self._pending is not None
         kinds = torch.full((len(tokens),), gpe.TARGET, dtype=torch.long)
         return LLMRequest(self.model.embed_ids(tokens), kinds, tokens, is_text)
 
@@ -692,7 +727,7 @@ class StreamingSession:
         segment number changes before the driver's next request, never inside one)."""
         if not (self._segment_read_done and self._segment_cut):
             return []
-        if not isinstance(self.policy.decide(self._view()), Stop):
+        if not isinstance(self._decide(), Stop):
             return []
         return self._end_segment()
 

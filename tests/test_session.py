@@ -390,7 +390,8 @@ def test_without_vad_a_segment_ends_before_the_source_passes_the_llms_positions(
     monkeypatch.setattr(tiny_model.decoder, "step", watching_step)
     rng = np.random.default_rng(4)
     audio = (0.1 * rng.standard_normal(10 * SAMPLE_RATE)).astype(np.float32)
-    session, events = run(tiny_model, audio, 3000)
+    few = replace(DECODING, max_tokens_per_chunk=2, max_tail_tokens=4)  # (the target group never fills first)
+    session, events = run(tiny_model, audio, 3000, few)
     segment = 4 * 10240  # 4 chunks of 640 ms: 32 speech tokens + the prompt's 30 source tokens (a 5th: 40)
     assert session._segment_samples == segment
     assert max(highest) == len(tiny_model.prefix_ids) + 32 + len(tiny_model.suffix_ids) - 1 < limit
@@ -398,3 +399,78 @@ def test_without_vad_a_segment_ends_before_the_source_passes_the_llms_positions(
     finals = [e for e in events if e.type == "final"]
     assert "".join(e.text for e in finals) == events[-1].text != ""
     assert [e.source_s for e in events] == sorted(e.source_s for e in events) and events[-1].source_s == 10.0
+
+
+def _watch_positions(model, monkeypatch, limit: int) -> list[tuple[int, int]]:
+    """Give the LLM ``limit`` positions; return the list that gets each step's highest (source, target) position."""
+    monkeypatch.setattr(model.decoder.llm.config, "max_position_embeddings", limit)
+    step, highest = model.decoder.step, []
+
+    def watching_step(state, embeds, kinds, keep=None):
+        logits = step(state, embeds, kinds, keep=keep)
+        highest.append((int(state.next_source_pos.max()) - 1, int(state.next_target_pos.max()) - 1))
+        return logits
+
+    monkeypatch.setattr(model.decoder, "step", watching_step)
+    return highest
+
+
+def _chatty(model):
+    """A chooser that writes text and never asks for the next chunk nor ends (nor loops on a short block)."""
+    written = []
+
+    def choose(_logits) -> int:
+        written.append(ord("a") + len(written) % 26)
+        return written[-1]
+
+    return choose
+
+
+def test_a_segment_ends_before_its_target_group_passes_the_llms_positions(tiny_model, monkeypatch):
+    """Only the source group was watched: a segment that wrote more text tokens than it read speech tokens (a
+    chatty or untrained model: up to max_tokens_per_chunk a chunk, against 6.25 source tokens a second in the shipped
+    models) took target positions past ``max_position_embeddings`` (here 128: up to 206 with 16 text tokens a chunk, the
+    source cut after 12 chunks). Now the segment ends after the chunk where one more could pass them, as at a VAD
+    cut (its tail read and written within the caps), whatever the feed sizes."""
+    limit = 128
+    highest = _watch_positions(tiny_model, monkeypatch, limit)
+    audio = (0.1 * np.random.default_rng(4).standard_normal(10 * SAMPLE_RATE)).astype(np.float32)
+    decoding = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=16, max_tail_tokens=20, max_repeats=0)
+    runs = {}
+    for size in (3000, audio.size):
+        session = StreamingSession(tiny_model, decoding, choose=_chatty(tiny_model))
+        events = [e for start in range(0, audio.size, size) for e in session.feed(audio[start : start + size])]
+        runs[size] = (session, events + session.finish())
+    (session, events), (whole, _) = runs[3000], runs[audio.size]
+    assert limit // 2 < max(target for _, target in highest) < limit
+    assert max(source for source, _ in highest) < limit
+    assert session.segment >= 2 and all(b - a < 12 * 10240 for a, b in zip([0] + session.segment_starts,
+                                                                            session.segment_starts))
+    assert (whole.target_ids, whole.segment_starts) == (session.target_ids, session.segment_starts)
+    assert "".join(e.text for e in events if e.type == "final") == events[-1].text != ""
+    assert [e.source_s for e in events] == sorted(e.source_s for e in events) and events[-1].source_s == 10.0
+
+
+def test_a_policy_past_the_caps_is_never_given_a_target_position_past_the_llms(tiny_model, monkeypatch):
+    """A policy of one's own that writes more than --max-tokens-per-chunk after a read: its writes that would pass
+    the target group's positions are not made; the segment reads on to its end and stops, and the next one writes."""
+    from speechstream.policy import Policy, Read, Stop, Write
+
+    class Chatty(Policy):
+        def decide(self, view):
+            if view.units_read < 1 and not view.source_done:
+                return Read()
+            if view.source_done and view.tokens_since_read >= 300:
+                return Stop()
+            if not view.source_done and view.tokens_since_read >= 50:
+                return Read()
+            return Write()
+
+    limit = 128
+    highest = _watch_positions(tiny_model, monkeypatch, limit)
+    decoding = DecodingConfig(chunk_ms=640, max_tail_tokens=20, max_tokens_per_chunk=16)
+    session = StreamingSession(tiny_model, decoding, policy=Chatty(), choose=_chatty(tiny_model))
+    events = session.feed((0.1 * np.random.default_rng(5).standard_normal(10 * SAMPLE_RATE)).astype(np.float32))
+    events += session.finish()
+    assert max(target for _, target in highest) == limit - 1 and session.segment >= 1  # filled, never passed
+    assert events[-1].type == "end" and len(events[-1].text) > limit
