@@ -83,7 +83,8 @@ class WaitK(Policy):
     Repetition guard: when the pending token would make the text (end-of-chunk tokens left out)
     end in a block of up to 12 tokens repeated ``max_repeats`` times, the writer stops writing
     this chunk (reads on, or ends after the audio) instead of committing a hallucinated loop;
-    0 disables it.
+    0 disables it. The text so keeps ``max_repeats`` - 1 whole repeats of the block and all but the
+    last token of another (the pending token is the first one that could tell the loop from speech).
     """
 
     def __init__(self, k: int, max_tokens: int = 24, max_tail_tokens: int = 200, max_repeats: int = 4):
