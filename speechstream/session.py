@@ -417,8 +417,8 @@ class StreamingSession:
     def end_audio(self) -> None:
         """Turn the unchunked tail and the end-of-source marker into the last unit (no LLM work). With VAD, speech
         heard but not yet confirmed (a word shorter than ``min_speech_ms``) is read too; a last segment with no speech
-        at all is not read (nothing is written for silence)."""
-        if self._audio_done:
+        at all is not read (nothing is written for silence). Nothing to do once the session is closed."""
+        if self._audio_done or self.finished:
             return
         self._check_whole()
         with torch.no_grad(), self._failing():
@@ -483,6 +483,7 @@ class StreamingSession:
             events.append(self._event("final", tail))
         self._align_segment()
         self.finished = True
+        self._stopped = True  # an outside driver gets no more requests: the "end" event has the whole transcript
         audio_s = self._samples_in / SAMPLE_RATE
         events.append(
             Event("end", self.text.committed, round(self._source_s, 3), round(self._wall(), 3),

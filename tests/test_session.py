@@ -474,3 +474,19 @@ def test_a_policy_past_the_caps_is_never_given_a_target_position_past_the_llms(t
     events += session.finish()
     assert max(target for _, target in highest) == limit - 1 and session.segment >= 1  # filled, never passed
     assert events[-1].type == "end" and len(events[-1].text) > limit
+
+
+def test_a_closed_session_asks_for_no_more_llm_work(tiny_model):
+    """close() before the audio ended left the policy loop running: an outside driver still got requests from
+    ``next_request`` (``waiting_for_llm`` stayed True) whose text would come after the "end" event, and end_audio()
+    queued a last unit on the closed session. Now a closed session asks for nothing and end_audio() does nothing."""
+    audio = (0.1 * np.random.default_rng(6).standard_normal(3 * SAMPLE_RATE)).astype(np.float32)
+    for own_llm in (True, False):
+        session = StreamingSession(tiny_model, DECODING, choose=text_favouring_chooser(tiny_model), own_llm=own_llm)
+        session.feed(audio)
+        end, queued = session.close()[-1], len(session.units)
+        session.end_audio()
+        assert end.type == "end" and len(session.units) == queued and session.next_request() is None
+        assert not session.waiting_for_llm and session.transcript == end.text
+        with pytest.raises(InputError, match="already finished"):
+            session.feed(audio)
