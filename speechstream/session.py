@@ -248,11 +248,14 @@ class StreamingSession:
             return None, None
         speech = limit - len(self.model.prefix_ids) - len(self.model.suffix_ids)
         samples = schedule.max_segment_samples(speech, self.chunker.chunk_size, self.model.config.projector.stack)
+        if samples <= 0:
+            raise InputError(f"model {self.model.config.name}: its LLM has {limit} positions, too few for the prompt "
+                             f"and one {self.decoding.chunk_ms} ms chunk")
         target = limit - self.model.decoder.phi
-        if samples <= 0 or target < self._target_worst(queued=1):
-            raise InputError(f"model {self.model.config.name}: its LLM has {limit} positions (the target group from "
-                             f"{self.model.decoder.phi} on), too few for the prompt and one {self.decoding.chunk_ms} "
-                             "ms chunk, or for the header, one chunk's text and the tail (max_tail_tokens)")
+        if target < self._target_worst(queued=1):
+            raise InputError(f"model {self.model.config.name}: its LLM's target positions ({target}, from phi on) are "
+                             f"too few for the header, one chunk's text (--max-tokens-per-chunk "
+                             f"{self.decoding.max_tokens_per_chunk}) and the tail ({self.decoding.max_tail_tokens})")
         return samples, target
 
     def _target_worst(self, queued: int) -> int:

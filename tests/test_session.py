@@ -449,6 +449,8 @@ def test_a_segment_ends_before_its_target_group_passes_the_llms_positions(tiny_m
     assert (whole.target_ids, whole.segment_starts) == (session.target_ids, session.segment_starts)
     assert "".join(e.text for e in events if e.type == "final") == events[-1].text != ""
     assert [e.source_s for e in events] == sorted(e.source_s for e in events) and events[-1].source_s == 10.0
+    with pytest.raises(InputError, match=r"target positions \(128, from phi on\) are too few .*-chunk 100\) and"):
+        StreamingSession(tiny_model, replace(decoding, max_tokens_per_chunk=100))
 
 
 def test_a_policy_past_the_caps_is_never_given_a_target_position_past_the_llms(tiny_model, monkeypatch):
