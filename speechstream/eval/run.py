@@ -19,7 +19,9 @@ same way. What lands in the output folder:
   elapsed time per word of its prediction; a record logged before
   these three keys existed is checked by its `audio_s` against the length of the manifest's segment. Each line
   is flushed and fsynced when its utterance finishes: a killed run loses at most the utterance in progress, and
-  a rerun skips the ids already logged.
+  a rerun skips the ids already logged. Ctrl-C or SIGTERM stops a run with one line (exit 130 / 143) saying how
+  many utterances are logged and which one was lost with the time spent on it; a stream's state cannot be saved
+  midway, so a long recording in progress is decoded again from its start by the rerun.
 - ``scores.json``: WER/CER (raw and normalised) or BLEU/chrF, every latency metric with its ``_CA`` twin
   (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``; for a long-form
   manifest (``segments`` on every line: whole talks, each scored per reference sentence) also ``StreamLAAL`` and
@@ -45,8 +47,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from speechstream.baselines import (  # noqa: F401 (BASELINES: the CLI)
@@ -58,7 +64,7 @@ from speechstream.baselines import (  # noqa: F401 (BASELINES: the CLI)
     system_options,
 )
 from speechstream.config import DecodingConfig, load_model_config, with_model_defaults
-from speechstream.errors import InputError
+from speechstream.errors import InputError, SpeechstreamError
 from speechstream.eval.latency import (
     COMPUTATION_AWARE_SUFFIX,
     LATENCY_METRICS,
@@ -95,6 +101,20 @@ LONG_FORM_NOTE = ("note: these are long recordings (\"segments\") decoded withou
                   "models were trained on single utterances and do far better cut at pauses (--vad)")
 # Optional record fields (LLM work of the gpe system) -> their sums in scores.json.
 LLM_WORK = {"llm_tokens": "LLM_tokens", "llm_reencoded_tokens": "LLM_reencoded_tokens"}
+# Exit codes of an interrupted run, as a shell reports a process killed by the signal: 128 + its number.
+EXIT_SIGINT, EXIT_SIGTERM = 128 + 2, 128 + 15
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while utterances are decoded (`_terminate_as_interrupt`): it unwinds the run as Ctrl-C does."""
+
+
+class Interrupted(SpeechstreamError):
+    """A run stopped by Ctrl-C (exit 130) or SIGTERM (exit 143); the message says what was logged and what was not."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def evaluate(
@@ -538,33 +558,79 @@ def _check_sentence_times(utterance: Utterance, length_s: float) -> None:
 
 def _decode(todo, references, sentences, log_path: Path, baseline: str, model_name: str, decoding, progress: bool,
             total: int) -> list[dict]:
-    """Decode each (index, utterance) with the baseline's system; append and fsync its record as soon as it is done."""
+    """Decode each (index, utterance) with the baseline's system; append and fsync its record as soon as it is done.
+
+    Ctrl-C or SIGTERM stops the run with `Interrupted`: the records written so far stay, the utterance in progress
+    (a long recording may have taken minutes) is named with the time spent on it, and a rerun decodes it again
+    from its start (a stream's state cannot be saved midway).
+    """
     from tqdm import tqdm
 
-    system = load_system(baseline, model_name, decoding)
-    _warm_up(system, todo[0][1])
-    records = []
+    records: list[dict] = []
+    current: tuple[Utterance, float] | None = None  # the utterance being decoded, and when it started
     show = progress and sys.stderr.isatty()
-    with open(log_path, "a", encoding="utf-8") as log, tqdm(
-        total=total, initial=total - len(todo), unit="utt", desc="eval", file=sys.stderr, disable=not show
-    ) as bar:
-        for index, utterance in todo:
-            try:
-                events = system.decode(str(utterance.audio), offset_s=utterance.offset or 0.0,
-                                       duration_s=utterance.duration)
-            except InputError as error:
-                raise InputError(f'utterance "{utterance.id}": {error}') from None
-            record = instance_record(index, utterance.id, references[index], events)
-            record.update(getattr(system, "last_stats", None) or {})  # gpe: its LLM work
-            record.update(source_fields(utterance))
-            if sentences[index] is not None:
-                record["segments"] = sentences[index]
-            log.write(json.dumps(record, ensure_ascii=False) + "\n")
-            log.flush()
-            os.fsync(log.fileno())
-            records.append(record)
-            bar.update()
+    try:
+        with _terminate_as_interrupt():
+            system = load_system(baseline, model_name, decoding)
+            _warm_up(system, todo[0][1])
+            with open(log_path, "a", encoding="utf-8") as log, tqdm(
+                total=total, initial=total - len(todo), unit="utt", desc="eval", file=sys.stderr, disable=not show
+            ) as bar:
+                for index, utterance in todo:
+                    current = utterance, time.monotonic()
+                    try:
+                        events = system.decode(str(utterance.audio), offset_s=utterance.offset or 0.0,
+                                               duration_s=utterance.duration)
+                    except InputError as error:
+                        raise InputError(f'utterance "{utterance.id}": {error}') from None
+                    record = instance_record(index, utterance.id, references[index], events)
+                    record.update(getattr(system, "last_stats", None) or {})  # gpe: its LLM work
+                    record.update(source_fields(utterance))
+                    if sentences[index] is not None:
+                        record["segments"] = sentences[index]
+                    log.write(json.dumps(record, ensure_ascii=False) + "\n")  # (closing the log flushes it)
+                    records.append(record)
+                    current = None  # logged: a stop from here on loses nothing of it
+                    log.flush()
+                    os.fsync(log.fileno())
+                    bar.update()
+    except KeyboardInterrupt as stop:
+        logged = total - len(todo) + len(records)
+        raise Interrupted(interrupted_message(isinstance(stop, Terminated), logged, total, log_path, current),
+                          EXIT_SIGTERM if isinstance(stop, Terminated) else EXIT_SIGINT) from None
     return records
+
+
+def interrupted_message(terminated: bool, logged: int, total: int, log_path: Path,
+                        current: tuple[Utterance, float] | None) -> str:
+    """One line for a run stopped midway: what is logged, what was lost, how to go on."""
+    how = "terminated (SIGTERM)" if terminated else "interrupted"
+    lost = ""
+    if current is not None:
+        utterance, started = current
+        long_form = " (a long recording)" if utterance.segments else ""
+        lost = (f'; "{utterance.id}"{long_form} was not finished ({time.monotonic() - started:.1f} s spent on it) '
+                "and is decoded again from its start")
+    return (f"{how}: {logged} of {total} utterances logged in {log_path}{lost}; rerun the same command to decode "
+            "the rest and score the run")
+
+
+@contextmanager
+def _terminate_as_interrupt():
+    """While the block runs in the main thread, SIGTERM raises `Terminated` (by default it would end the process
+    at once, with no message and the progress bar left on the terminal); the previous handler is put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum, frame):  # noqa: ARG001
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _warm_up(system, utterance: Utterance) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -687,3 +688,54 @@ def test_a_long_form_sentence_with_empty_text_is_scored_not_refused(tmp_path, wo
     record = read_log(tmp_path / "out")[0]
     assert [s["reference"] for s in record["segments"]] == ["the clip", ""] and record["reference"] == "the clip"
     assert "StreamLAAL" in scores
+
+
+@pytest.mark.parametrize("how, code, said", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated (SIGTERM)")])
+def test_a_run_stopped_inside_a_long_recording_says_so_and_a_rerun_redoes_it(tmp_path, monkeypatch, capsys, how,
+                                                                            code, said):
+    """Ctrl-C or SIGTERM in the middle of a long recording: one line naming what is logged and the recording that
+    was lost, exit 130 / 143 (SIGTERM used to end the process with no word), the finished records kept, no scores;
+    the rerun decodes that recording again from its start and ends as a run never stopped."""
+    manifest = long_form_manifest(tmp_path / "data")
+    built = patch_word_sessions(monkeypatch)
+    session_class = speechstream.session.StreamingSession  # the word session
+    feed, calls = session_class.feed, []
+
+    def stopping_feed(self, samples):
+        if len(built) == 3 and self is built[2]:  # the warm-up, clip-0, then clip-1: its second chunk
+            calls.append(len(samples))
+            if len(calls) == 2:
+                if how == "SIGINT":
+                    raise KeyboardInterrupt
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # (the handler runs in the main thread at its next bytecode)
+        return feed(self, samples)
+
+    def unhandled(signum, frame):
+        raise RuntimeError("SIGTERM reached the test's handler: the run would have been killed")
+
+    monkeypatch.setattr(session_class, "feed", stopping_feed)
+    out = tmp_path / "out"
+    command = ["eval", str(manifest), "--out", str(out), "--model", "tiny-random"]
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        assert main(command) == code
+    finally:
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the run put the handler back
+        signal.signal(signal.SIGTERM, previous)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert re.fullmatch(
+        rf'speechstream: error: {re.escape(said)}: 1 of 3 utterances logged in {re.escape(str(out / INSTANCES_FILE))}; '
+        r'"clip-1" \(a long recording\) was not finished \([0-9.]+ s spent on it\) and is decoded again from its '
+        "start; rerun the same command to decode the rest and score the run", lines[-1])
+    assert "Traceback" not in "".join(lines)
+    assert [record["id"] for record in read_log(out)] == ["clip-0"]
+    assert not (out / "scores.json").exists()
+
+    monkeypatch.setattr(session_class, "feed", feed)
+    assert main(command) == 0
+    uninterrupted = tmp_path / "uninterrupted"
+    assert main([*command[:3], str(uninterrupted), *command[4:]]) == 0
+    assert without_timing(read_log(out)) == without_timing(read_log(uninterrupted))
+    assert deterministic(json.loads((out / "scores.json").read_text())) == deterministic(
+        json.loads((uninterrupted / "scores.json").read_text()))
