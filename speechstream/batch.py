@@ -72,10 +72,75 @@ def request_on_fresh_rows(session, b: int, segments: list[int], reset: Callable[
     return None
 
 
-class BatchDecoder:
+class TrimmedRows:
+    """The cache upkeep both drivers share: ``self.state`` (one batched ``DecoderState``) keeps no column that is
+    padding in every row, and its rows are packed to the left when even the fullest one is mostly padding
+    (``compact_below``). Padding comes from rows that wait while others step, and from rows reset to padding (a
+    stream's new segment: ``gap``, VAD; a stream that left). Dropping or reordering cached slots changes no logits:
+    positions are explicit, padding is attended by no row, and every cached slot is earlier than every new token."""
+
+    state = None
+    compact_below = 0.5
+
+    def _layers(self) -> list:
+        """The cache layers that hold keys/values (B, heads, L, d)."""
+        layers = []
+        for layer in self.state.cache.layers:
+            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+                raise TypeError(f"{type(self).__name__} cannot edit cache layers of type {type(layer).__name__}")
+            if layer.is_initialized and layer.keys is not None and layer.keys.dim() == 4:
+                layers.append(layer)
+        return layers
+
+    def _set_columns(self, layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+        layer.keys, layer.values = keys, values
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            if keys.shape[-2] >= layer.sliding_window:
+                raise ValueError("a sliding-window layer past its window cannot be edited")
+            layer.cumulative_length = keys.shape[-2]
+
+    def trim(self) -> None:
+        """Drop cache columns that are padding in every row; pack rows when that would cut the width below
+        ``compact_below`` of what it is (never a copy of the whole cache that changes nothing: beside one long
+        stream, short ones keep most of the cache padding however it is packed)."""
+        kinds = self.state.kinds
+        if kinds.numel() == 0:
+            return
+        real = kinds != gpe.PAD
+        used = real.any(dim=0)
+        drop_slots(self.state, used)
+        fullest = int((self.state.kinds != gpe.PAD).sum(dim=1).max()) if self.state.kinds.numel() else 0
+        if fullest < self.width and fullest < self.compact_below * self.width:  # packing cuts the width to fullest
+            self.compact()
+
+    def compact(self) -> None:
+        """Move each row's real slots to the left, in their order, and cut the columns left over."""
+        real = self.state.kinds != gpe.PAD
+        width = int(real.sum(dim=1).max())
+        order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)[:, :width]  # real slots first
+        self._take_columns(order)
+
+    def _take_columns(self, index: torch.Tensor) -> None:
+        """Keep, per row, the cache columns ``index`` (B, L') in that order."""
+        self.state.kinds = torch.gather(self.state.kinds, 1, index)
+        for layer in self._layers():
+            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+            at = index.to(layer.keys.device)[:, None, :, None].expand(-1, heads, -1, dim)
+            at_v = index.to(layer.values.device)[:, None, :, None].expand(-1, layer.values.shape[1], -1,
+                                                                           layer.values.shape[3])
+            self._set_columns(layer, torch.gather(layer.keys, 2, at), torch.gather(layer.values, 2, at_v))
+
+    @property
+    def width(self) -> int:
+        """Cache columns held per row."""
+        return self.state.kinds.shape[1]
+
+
+class BatchDecoder(TrimmedRows):
     def __init__(self, model: SpeechLLM, sessions: list[StreamingSession]):
         """A fixed batch of whole streams, one LLM row each, reset when a stream's ``segment`` changes (``gap``)
-        (``DynamicBatch`` takes streams that come and go, and VAD segments)."""
+        (``DynamicBatch`` takes streams that come and go, and VAD segments). Its cache is trimmed as
+        ``DynamicBatch``'s is (`TrimmedRows`): a reset row's old slots and the padding of rows that waited go."""
         if any(session.llm is not None for session in sessions):
             raise ValueError("batched sessions must be created with own_llm=False")
         if len({id(session) for session in sessions}) < len(sessions):
@@ -115,6 +180,7 @@ class BatchDecoder:
             counts = [0 if r is None else s.logit_rows(r) for s, r in zip(self.sessions, requests)]
             logits = self.model.decoder.step(self.state, embeds, kinds, keep=last_rows(kinds, counts)).split(counts)
             self.steps += 1
+            self.trim()  # rows that waited this step got padding
             for b, request in enumerate(requests):
                 if request is not None:
                     events[b] += self.sessions[b].apply(request, logits[b])
@@ -122,6 +188,7 @@ class BatchDecoder:
 
     def _reset_at(self, b: int) -> None:
         reset_row(self.model, self.state, b)
+        self.trim()  # the row's old slots: padding now (kept, the cache grew with every gap)
 
 
 def transcribe_batch(
@@ -157,17 +224,14 @@ def transcribe_batch(
     return sessions
 
 
-class DynamicBatch:
+class DynamicBatch(TrimmedRows):
     """A batch whose streams join and leave while it runs (the server's decode driver).
 
     Every session is made with ``own_llm=False``; row ``b`` of the one batched
     ``DecoderState`` belongs to ``sessions[b]``. Joining appends a row whose slots are
     all padding (``gpe.PAD``: no row ever attends to them) and whose positions are the
-    start values of a new state; leaving drops the row. Cache columns that are padding
-    in every row are trimmed, and when even the fullest row is mostly padding each row's
-    real slots are packed to the left (the cache's slot order does not matter to attention:
-    positions are explicit and every cached slot is earlier than every new token), so
-    memory follows the live streams, not the streams that have come and gone.
+    start values of a new state; leaving drops the row. The cache is trimmed (`TrimmedRows`),
+    so memory follows the live streams, not the streams that have come and gone.
 
     Voice-activity resets: when a session's ``segment`` (0 for sessions without one)
     changes, its row is reset to padding and start positions before its next request.
@@ -203,23 +267,6 @@ class DynamicBatch:
     def _fresh_row(self, name: str):
         value = getattr(self.model.decoder.new_state(1), name)
         return value if isinstance(value, torch.Tensor) else value[:1]
-
-    def _layers(self) -> list:
-        """The cache layers that hold keys/values (B, heads, L, d)."""
-        layers = []
-        for layer in self.state.cache.layers:
-            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-                raise TypeError(f"DynamicBatch cannot edit cache layers of type {type(layer).__name__}")
-            if layer.is_initialized and layer.keys is not None and layer.keys.dim() == 4:
-                layers.append(layer)
-        return layers
-
-    def _set_columns(self, layer, keys: torch.Tensor, values: torch.Tensor) -> None:
-        layer.keys, layer.values = keys, values
-        if isinstance(layer, DynamicSlidingWindowLayer):
-            if keys.shape[-2] >= layer.sliding_window:
-                raise ValueError("a sliding-window layer past its window cannot be edited")
-            layer.cumulative_length = keys.shape[-2]
 
     def join(self, session: StreamingSession) -> None:
         """Add a stream: a new row of padding slots with start positions."""
@@ -269,42 +316,6 @@ class DynamicBatch:
     def _reset_at(self, b: int) -> None:
         reset_row(self.model, self.state, b)
         self.trim()
-
-    def trim(self) -> None:
-        """Drop cache columns that are padding in every row; pack rows when that would cut the width below
-        ``compact_below`` of what it is (never a copy of the whole cache that changes nothing: beside one long
-        stream, short ones keep most of the cache padding however it is packed)."""
-        kinds = self.state.kinds
-        if kinds.numel() == 0:
-            return
-        real = kinds != gpe.PAD
-        used = real.any(dim=0)
-        drop_slots(self.state, used)
-        fullest = int((self.state.kinds != gpe.PAD).sum(dim=1).max()) if self.state.kinds.numel() else 0
-        if fullest < self.width and fullest < self.compact_below * self.width:  # packing cuts the width to fullest
-            self.compact()
-
-    def compact(self) -> None:
-        """Move each row's real slots to the left, in their order, and cut the columns left over."""
-        real = self.state.kinds != gpe.PAD
-        width = int(real.sum(dim=1).max())
-        order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)[:, :width]  # real slots first
-        self._take_columns(order)
-
-    def _take_columns(self, index: torch.Tensor) -> None:
-        """Keep, per row, the cache columns ``index`` (B, L') in that order."""
-        self.state.kinds = torch.gather(self.state.kinds, 1, index)
-        for layer in self._layers():
-            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
-            at = index.to(layer.keys.device)[:, None, :, None].expand(-1, heads, -1, dim)
-            at_v = index.to(layer.values.device)[:, None, :, None].expand(-1, layer.values.shape[1], -1,
-                                                                           layer.values.shape[3])
-            self._set_columns(layer, torch.gather(layer.keys, 2, at), torch.gather(layer.values, 2, at_v))
-
-    @property
-    def width(self) -> int:
-        """Cache columns held per row."""
-        return self.state.kinds.shape[1]
 
     # -- stepping ---------------------------------------------------------------------------------
 

@@ -328,3 +328,47 @@ def test_rows_are_packed_only_when_that_cuts_the_width(tiny_model, monkeypatch):
     for stream in [long] + shorts:
         assert stream.served == len(stream.requests)
         assert _max_delta_from_solo(tiny_model, stream) < TOLERANCE
+
+
+@pytest.mark.parametrize("ablation", ["none", "interleaved", "reencode"])
+def test_a_fixed_batch_drops_what_a_gap_left_of_a_streams_row(tiny_model, ablation):
+    """After a gap a stream's row is reset to padding: ``BatchDecoder`` kept the old columns (and the padding of
+    rows that waited), so its cache grew with every gap (one stream, six gaps: 552 columns holding nothing; beside
+    a stream without gaps, 592 for its 223 slots). It trims as ``DynamicBatch`` does: never more than twice the
+    fullest row's slots, and each stream still gets its solo tokens and logits."""
+    from speechstream.batch import BatchDecoder
+
+    rng = np.random.default_rng(5)
+    audios = [(0.1 * rng.standard_normal(16000 * 6)).astype(np.float32) for _ in range(2)]
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ablation=ablation)
+    choose = text_favouring_chooser(tiny_model)
+    step = 4000
+
+    def feed_round(session, audio, t, lossy):
+        session.feed(audio[t * step : (t + 1) * step])
+        if lossy and t % 6 == 5:
+            session.gap(3000)
+
+    together = _batched_sessions(tiny_model, decoding, choose, len(audios))
+    driver = BatchDecoder(tiny_model, together)
+    with torch.no_grad():
+        for t in range(len(audios[0]) // step):
+            for i, (audio, session) in enumerate(zip(audios, together)):
+                feed_round(session, audio, t, i == 0)
+            driver.run()
+            width = driver.state.kinds.shape[1]
+            fullest = int((driver.state.kinds != gpe.PAD).sum(dim=1).max())
+            keys = driver.state.cache.layers[0].keys
+            assert width <= 2 * fullest and (0 if keys is None else keys.shape[2]) == width
+        for session in together:
+            session.end_audio()
+        driver.run()
+    assert together[0].segment == 4
+    for i, (audio, batched) in enumerate(zip(audios, together)):
+        alone = StreamingSession(tiny_model, decoding, choose=choose, partials=False)
+        alone.record_logits = True
+        for t in range(len(audios[0]) // step):
+            feed_round(alone, audio, t, i == 0)
+        alone.finish()
+        assert batched.target_ids == alone.target_ids
+        assert (torch.stack(batched.logits) - torch.stack(alone.logits)).abs().max() < TOLERANCE
