@@ -14,6 +14,7 @@ Stages (each reruns cheaply; see README.md beside this file):
 Resumable: an utterance whose ``<id>.json`` exists and whose wav has the recorded size is not made again (both
 are written to a temporary name and renamed). Seeded: every utterance draws its voice settings, TTS noise and
 augmentation from its own seed, so a rerun (with any number of workers) writes identical files.
+One run at a time per OUT: a run holds OUT/.lock, and a second one into the same OUT stops at once (exit 2).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from speechstream.data.render import (  # noqa: E402
     RenderSpec,
     add_common_arguments,
     check_common_arguments,
+    hold_folder,
     read_json,
     read_plan,
     render_stage,
@@ -232,8 +234,14 @@ def write_manifests(out: Path, plan: list[dict], records: dict[str, dict], corpu
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with hold_folder(args.out):  # a second run into the same --out stops here (exit 2)
+        return make(args)
+
+
+def make(args: argparse.Namespace) -> int:
+    """Every stage, into ``args.out`` (held by this run)."""
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     corpus = load_or_build_text(out, args.seed)
     empty = [source for source in SOURCES if not corpus.train.get(source)]
     if empty:

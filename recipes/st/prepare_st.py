@@ -16,6 +16,7 @@ Resumable: an utterance whose ``<id>.json`` exists, was made from the same plan 
 size is not made again (both are written to a temporary name and renamed). Seeded: every utterance draws its voice
 settings, synthesis noise and augmentation from its own seed, so a rerun with any number of workers writes the same
 files.
+One run at a time per OUT: a run holds OUT/.lock, and a second one into the same OUT stops at once (exit 2).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from speechstream.data.render import (  # noqa: E402
     RenderSpec,
     add_common_arguments,
     check_common_arguments,
+    hold_folder,
     read_plan,
     render_stage,
     write_json,
@@ -194,8 +196,14 @@ def write_manifests(out: Path, plan: list[dict], records: dict[str, dict], text_
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with hold_folder(args.out):  # a second run into the same --out stops here (exit 2)
+        return make(args)
+
+
+def make(args: argparse.Namespace) -> int:
+    """Every stage, into ``args.out`` (held by this run)."""
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     pairs, text_counts = load_or_build_text(out)
     log.info("pairs: %d train, %d held out (%.1f s)", len(pairs["train"]), len(pairs["heldout"]),

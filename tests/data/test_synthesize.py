@@ -1,7 +1,9 @@
 """Synthesis: word-time helpers, voice sets, and a tiny end-to-end run of the recipe with espeak-ng."""
 
+import fcntl
 import importlib.util
 import json
+import os
 import random
 import subprocess
 import sys
@@ -230,3 +232,29 @@ def test_recipe_reports_a_damaged_plan_in_one_line(tmp_path, broken):
     where = "plan-settings.json: not readable JSON" if broken == "settings" else "plan.jsonl:2: not a JSON line"
     last = result.stderr.strip().splitlines()[-1]  # after the log's warning about the missing text sources
     assert last.startswith("speechstream: error: ") and where in last
+
+
+@pytest.mark.parametrize("recipe_path", [RECIPE, RECIPE.parents[1] / "st" / "prepare_st.py"])
+def test_a_second_run_into_the_same_out_stops_before_writing_anything(tmp_path, capsys, recipe_path):
+    """Two runs into one --out wrote the same temporary files: one run's rename took the other's half-written wav,
+    which then stopped with a FileNotFoundError traceback. The run writing OUT holds OUT/.lock (flock); a second
+    run stops at once with one line, exit 2, having written nothing; once the first is done, the folder is free."""
+    recipe = load_recipe(recipe_path)
+    out = tmp_path / "synth"
+    _seed_text(out)
+    before = sorted(path.relative_to(out) for path in out.rglob("*"))
+    arguments = ["--out", str(out), "--hours", "0.0005", "--heldout-hours", "0.0005", "--workers", "1"]
+    with (out / ".lock").open("a+") as first:  # the first run, still writing
+        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        first.write(f"pid {os.getpid()}\n")
+        first.flush()
+        assert run_main(recipe.main, arguments) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"speechstream: error: {out} is being written by another run (pid {os.getpid()}): wait for it "
+                    "to finish, or use another --out")
+    assert sorted(path.relative_to(out) for path in out.rglob("*") if path.name != ".lock") == before
+
+    from speechstream.data.render import hold_folder
+
+    with hold_folder(out):  # free again: the next run takes it
+        assert (out / ".lock").read_text() == f"pid {os.getpid()}\n"
