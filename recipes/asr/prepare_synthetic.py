@@ -40,7 +40,6 @@ from speechstream.data.render import (  # noqa: E402
     RenderSpec,
     add_common_arguments,
     check_common_arguments,
-    hold_folder,
     read_json,
     read_plan,
     render_stage,
@@ -52,6 +51,7 @@ from speechstream.data.render import (  # noqa: E402
 )
 from speechstream.data.corpora import run_main  # noqa: E402
 from speechstream.errors import InputError  # noqa: E402
+from speechstream.locks import hold_folder  # noqa: E402
 from speechstream.data.synthesize import (  # noqa: E402
     ENGINES,
     HELDOUT_ENGINE_WEIGHTS,

@@ -46,7 +46,6 @@ from speechstream.data.render import (  # noqa: E402
     RenderSpec,
     add_common_arguments,
     check_common_arguments,
-    hold_folder,
     read_plan,
     render_stage,
     write_json,
@@ -57,6 +56,7 @@ from speechstream.data.render import (  # noqa: E402
 )
 from speechstream.data.synthesize import estimate_seconds, sample_voice  # noqa: E402
 from speechstream.errors import InputError  # noqa: E402
+from speechstream.locks import hold_folder  # noqa: E402
 
 log = logging.getLogger("prepare_st")
 

@@ -6,14 +6,12 @@ A plan item is a dict with ``id``, ``split``, ``text``, ``source``, ``voice`` (`
 (plus recipe fields such as ``translation``). ``render`` makes one item into ``OUT/wav/<shard>/<id>.wav`` and its
 record ``<id>.json`` (babble clips into ``OUT/babble/``), or returns the finished record when both already exist
 for the same item: the record's ``key`` digests everything that determines the audio. Files are written to a
-temporary name and renamed. ``render_stage`` renders a list of items over worker processes. ``hold_folder`` keeps a
-second run out of an OUT that a run is writing.
+temporary name and renamed. ``render_stage`` renders a list of items over worker processes.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import logging
@@ -22,7 +20,6 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
-from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -36,7 +33,6 @@ from speechstream.data.synthesize import Voice, WordTime, synthesize, write_wav
 from speechstream.errors import InputError
 
 SPLITS = {"train": "tr", "heldout": "ho", "heldout_seen": "hs", "babble": "bb"}  # split -> id prefix
-LOCK_FILE = ".lock"  # OUT/.lock: held (flock) by the run writing OUT
 MIN_SECONDS, MAX_SECONDS = 1.0, 12.0  # clips outside are dropped (recorded as rejected)
 SHARD_SIZE = 1000  # utterances per wav/<shard> folder
 
@@ -93,31 +89,6 @@ def check_common_arguments(parser: argparse.ArgumentParser, args: argparse.Names
 
 
 # --- files ---------------------------------------------------------------------------------------------------------
-
-@contextmanager
-def hold_folder(out: Path) -> Iterator[None]:
-    """Hold ``OUT/.lock`` while the block runs; InputError when another run holds it. Two runs into one OUT wrote the
-    same temporary files (one run's rename took the other's half-written wav, which then failed with a traceback).
-    The lock is the kernel's (``flock``): it goes with the process that holds it, however that process ends."""
-    path = out / LOCK_FILE
-    try:
-        handle = path.open("a+", encoding="utf-8")
-    except OSError as error:
-        raise InputError(f"{path}: cannot open the lock file ({error.strerror or error})") from None
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip()
-            raise InputError(f"{out} is being written by another run{f' ({holder})' if holder else ''}: wait for it "
-                             "to finish, or use another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-        yield
-
 
 def write_jsonl(path: Path, records: list[dict]) -> None:
     """All records, one JSON object a line, written to a temporary file then renamed."""

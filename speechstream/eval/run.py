@@ -22,6 +22,8 @@ same way. What lands in the output folder:
   a rerun skips the ids already logged. Ctrl-C or SIGTERM stops a run with one line (exit 130 / 143) saying how
   many utterances are logged and which one was lost with the time spent on it; a stream's state cannot be saved
   midway, so a long recording in progress is decoded again from its start by the rerun.
+- ``.lock``: held (``flock``, `speechstream.locks`) by the run writing the folder; a second run into it stops at
+  once (exit 2): both would resume from the same log and log every utterance left twice.
 - ``scores.json``: WER/CER (raw and normalised) or BLEU/chrF, every latency metric with its ``_CA`` twin
   (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``; for a long-form
   manifest (``segments`` on every line: whole talks, each scored per reference sentence) also ``StreamLAAL`` and
@@ -73,6 +75,7 @@ from speechstream.eval.latency import (
     split_units,
     stream_laal,
 )
+from speechstream.locks import hold_folder
 from speechstream.manifest import Utterance, read_manifest
 
 # Files written into the output folder.
@@ -168,20 +171,21 @@ def evaluate(
         "decoding": system_options(baseline, decoding),
         "manifest": str(manifest_path.absolute()),  # for the record only: resuming checks the utterances instead
     }
-    records = _resume(out_dir / INSTANCES_FILE, utterances, references, sentences)
-    _check_or_write_config(out_dir, config, resuming=bool(records))
+    with hold_folder(out_dir):  # a second run into the same folder stops here: both would log every utterance
+        records = _resume(out_dir / INSTANCES_FILE, utterances, references, sentences)
+        _check_or_write_config(out_dir, config, resuming=bool(records))
 
-    finished = {record["id"] for record in records}
-    todo = [(index, utterance) for index, utterance in enumerate(utterances) if utterance.id not in finished]
-    _check_audio(todo, manifest_path)
-    if todo:
-        records += _decode(todo, references, sentences, out_dir / INSTANCES_FILE, baseline, model, decoding,
-                           progress, len(utterances))
-    records.sort(key=lambda record: record["index"])
+        finished = {record["id"] for record in records}
+        todo = [(index, utterance) for index, utterance in enumerate(utterances) if utterance.id not in finished]
+        _check_audio(todo, manifest_path)
+        if todo:
+            records += _decode(todo, references, sentences, out_dir / INSTANCES_FILE, baseline, model, decoding,
+                               progress, len(utterances))
+        records.sort(key=lambda record: record["index"])
 
-    scores = score_instances(records, task)
-    _write_atomically(out_dir / SCORES_FILE, json.dumps(scores, indent=2) + "\n")
-    _write_atomically(out_dir / SUMMARY_FILE, summary_text(scores, config))
+        scores = score_instances(records, task)
+        _write_atomically(out_dir / SCORES_FILE, json.dumps(scores, indent=2) + "\n")
+        _write_atomically(out_dir / SUMMARY_FILE, summary_text(scores, config))
     return scores
 
 

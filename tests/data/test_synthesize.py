@@ -254,7 +254,7 @@ def test_a_second_run_into_the_same_out_stops_before_writing_anything(tmp_path, 
                     "to finish, or use another --out")
     assert sorted(path.relative_to(out) for path in out.rglob("*") if path.name != ".lock") == before
 
-    from speechstream.data.render import hold_folder
+    from speechstream.locks import hold_folder
 
     with hold_folder(out):  # free again: the next run takes it
         assert (out / ".lock").read_text() == f"pid {os.getpid()}\n"

@@ -739,3 +739,25 @@ def test_a_run_stopped_inside_a_long_recording_says_so_and_a_rerun_redoes_it(tmp
     assert without_timing(read_log(out)) == without_timing(read_log(uninterrupted))
     assert deterministic(json.loads((out / "scores.json").read_text())) == deterministic(
         json.loads((uninterrupted / "scores.json").read_text()))
+
+
+def test_a_second_eval_into_a_folder_being_written_stops_at_once(finished_run, tmp_path, word_sessions, capsys):
+    """Two evals into one --out both resumed from the same log and both logged every utterance left: every later
+    run refused the log ('id "u0" logged twice'). The run writing the folder holds its .lock (flock); a second one
+    stops before touching anything, in one line (exit 2); once the first is done, the folder resumes as before."""
+    import fcntl
+
+    manifest, out = finished_run[0], tmp_path / "out"
+    out.mkdir()
+    command = ["eval", str(manifest), "--out", str(out), "--model", "tiny-random"]
+    with (out / ".lock").open("a+") as first:  # the first run, still decoding
+        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        first.write(f"pid {os.getpid()}\n")
+        first.flush()
+        assert main(command) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"speechstream: error: {out} is being written by another run (pid {os.getpid()}): wait for it "
+                    "to finish, or use another --out")
+    assert sorted(path.name for path in out.iterdir()) == [".lock"] and not word_sessions  # nothing decoded
+    scores = evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    assert scores["num_instances"] == len(DURATIONS)

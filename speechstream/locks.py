@@ -1,0 +1,43 @@
+"""One run at a time per output folder: ``hold_folder`` (``eval --out``, the synthesis recipes' ``--out``).
+
+Two runs writing one folder clash: both resume from the same files and write the same names (two evals logged
+every utterance twice, and every later run refused the log; two synthesis runs took each other's half-written
+temporary files). The run that holds ``FOLDER/.lock`` writes; another stops at once with one line (exit 2). The lock
+is the kernel's (``flock``): it goes with the process that holds it, however that process ends, so a killed run
+leaves nothing to clean up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from speechstream.errors import InputError
+
+LOCK_FILE = ".lock"  # FOLDER/.lock: held by the run writing FOLDER; names its process
+
+
+@contextmanager
+def hold_folder(folder: Path) -> Iterator[None]:
+    """Hold ``folder/.lock`` (an existing folder) while the block runs; InputError when another run holds it."""
+    path = Path(folder) / LOCK_FILE
+    try:
+        handle = path.open("a+", encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"{path}: cannot open the lock file ({error.strerror or error})") from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            raise InputError(f"{folder} is being written by another run{f' ({holder})' if holder else ''}: wait "
+                             "for it to finish, or use another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        yield
