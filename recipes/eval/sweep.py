@@ -2,6 +2,9 @@
 
 Every point is one ``speechstream eval MANIFEST --out OUT/<point>`` run, which resumes by itself: rerun this
 script after an interruption and finished points are skipped, a half-done point continues where it stopped.
+Ctrl-C or SIGTERM is passed on to the eval running (in its own process group, so that it gets one signal, from the
+sweep): it logs what it finished and stops, and the sweep then stops too, in one line, exit 130 / 143, leaving the
+report as it is.
 Afterwards the script reads every ``OUT/*/scores.json`` of this model and manifest and writes (unless every
 point failed: then the last report is left as it is)
 
@@ -44,6 +47,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -55,6 +59,12 @@ if str(ROOT) not in sys.path:  # run as a script: import the package from this c
 
 from speechstream.baselines import BASELINES  # noqa: E402 (light: no torch)
 from speechstream.config import ABLATIONS  # noqa: E402
+from speechstream.eval.run import (  # noqa: E402 (light: no torch)
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    Terminated,
+    terminate_as_interrupt,
+)
 
 DEFAULT_MODEL = "smollm2-whisper-base"
 KS, CHUNKS = (1, 2, 3, 4), (320, 640, 1280)
@@ -191,13 +201,38 @@ def is_done(point: Point, out: Path, model: str, manifest: Path, count: int, ctc
 
 
 def run_point(point: Point, model: str, manifest: Path, out: Path, threads: int | None = None) -> int:
-    """Run ``speechstream eval`` for one point (it resumes a half-done folder); its exit status."""
+    """Run ``speechstream eval`` for one point (it resumes a half-done folder); its exit status.
+
+    The eval runs in its own process group, so that a Ctrl-C at the terminal reaches the sweep alone: the sweep
+    passes it on (SIGINT; SIGTERM for a SIGTERM: `Terminated`), waits for the eval to log what it finished and
+    stop, and raises it again. The eval never outlives the sweep (it went on decoding, unseen, when the sweep was
+    sent SIGTERM; the next sweep then clashed with it over its folder).
+    """
     command = [sys.executable, "-m", "speechstream", *point.eval_args(model, str(manifest), out)]
     print(f"sweep: {point.name}: {shlex.join(command[1:])}", file=sys.stderr, flush=True)
     env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)  # torch's CPU threads: RTF depends on it
-    return subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL).returncode
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, process_group=0)
+    try:
+        return process.wait()
+    except KeyboardInterrupt as stop:
+        process.send_signal(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+        _wait_through_signals(process)
+        raise
+    except BaseException:
+        process.kill()
+        _wait_through_signals(process)
+        raise
+
+
+def _wait_through_signals(process: subprocess.Popen) -> None:
+    """Wait for ``process`` to end, whatever signals come meanwhile (a second Ctrl-C: it is on its way out)."""
+    while process.poll() is None:
+        try:
+            process.wait()
+        except KeyboardInterrupt:
+            continue
 
 
 # -- reading results ---------------------------------------------------------------------------------
@@ -585,14 +620,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     failed = []
     if not args.report_only:
-        for point in points:
-            if is_done(point, out, model, manifest, count, ctc_weight):
-                print(f"sweep: {point.name}: done", file=sys.stderr)
-                continue
-            status = run_point(point, model, manifest, out, args.threads)
-            if status:
-                print(f"sweep: {point.name}: speechstream eval failed (exit {status}); going on", file=sys.stderr)
-                failed.append(point.name)
+        point = None
+        try:
+            with terminate_as_interrupt():  # SIGTERM ended the sweep at once, its eval left running
+                for point in points:
+                    if is_done(point, out, model, manifest, count, ctc_weight):
+                        print(f"sweep: {point.name}: done", file=sys.stderr)
+                        continue
+                    status = run_point(point, model, manifest, out, args.threads)
+                    if status:
+                        print(f"sweep: {point.name}: speechstream eval failed (exit {status}); going on",
+                              file=sys.stderr)
+                        failed.append(point.name)
+        except KeyboardInterrupt as stop:
+            how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+            print(f"sweep: error: {how} at {point.name if point else 'the start'}; finished points and what its eval "
+                  f"logged are kept under {out}: rerun to go on, or --report-only to tabulate them; "
+                  f"{report_dir / RESULTS_FILE} is left as it is", file=sys.stderr)
+            return EXIT_SIGTERM if isinstance(stop, Terminated) else EXIT_SIGINT
     if failed and not collect(out, model, manifest, ctc_weight):  # a report of nothing would replace the last one
         print(f"sweep: error: every point failed; {report_dir / RESULTS_FILE} is left as it is", file=sys.stderr)
         return 1

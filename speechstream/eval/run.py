@@ -109,7 +109,7 @@ EXIT_SIGINT, EXIT_SIGTERM = 128 + 2, 128 + 15
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM while utterances are decoded (`_terminate_as_interrupt`): it unwinds the run as Ctrl-C does."""
+    """SIGTERM where `terminate_as_interrupt` is in force (decoding here, the sweep's loop): it unwinds as Ctrl-C."""
 
 
 class Interrupted(SpeechstreamError):
@@ -574,7 +574,7 @@ def _decode(todo, references, sentences, log_path: Path, baseline: str, model_na
     current: tuple[Utterance, float] | None = None  # the utterance being decoded, and when it started
     show = progress and sys.stderr.isatty()
     try:
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             system = load_system(baseline, model_name, decoding)
             _warm_up(system, todo[0][1])
             with open(log_path, "a", encoding="utf-8") as log, tqdm(
@@ -620,7 +620,7 @@ def interrupted_message(terminated: bool, logged: int, total: int, log_path: Pat
 
 
 @contextmanager
-def _terminate_as_interrupt():
+def terminate_as_interrupt():
     """While the block runs in the main thread, SIGTERM raises `Terminated` (by default it would end the process
     at once, with no message and the progress bar left on the terminal); the previous handler is put back after."""
     if threading.current_thread() is not threading.main_thread():

@@ -237,11 +237,14 @@ def test_relative_paths_are_the_callers_not_the_repository_root(sweep, tmp_path,
     _fake_run(caller / "out", "gpe-c640-k2", manifest, model=str(model))
     commands = []
 
-    def fake_run(command, cwd, **kwargs):
-        commands.append((command, cwd))
-        return sweep.subprocess.CompletedProcess(command, 0)
+    class FakeEval:  # an eval that finishes at once
+        def __init__(self, command, cwd, **kwargs):
+            commands.append((command, cwd))
 
-    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(sweep.subprocess, "Popen", FakeEval)
     args = ["--model", "mymodel", "--manifest", "manifest.jsonl", "--out", "out", "--report-dir", "rep", "--quick",
             "--baselines", "none"]
     assert sweep.main(args) == 0
@@ -321,3 +324,59 @@ def test_a_long_form_manifest_is_swept_cut_at_pauses_and_reports_stream_laal(swe
     mixed = _manifest(tmp_path / "mixed", n=3, talks=1)
     assert sweep.main(["--manifest", str(mixed), "--report-only"]) == 2
     assert '1 of 3 lines have "segments"' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how, code, said", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated (SIGTERM)")])
+def test_a_stopped_sweep_stops_its_eval_and_says_what_is_kept(sweep, tmp_path, capfd, how, code, said):
+    """Ctrl-C printed a traceback, and SIGTERM ended the sweep at once while its eval went on decoding unseen (a
+    rerun then clashed with it over its folder). Now the signal is passed on to the eval, which logs what it
+    finished and stops; the sweep waits for it and says in one line what is kept (exit 130 / 143)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import numpy as np
+    import soundfile
+
+    from speechstream.locks import hold_folder
+
+    data = tmp_path / "data"
+    data.mkdir()
+    seconds = 600  # one long utterance: the tiny model takes several seconds over it
+    audio = 0.1 * np.sin(2 * np.pi * 200 * np.arange(seconds * 16000) / 16000)
+    soundfile.write(data / "long.wav", audio.astype(np.float32), 16000, subtype="PCM_16")
+    manifest = data / "manifest.jsonl"
+    manifest.write_text(json.dumps({"id": "long", "audio": "long.wav", "text": "a b"}) + "\n")
+    out, report = tmp_path / "out", tmp_path / "rep"
+    first = out / "gpe-c640-k1"
+    stopped = threading.Event()
+
+    def stop_once_decoding() -> None:  # instances.log is opened when the first utterance starts
+        deadline = time.monotonic() + 120
+        while not (first / "instances.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), getattr(signal, how))
+        stopped.set()
+
+    def unhandled(signum, frame):
+        raise RuntimeError("SIGTERM reached the test's handler: the sweep would have been killed")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    threading.Thread(target=stop_once_decoding, daemon=True).start()
+    try:
+        status = sweep.main(["--model", "tiny-random", "--manifest", str(manifest), "--out", str(out), "--quick",
+                             "--baselines", "none", "--report-dir", str(report), "--threads", "1"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped the sweep as a KeyboardInterrupt (a traceback)")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.is_set() and status == code
+    err = capfd.readouterr().err  # (the eval's stderr too)
+    assert err.strip().splitlines()[-1] == (
+        f"sweep: error: {said} at gpe-c640-k1; finished points and what its eval logged are kept under {out}: "
+        f"rerun to go on, or --report-only to tabulate them; {report / 'RESULTS.md'} is left as it is")
+    assert '"long" was not finished' in err  # the eval's own line: it was stopped, not killed
+    assert not (report / "RESULTS.md").exists() and not (out / "gpe-c640-k2").exists()
+    with hold_folder(first):  # the eval has ended: nothing writes its folder any more
+        pass
