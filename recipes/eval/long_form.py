@@ -10,12 +10,14 @@ recording and their text and translation (a line that is itself long-form brings
 eval --vad` then decodes the recording as one stream, cut at pauses as `transcribe` cuts it, and scores WER (or
 BLEU) on the whole and StreamLAAL per sentence. For real talks with their own sentence times,
 `recipes/data/prepare_mustc.py --talks` writes such lines directly. A file already at the .wav is replaced only when
-it is the recording --out names (a rerun).
+it is the recording --out names (a rerun); the recording is written to a temporary name and renamed once whole, so
+a run stopped while writing it leaves none (a rerun makes it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -99,7 +101,9 @@ def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> t
         pieces.append(audio)
         at += audio.size
     wav.parent.mkdir(parents=True, exist_ok=True)
-    soundfile.write(wav, np.concatenate(pieces), SAMPLE_RATE, subtype="PCM_16")
+    temporary = wav.with_name(f".{wav.name}.tmp")  # renamed once whole: a run stopped midway leaves no half wav
+    soundfile.write(temporary, np.concatenate(pieces), SAMPLE_RATE, subtype="PCM_16", format="WAV")
+    os.replace(temporary, wav)
     languages = {key: getattr(utterances[0], key) for key in ("source_lang", "target_lang")}
     return {"id": talk_id, "audio": wav, **languages, "segments": segments}, at / SAMPLE_RATE
 

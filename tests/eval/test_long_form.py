@@ -94,3 +94,32 @@ def test_long_form_lines_bring_their_own_sentences(tmp_path: Path):
     (line,) = read_manifest(tmp_path / "out" / "t.jsonl")
     assert [(s.offset, s.duration, s.text) for s in line.segments] == [
         (0.1, 0.3, "one"), (0.5, 0.4, "two"), (1.5, 1.0, "three")]
+
+
+def test_a_run_killed_while_writing_the_recording_can_be_rerun(tmp_path: Path, monkeypatch):
+    """The recording was written in place: a run stopped while writing it left half a wav and no manifest, and every
+    rerun refused to overwrite that wav ("exists and is not the recording of ..."). It is written to a temporary
+    name and renamed once whole: a rerun makes it."""
+    import pytest
+
+    from speechstream.data.corpora import run_main
+    from tests.helpers import load_recipe
+
+    recipe = load_recipe(SCRIPT)
+    clip = (0.1 * np.random.default_rng(1).standard_normal(16000)).astype(np.float32)
+    soundfile.write(tmp_path / "c.wav", clip, 16000, subtype="PCM_16")
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "c", "audio": "c.wav", "text": "a clip"}) + "\n")
+    out = tmp_path / "talk" / "talk.jsonl"
+    write = soundfile.write
+
+    def killed_midway(file, data, *args, **kwargs):
+        write(file, data[: data.size // 2], *args, **kwargs)  # half of it on disk, then the run stops
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(soundfile, "write", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        recipe.main([str(tmp_path / "m.jsonl"), "--out", str(out)])
+    monkeypatch.setattr(soundfile, "write", write)
+    assert not out.exists() and not (tmp_path / "talk" / "talk.wav").exists()
+    assert run_main(recipe.main, [str(tmp_path / "m.jsonl"), "--out", str(out)]) == 0
+    assert load_audio(tmp_path / "talk" / "talk.wav").size == clip.size
