@@ -387,12 +387,17 @@ def write_from_args(entries: Iterable[dict], args: argparse.Namespace, untransla
 
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Run a recipe's ``main``: a bad input or corpus is one ``speechstream: error:`` line and exit code 2."""
+    """Run a recipe's ``main``: a bad input or corpus is one ``speechstream: error:`` line and exit code 2; Ctrl-C
+    is one line too, exit 130, as in the command line (it was a traceback, one per synthesis worker)."""
     try:
         return main(argv)
     except SpeechstreamError as error:
         print(f"speechstream: error: {error}", file=sys.stderr)
         return error.exit_code
+    except KeyboardInterrupt:
+        print("speechstream: error: interrupted (finished files are kept; rerun the same command to go on)",
+              file=sys.stderr)
+        return 130
 
 
 def _folder(path: str | Path) -> Path:

@@ -17,10 +17,13 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -242,10 +245,31 @@ def render_all(items: list[dict], out: Path, babble_ids: list[str], do_augment: 
         for item in items:
             yield item, render(item, out, babble_ids, do_augment, spec)
         return
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=init_worker) as pool:
+    with _workers_ignore_ctrl_c():  # (the pool starts its processes as items are submitted)
+        pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=init_worker)
         futures = {pool.submit(render, item, out, babble_ids, do_augment, spec): item for item in items}
-        for future in as_completed(futures):
-            yield futures[future], future.result()
+    with pool:
+        try:
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+        except BaseException:  # Ctrl-C, a failed utterance: those in hand are finished (and kept), the rest
+            pool.shutdown(wait=True, cancel_futures=True)  # are not started (the pool's exit waited for them all)
+            raise
+
+
+@contextmanager
+def _workers_ignore_ctrl_c() -> Iterator[None]:
+    """Processes started in the block ignore SIGINT from their first instruction on (an ignored signal stays ignored
+    across exec, and Python keeps it so): Ctrl-C is the main process's (`render_all`). Each worker printed a
+    traceback of its own, and one that died starting up left the pool waiting for ever."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass

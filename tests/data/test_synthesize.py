@@ -258,3 +258,41 @@ def test_a_second_run_into_the_same_out_stops_before_writing_anything(tmp_path, 
 
     with hold_folder(out):  # free again: the next run takes it
         assert (out / ".lock").read_text() == f"pid {os.getpid()}\n"
+
+
+@needs_espeak
+@pytest.mark.slow
+def test_ctrl_c_stops_a_synthesis_run_in_one_line_and_the_rerun_goes_on(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) printed a traceback from the main process
+    and one from every worker, and could hang (the pool waiting on a worker that had died). Now workers leave it to
+    the main process, which lets the utterances in hand finish, starts no more, and says so in one line (exit 130);
+    the rerun finishes the set, every clip whole."""
+    import signal
+    import time
+
+    out = tmp_path / "synth"
+    command = [sys.executable, str(RECIPE), "--out", str(out), "--hours", "0.003", "--heldout-hours", "0.001",
+               "--engines", "espeak", "--workers", "2"]
+    _seed_text(out)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("babble/*.json")) and time.monotonic() < deadline:  # the workers are under way
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        _, err = process.communicate(timeout=60)  # (it used to hang, its pool waiting on workers that had died)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == ("speechstream: error: interrupted (finished files are kept; rerun the "
+                                            "same command to go on)")
+    assert not (out / "train.jsonl").exists()
+    assert subprocess.run(command, capture_output=True, timeout=300).returncode == 0
+    for name in ("train.jsonl", "heldout.jsonl", "heldout_seen.jsonl"):
+        for line in (out / name).read_text().splitlines():
+            record = json.loads(line)
+            assert soundfile.info(str(out / record["audio"])).frames / 16000 == pytest.approx(record["duration"],
+                                                                                              abs=1e-3)
