@@ -4,8 +4,9 @@ Protocol (``GET /ws``): the client sends a text frame ``{"type": "start", "sampl
 "task": "asr"}`` (optional ``model``, ``source_lang``, ``target_lang``, ``chunk_ms``), then binary
 frames of little-endian int16 mono PCM at that rate, then ``{"type": "end"}``. The server sends the
 events of ``transcribe --format jsonl`` (``final``, ``partial``, and last ``end``); a protocol error
-gets ``{"type": "error", "message": ...}`` and a close. ``GET /`` is the live page, ``GET /health``
-a JSON status.
+gets ``{"type": "error", "message": ...}`` and a close. Frames after the end message are ignored (the
+server's log notes it once): the stream still gets every event and its end event. ``GET /`` is the
+live page, ``GET /health`` a JSON status.
 
 Threads: the asyncio loop only moves bytes. One decode worker thread owns every torch object:
 it resamples and feeds each stream's audio into its ``StreamingSession`` (front end), and steps
@@ -157,6 +158,8 @@ class Stream:
     outbox: asyncio.Queue  # Events and ("error", message) items for the client
     inbox: deque = field(default_factory=deque)  # int16 frames (bytes) and _END, for the worker
     cancelled: bool = False  # the client is gone or broke the protocol: drop the stream
+    ended: bool = False  # the client sent its end message: later frames are ignored
+    ignored: int = 0  # frames that came after the end message
     samples_in: int = 0  # samples received (at the client's rate)
 
     def deliver(self, item: Any) -> None:
@@ -484,20 +487,22 @@ class Server:
 
     async def _read(self, ws, stream: Stream) -> str:
         """Read the client's frames into the stream's queue until the socket closes ("gone") or the
-        client breaks the protocol ("error", queued for the client after the events before it)."""
+        client breaks the protocol ("error", queued for the client after the events before it). Frames after
+        the end message are read and dropped (``_ignore_late_frame``): the stream still gets its end event."""
         from aiohttp import WSMsgType
 
         limit = int(self.config.max_session_s * stream.start.sample_rate)
-        ended = False
         while True:
             await stream.credits.acquire()  # backpressure: no socket read while the queue is full
             msg = await ws.receive()
             if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
                 return "gone"  # the client left (or the handler closed the socket after the end event)
+            if stream.ended:  # its events and end event are on their way: a late frame must not cost them
+                stream.credits.release()
+                self._ignore_late_frame(stream)
+                continue
             problem = None
-            if ended:
-                problem = "nothing may follow the end message"
-            elif msg.type == WSMsgType.BINARY:
+            if msg.type == WSMsgType.BINARY:
                 size = len(msg.data)
                 if size > self.config.max_frame_bytes:
                     problem = f"audio frame of {size} bytes exceeds the limit of {self.config.max_frame_bytes}"
@@ -516,7 +521,7 @@ class Server:
                 except (ValueError, RecursionError):
                     message = None
                 if isinstance(message, dict) and message.get("type") == "end":
-                    ended = True
+                    stream.ended = True
                     stream.inbox.append(_END)
                     self.worker.wake()
                     continue
@@ -527,6 +532,13 @@ class Server:
             self.worker.wake()
             stream.outbox.put_nowait(("error", problem))
             return "error"
+
+    @staticmethod
+    def _ignore_late_frame(stream: Stream) -> None:
+        """A frame after the end message is dropped; the server's log says so once per stream."""
+        stream.ignored += 1
+        if stream.ignored == 1:
+            print(f"speechstream: stream {stream.id}: ignoring frames sent after the end message", file=sys.stderr)
 
     async def _send(self, ws, stream: Stream) -> None:
         """Send the worker's events until the end event or an error."""
