@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import json
 import socket
@@ -142,6 +143,39 @@ def parse_start(text: str, served_model: str, served_task: str,
         except InputError as error:
             raise ProtocolError(str(error)) from None
     return StreamStart(rate, task, chunk_ms, message.get("source_lang"), message.get("target_lang"))
+
+
+def frame_error_message(code: int, max_msg_size: int, max_frame_bytes: int) -> str:
+    """The error event's message for a frame the WebSocket layer refused with close ``code`` (before the server
+    could read it): ``max_msg_size`` bytes or more (1009), text that is not UTF-8 (1007), a broken frame."""
+    if code == 1009:
+        return f"a frame of {max_msg_size} bytes or more exceeds the limit of {max_frame_bytes}"
+    if code == 1007:
+        return "text frames must be UTF-8"
+    return f"a frame that breaks the WebSocket protocol (close code {code})"
+
+
+@functools.cache
+def error_event_socket():
+    """``aiohttp.web.WebSocketResponse`` whose ``close`` first awaits ``on_frame_error(code)`` when aiohttp itself
+    closes the socket with an error code on a frame it could not read (1009, 1007, 1002): the one moment the socket
+    is still writable, so the client can get its error event (or, after its end message, its end event) before the
+    close frame. (A class made on first use: the CLI imports this module for every command, aiohttp only to serve.)"""
+    from aiohttp import web
+
+    class ErrorEventSocket(web.WebSocketResponse):
+        def __init__(self, on_frame_error: Callable[[int], Any], **options):
+            super().__init__(**options)
+            self._on_frame_error = on_frame_error
+            self._error_code: int | None = None  # the code aiohttp closes with; a close meanwhile keeps it
+
+        async def close(self, *, code: int = 1000, message: bytes = b"", drain: bool = True) -> bool:
+            if code != 1000 and self._error_code is None and not self.closed:
+                self._error_code = int(code)
+                await self._on_frame_error(self._error_code)
+            return await super().close(code=self._error_code or code, message=message, drain=drain)
+
+    return ErrorEventSocket
 
 
 _END = object()  # inbox item: the client sent {"type": "end"}
@@ -360,6 +394,9 @@ class Server:
         if getattr(decoding, "ablation", "none") != "none":
             raise InputError("serve decodes with GPE only (ablation none)")
         self.worker = DecodeWorker(model, decoding, choose, config.record_dir)
+        # the WebSocket layer refuses a frame of this many bytes before reading it (1009, after an error event);
+        # frames between --max-frame-bytes and this get the server's own check, which names their size
+        self.max_msg_size = 2 * self.config.max_frame_bytes + 4096
         self.connections = 0
         self.started_streams = 0
         self._ids = itertools.count(1)
@@ -422,7 +459,12 @@ class Server:
         if origin is not None and not same_origin(origin, request.host):
             # another site's page in the user's browser (clients outside browsers send no Origin)
             return web.Response(status=403, text="cross-origin WebSocket refused: open the page this server serves")
-        ws = web.WebSocketResponse(max_msg_size=2 * self.config.max_frame_bytes + 4096)
+        stream = sender = None
+
+        async def frame_error(code: int) -> None:  # (aiohttp closes the socket next)
+            await self._frame_error(ws, code, stream, sender)
+
+        ws = error_event_socket()(frame_error, max_msg_size=self.max_msg_size)
         await ws.prepare(request)
         if self.connections >= self.config.max_sessions:
             await self._refuse(ws, f"too many sessions (the server takes {self.config.max_sessions})")
@@ -431,7 +473,6 @@ class Server:
             await self._refuse(ws, "the decoder has failed; see the server's log")
             return ws
         self.connections += 1
-        stream = None
         try:
             start = await self._receive_start(ws)
             loop = asyncio.get_running_loop()
@@ -466,11 +507,31 @@ class Server:
         return ws
 
     async def _refuse(self, ws, message: str) -> None:
+        await self._send_error(ws, message)
+        await ws.close()
+
+    @staticmethod
+    async def _send_error(ws, message: str) -> None:
         try:
             await ws.send_str(json.dumps({"type": "error", "message": message}))
         except (ConnectionError, RuntimeError):
             pass
-        await ws.close()
+
+    async def _frame_error(self, ws, code: int, stream: Stream | None, sender: asyncio.Task | None) -> None:
+        """The WebSocket layer refused a frame and closes the socket with ``code`` once this returns. Before the
+        start the client gets the error event; before its end message, the events already computed and then the
+        error event; after its end message the frame is ignored as any other and the client gets its end event."""
+        message = frame_error_message(code, self.max_msg_size, self.config.max_frame_bytes)
+        if stream is None or sender is None:
+            await self._send_error(ws, message)
+            return
+        if stream.ended:
+            self._ignore_late_frame(stream)
+        else:
+            stream.cancelled = True
+            self.worker.wake()
+            stream.outbox.put_nowait(("error", message))
+        await asyncio.wait({sender})  # (not `await sender`: cancelling this reader must not cancel the sender)
 
     async def _receive_start(self, ws) -> StreamStart:
         from aiohttp import WSMsgType

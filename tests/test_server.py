@@ -315,32 +315,43 @@ def test_frames_after_the_end_message_are_ignored_and_the_end_event_still_comes(
     assert log.count("ignoring frames sent after the end message") == 1, log
 
 
-def test_start_timeout_and_the_errors_the_websocket_layer_closes_on(tiny_model):
+def test_start_timeout_and_the_frames_the_websocket_layer_refuses_get_an_error_event(tiny_model):
     """No start within --start-timeout: an error event and a close. A frame of twice --max-frame-bytes plus 4 KiB or
-    more: close code 1009 without an event; a text frame that is not UTF-8: 1007 (docs/websocket.md)."""
+    more, or a text frame that is not UTF-8, is refused by the WebSocket layer, which closed the socket (1009, 1007)
+    without an event: now the client gets the events already computed, the error event, and that close; a frame the
+    layer refuses after the end message is ignored as any other and the end event still comes (docs/websocket.md)."""
     config = ServerConfig(max_frame_bytes=8000, start_timeout_s=0.5)
     server = Server(tiny_model, "tiny-random", FAST, config, choose=text_favouring_chooser)
+    too_big, not_utf8, end = b"\0" * (2 * 8000 + 4096), ("raw", b"\xff\xfe"), json.dumps({"type": "end"})
+    pcm = to_pcm(clips(2.0)[3])
+    audio = [pcm[i : i + 3200] for i in range(0, len(pcm), 3200)]
+    expected = solo(tiny_model, FAST, int16_to_float(pcm), text_favouring_chooser(tiny_model))
 
-    async def frames_and_code(http, url, frame=None, raw_text=None):
+    async def events_and_code(http, url, frames):
         async with http.ws_connect(url + "ws") as ws:
-            if frame is not None or raw_text is not None:
-                await ws.send_str(START)
-            if frame is not None:
-                await ws.send_bytes(frame)
-            if raw_text is not None:  # aiohttp's client encodes every str it sends: write the frame itself
-                await ws._writer.send_frame(raw_text, aiohttp.WSMsgType.TEXT)
+            for frame in frames:
+                if isinstance(frame, tuple):  # aiohttp's client encodes every str it sends: write the frame itself
+                    await ws._writer.send_frame(frame[1], aiohttp.WSMsgType.TEXT)
+                else:
+                    await (ws.send_bytes(frame) if isinstance(frame, bytes) else ws.send_str(frame))
             return [json.loads(m.data) async for m in ws if m.type == aiohttp.WSMsgType.TEXT], ws.close_code
 
     async def scenario():
         async with running(server) as url, aiohttp.ClientSession() as http:
-            return [await frames_and_code(http, url), await frames_and_code(http, url, b"\0" * (2 * 8000 + 4096)),
-                    await frames_and_code(http, url, b"\0" * (2 * 8000 + 4094)),
-                    await frames_and_code(http, url, raw_text=b"\xff\xfe"), await settled_health(http, url)]
+            cases = ([], [START, too_big], [too_big], [START, b"\0" * (2 * 8000 + 4094)], [START, not_utf8],
+                     [not_utf8], [START, *audio, too_big], [START, *audio, end, too_big])
+            return [await events_and_code(http, url, frames) for frames in cases], await settled_health(http, url)
 
-    timeout, too_big, big, not_utf8, state = asyncio.run(scenario())
+    results, state = asyncio.run(scenario())
+    timeout, too_big_after_start, too_big_first, big, not_utf8_after_start, not_utf8_first, mid, late = results
     assert timeout == ([{"type": "error", "message": "no start message within 0.5 s"}], 1000)
-    assert too_big == ([], 1009) and not_utf8 == ([], 1007)
+    too_big_error = {"type": "error", "message": "a frame of 20096 bytes or more exceeds the limit of 8000"}
+    assert too_big_after_start == too_big_first == ([too_big_error], 1009)
     assert big[0] == [{"type": "error", "message": "audio frame of 20094 bytes exceeds the limit of 8000"}]
+    assert not_utf8_after_start == not_utf8_first == ([{"type": "error", "message": "text frames must be UTF-8"}], 1007)
+    assert mid[0][-1] == too_big_error and mid[1] == 1009
+    assert {e["type"] for e in mid[0][:-1]} <= {"final", "partial"}  # the events computed before it, then the error
+    assert check_events(late[0], len(pcm) / 2 / 16000) == expected and expected
     assert state["sessions"] == 0 and state["batch"] == 0
 
 
