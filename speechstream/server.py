@@ -246,6 +246,8 @@ class DecodeWorker:
     def submit(self, stream: Stream) -> None:
         self._joining.append(stream)
         self._wake.set()
+        if self.error is not None:  # the thread has died (after the connection's check): the stream hears it now
+            self._fail_joining()
 
     def wake(self) -> None:
         self._wake.set()
@@ -253,6 +255,15 @@ class DecodeWorker:
     @property
     def alive(self) -> bool:
         return self.thread.is_alive() and self.error is None
+
+    def _fail_joining(self) -> None:
+        """Tell every stream waiting to join that the thread has died (from either side: each stream once)."""
+        while True:
+            try:
+                stream = self._joining.popleft()
+            except IndexError:
+                return
+            stream.deliver(("error", f"decoder failure: {type(self.error).__name__}: {self.error}"))
 
     # -- the thread ---------------------------------------------------------------------------------
 
@@ -271,6 +282,7 @@ class DecodeWorker:
             self.error = error
             for live in self._live:
                 live.stream.deliver(("error", f"decoder failure: {type(error).__name__}: {error}"))
+            self._fail_joining()  # (a stream that had not joined yet waited for its events for ever)
             raise
 
     def _take_inputs(self) -> bool:

@@ -465,6 +465,36 @@ def test_a_fast_client_is_decoded_while_it_sends_and_its_llm_holds_it_back(tiny_
     assert seen["steps_at_end"] > worker.batch.steps / 2  # most LLM steps ran before the end message was taken
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_stream_that_starts_after_the_decoder_died_gets_an_error_event(tiny_model):
+    """A client connected while the decode thread was alive and sent its start after it died: its stream went to a
+    thread that no longer read its queue, and the client waited for events for ever. Now it gets the decoder's error;
+    /health says 503 and a new connection is refused."""
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(), choose=text_favouring_chooser)
+
+    def broken():
+        raise RuntimeError("boom")
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            async with http.ws_connect(url + "ws") as ws:
+                server.worker._take_inputs = broken
+                server.worker.wake()
+                server.worker.thread.join(timeout=10)
+                await ws.send_str(START)
+                await ws.send_bytes(b"\0\0" * 1600)
+                await ws.send_str(json.dumps({"type": "end"}))
+                events = await asyncio.wait_for(receive_all(ws), 10)
+            async with http.get(url + "health") as response:
+                status = response.status
+            async with http.ws_connect(url + "ws") as late:
+                await expect_error(late, "the decoder has failed")
+            return events, status
+
+    events, status = asyncio.run(scenario())
+    assert events == [{"type": "error", "message": "decoder failure: RuntimeError: boom"}] and status == 503
+
+
 def test_health_and_the_page(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=3))
 
