@@ -548,9 +548,10 @@ class Server:
     async def _receive_start(self, ws) -> StreamStart:
         from aiohttp import WSMsgType
 
-        try:
-            msg = await ws.receive(timeout=self.config.start_timeout_s)
-        except asyncio.TimeoutError:
+        try:  # (one deadline: ws.receive(timeout=...) times each read, and each ping the client sends restarts it)
+            async with asyncio.timeout(self.config.start_timeout_s):
+                msg = await ws.receive()
+        except TimeoutError:
             raise ProtocolError(f"no start message within {self.config.start_timeout_s:g} s") from None
         if msg.type == WSMsgType.BINARY:
             raise ProtocolError("audio before the start message")

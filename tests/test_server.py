@@ -355,6 +355,36 @@ def test_start_timeout_and_the_frames_the_websocket_layer_refuses_get_an_error_e
     assert state["sessions"] == 0 and state["batch"] == 0
 
 
+def test_pings_do_not_hold_off_the_start_timeout(tiny_model):
+    """The start timeout timed each socket read, and every ping (answered inside the read) started it again: a client
+    pinging without a start message held a session slot for ever. It is one deadline now."""
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(start_timeout_s=0.5))
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            async with http.ws_connect(url + "ws") as ws:
+
+                async def ping():
+                    while True:
+                        await ws.ping()
+                        await asyncio.sleep(0.1)
+
+                pinger = asyncio.create_task(ping())
+                try:
+                    begin = time.perf_counter()
+                    msg = await asyncio.wait_for(ws.receive(), 5)  # (not receive(timeout=...): pongs restart it)
+                    waited = time.perf_counter() - begin
+                finally:
+                    pinger.cancel()
+                    await asyncio.gather(pinger, return_exceptions=True)
+            return msg, waited, await settled_health(http, url)
+
+    msg, waited, state = asyncio.run(scenario())
+    assert msg.type == aiohttp.WSMsgType.TEXT and waited < 3, (msg, waited)
+    assert json.loads(msg.data) == {"type": "error", "message": "no start message within 0.5 s"}
+    assert state["sessions"] == 0
+
+
 def test_null_optional_start_fields_are_left_out():
     from speechstream.server import parse_start
 
