@@ -65,7 +65,7 @@ class ServerConfig:
     port: int = 8765  # 0: any free port
     max_sessions: int = 8  # concurrent WebSocket streams; one more gets an error event and a close
     max_frame_bytes: int = 256 * 1024  # largest binary frame (about 8 s of 16 kHz int16)
-    max_session_s: float = 3600.0  # seconds of audio one stream may send
+    max_session_s: float = 3600.0  # seconds of audio one stream may send (inf: no limit)
     queue_frames: int = 64  # frames queued per stream before the server stops reading its socket
     start_timeout_s: float = 10.0  # time a client has to send its start message
     record_dir: str | None = None  # debug: write each stream's received audio (16 kHz WAV) and sent events here
@@ -565,7 +565,7 @@ class Server:
         the end message are read and dropped (``_ignore_late_frame``): the stream still gets its end event."""
         from aiohttp import WSMsgType
 
-        limit = int(self.config.max_session_s * stream.start.sample_rate)
+        limit = self.config.max_session_s * stream.start.sample_rate  # samples (a float: inf is no limit)
         while True:
             await stream.credits.acquire()  # backpressure: no socket read while the queue is full
             msg = await ws.receive()

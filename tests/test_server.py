@@ -413,6 +413,21 @@ def test_a_stream_naming_languages_the_model_does_not_take_is_refused(tiny_model
     assert parse_start(start(source_lang="fr"), "tiny-random", "asr", (None, None)).source_lang == "fr"
 
 
+def test_max_session_s_inf_is_no_limit(tiny_model):
+    """``--max-session-s inf`` (or 1e308) passes the option checks, but every stream's reader failed on
+    int(inf * sample_rate): each client got 'the server failed to read this stream'."""
+    pcm = to_pcm(clips(1.0)[4])
+    for seconds in (float("inf"), 1e308):
+        server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_session_s=seconds),
+                        choose=text_favouring_chooser)
+
+        async def scenario():
+            async with running(server) as url, aiohttp.ClientSession() as http:
+                return await stream(http, url, pcm)
+
+        check_events(asyncio.run(scenario()), len(pcm) / 2 / 16000)
+
+
 def test_one_session_too_many_gets_an_error_and_the_others_go_on(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=2), choose=text_favouring_chooser)
     pcm = to_pcm(clips(1.0)[0])
