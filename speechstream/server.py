@@ -22,6 +22,7 @@ audio, and no stream's uploads hold up the other streams' text.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -85,6 +86,19 @@ class ServerConfig:
         if self.record_dir and Path(self.record_dir).exists() and not Path(self.record_dir).is_dir():
             raise InputError(f"--record-dir {self.record_dir} exists and is not a folder")
         return self
+
+
+def make_record_dir(path: str) -> None:
+    """Create the ``--record-dir`` folder before serving, so a folder that cannot be made is a usage error."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"cannot create --record-dir {path} ({error.strerror or error})") from None
+
+
+def record_failed(stream_id: int, what: str, error: Exception) -> None:
+    """A debug recording that could not be written is noted on the server's log; the stream goes on."""
+    print(f"speechstream: stream {stream_id}: --record-dir: could not write its {what} ({error})", file=sys.stderr)
 
 
 class ProtocolError(Exception):
@@ -387,8 +401,11 @@ class DecodeWorker:
             import soundfile
 
             audio = np.concatenate(live.recorded) if live.recorded else np.zeros(0, dtype=np.float32)
-            self.record_dir.mkdir(parents=True, exist_ok=True)
-            soundfile.write(str(self.record_dir / f"stream-{live.stream.id:04d}.wav"), audio, 16000, subtype="FLOAT")
+            try:  # (a failure here, on this thread, stopped every stream)
+                path = self.record_dir / f"stream-{live.stream.id:04d}.wav"
+                soundfile.write(str(path), audio, 16000, subtype="FLOAT")
+            except (OSError, RuntimeError) as error:  # (soundfile's errors are RuntimeErrors)
+                record_failed(live.stream.id, "audio", error)
 
 
 class Server:
@@ -405,6 +422,8 @@ class Server:
         self.config = config.validate()
         if getattr(decoding, "ablation", "none") != "none":
             raise InputError("serve decodes with GPE only (ablation none)")
+        if config.record_dir:
+            make_record_dir(config.record_dir)
         self.worker = DecodeWorker(model, decoding, choose, config.record_dir)
         # the WebSocket layer refuses a frame of this many bytes before reading it (1009, after an error event);
         # frames between --max-frame-bytes and this get the server's own check, which names their size
@@ -620,8 +639,10 @@ class Server:
 
         log = None
         if self.config.record_dir:
-            Path(self.config.record_dir).mkdir(parents=True, exist_ok=True)
-            log = open(Path(self.config.record_dir) / f"stream-{stream.id:04d}.jsonl", "w", encoding="utf-8")
+            try:
+                log = open(Path(self.config.record_dir) / f"stream-{stream.id:04d}.jsonl", "w", encoding="utf-8")
+            except OSError as error:  # (debugging only: the client still gets its events)
+                record_failed(stream.id, "events", error)
         try:
             while True:
                 item = await stream.outbox.get()
@@ -630,8 +651,14 @@ class Server:
                 else:
                     line = jsonl_line(item)
                 if log:
-                    log.write(line + "\n")
-                    log.flush()
+                    try:
+                        log.write(line + "\n")
+                        log.flush()
+                    except OSError as error:
+                        record_failed(stream.id, "events", error)
+                        with contextlib.suppress(OSError):
+                            log.close()
+                        log = None
                 try:
                     await ws.send_str(line)
                 except (ConnectionError, RuntimeError):
@@ -686,6 +713,8 @@ def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> i
     config.validate()
     if getattr(decoding, "ablation", "none") != "none":
         raise InputError("serve decodes with GPE only (--ablation none)")
+    if config.record_dir:
+        make_record_dir(config.record_dir)
     make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens,
                 decoding.max_repeats)
     sock = listen_socket(config.host, config.port)  # a busy port fails here, before the model load

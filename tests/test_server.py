@@ -428,6 +428,39 @@ def test_max_session_s_inf_is_no_limit(tiny_model):
         check_events(asyncio.run(scenario()), len(pcm) / 2 / 16000)
 
 
+def test_a_record_dir_that_cannot_be_written_costs_no_stream(tiny_model, tmp_path, capsys):
+    """--record-dir writes each stream's audio and events. A folder that could not be written took the stream's
+    connection down with a logged traceback and no event (the event log) and then killed the decode thread for every
+    stream (the WAV, written on it): now the stream goes on and the server's log says what was not recorded."""
+    record = tmp_path / "record"
+    config = ServerConfig(record_dir=str(record))
+    server = Server(tiny_model, "tiny-random", FAST, config, choose=text_favouring_chooser)
+    assert record.is_dir()  # made before serving
+    pcm = to_pcm(clips(1.0)[5])
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            recorded = await stream(http, url, pcm)
+            for _ in range(100):  # (the worker writes the WAV as it drops the stream, a moment after its end)
+                if sorted(p.name for p in record.iterdir()) == ["stream-0001.jsonl", "stream-0001.wav"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert sorted(p.name for p in record.iterdir()) == ["stream-0001.jsonl", "stream-0001.wav"]
+            for path in record.iterdir():
+                path.unlink()
+            record.rmdir()
+            record.write_text("")  # the folder is gone: a file in its place
+            unrecorded = await stream(http, url, pcm)
+            return recorded, unrecorded, await settled_health(http, url)
+
+    recorded, unrecorded, state = asyncio.run(scenario())
+    assert check_events(unrecorded, len(pcm) / 2 / 16000) == check_events(recorded, len(pcm) / 2 / 16000)
+    assert state["status"] == "ok" and server.worker.error is None
+    log = capsys.readouterr().err
+    assert "stream 2: --record-dir: could not write its events" in log, log
+    assert "stream 2: --record-dir: could not write its audio" in log, log
+
+
 def test_one_session_too_many_gets_an_error_and_the_others_go_on(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=2), choose=text_favouring_chooser)
     pcm = to_pcm(clips(1.0)[0])
@@ -602,6 +635,7 @@ def test_bad_serve_options_give_one_error_line_and_exit_2(capsys):
             (["serve", "--port", "70000"], "--port must be between 0 and 65535"),
             (["serve", "--max-frame-bytes", "3"], "even"),
             (["serve", "--chunk-ms", "3"], "chunk"),
+            (["serve", "--port", "0", "--record-dir", f"{__file__}/record"], "cannot create --record-dir"),
         ):
             assert main(argv) == 2, argv
             err = capsys.readouterr().err.strip().splitlines()
