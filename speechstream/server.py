@@ -55,6 +55,7 @@ def same_origin(origin: str, host: str) -> bool:
 
 START_FIELDS = ("type", "sample_rate", "task", "model", "source_lang", "target_lang", "chunk_ms")
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192000
+SHUTDOWN_MESSAGE = "the server is shutting down"
 MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
 
 
@@ -431,6 +432,7 @@ class Server:
         self.connections = 0
         self.started_streams = 0
         self._ids = itertools.count(1)
+        self._open: dict[Any, Stream | None] = {}  # open connections (WebSocketResponse) and their streams
 
     def app(self):
         from aiohttp import web
@@ -442,11 +444,24 @@ class Server:
         for name in STATIC_FILES:
             app.router.add_get(f"/{name}", self._static)
         app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
         return app
 
     async def _on_startup(self, app) -> None:
         self.worker.start()
+
+    async def _on_shutdown(self, app) -> None:
+        """The server stops (Ctrl-C): every open connection gets the events already computed, an error event and a
+        close. (aiohttp waits up to 60 s for open connections' handlers: the server took that long to stop while a
+        page was open, and its clients got nothing.)"""
+        for ws, stream in list(self._open.items()):
+            if stream is None:  # (not started: the handler waits for the start message)
+                await self._refuse(ws, SHUTDOWN_MESSAGE)
+            else:  # the handler's sender sends what is queued, then this, and the handler closes
+                stream.cancelled = True
+                self.worker.wake()
+                stream.outbox.put_nowait(("error", SHUTDOWN_MESSAGE))
 
     async def _on_cleanup(self, app) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.worker.stop)
@@ -504,10 +519,12 @@ class Server:
             await self._refuse(ws, "the decoder has failed; see the server's log")
             return ws
         self.connections += 1
+        self._open[ws] = None
         try:
             start = await self._receive_start(ws)
             loop = asyncio.get_running_loop()
             stream = Stream(next(self._ids), start, loop, asyncio.Semaphore(self.config.queue_frames), asyncio.Queue())
+            self._open[ws] = stream
             self.started_streams += 1
             self.worker.submit(stream)
             sender = asyncio.create_task(self._send(ws, stream))
@@ -533,6 +550,7 @@ class Server:
                 stream.cancelled = True
                 self.worker.wake()
             self.connections -= 1
+            self._open.pop(ws, None)
             if not ws.closed:
                 await ws.close()
         return ws

@@ -573,6 +573,34 @@ def test_a_stream_that_starts_after_the_decoder_died_gets_an_error_event(tiny_mo
     assert events == [{"type": "error", "message": "decoder failure: RuntimeError: boom"}] and status == 503
 
 
+def test_a_stopping_server_tells_its_open_connections_and_does_not_wait_for_them(tiny_model):
+    """Ctrl-C with a stream open: aiohttp waited up to 60 s for the connection's handler, and the client got no event.
+    Now every open connection, started or not, gets the events already computed, an error event and a close."""
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(), choose=text_favouring_chooser)
+    pcm = to_pcm(clips(1.0)[6])
+
+    async def scenario():
+        async with aiohttp.ClientSession() as http:
+            async with running(server) as url:
+                started = await http.ws_connect(url + "ws")
+                await started.send_str(START)
+                await started.send_bytes(pcm)
+                idle = await http.ws_connect(url + "ws")
+                await asyncio.sleep(0.5)
+                readers = [asyncio.create_task(receive_all(ws)) for ws in (started, idle)]
+                begin = time.perf_counter()
+            stopped_s = time.perf_counter() - begin
+            results = [await reader for reader in readers]
+            for ws in (started, idle):
+                await ws.close()
+            return results, stopped_s
+
+    (streamed, idle), stopped_s = asyncio.run(scenario())
+    error = {"type": "error", "message": "the server is shutting down"}
+    assert idle == [error] and streamed[-1] == error and stopped_s < 5
+    assert {e["type"] for e in streamed[:-1]} <= {"final", "partial"}
+
+
 def test_health_and_the_page(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=3))
 
