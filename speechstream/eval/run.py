@@ -172,7 +172,12 @@ def evaluate(
         "manifest": str(manifest_path.absolute()),  # for the record only: resuming checks the utterances instead
     }
     with hold_folder(out_dir):  # a second run into the same folder stops here: both would log every utterance
-        records = _resume(out_dir / INSTANCES_FILE, utterances, references, sentences)
+        try:
+            records = _resume(out_dir / INSTANCES_FILE, utterances, references, sentences)
+        except InputError:
+            if (out_dir / CONFIG_FILE).exists():  # another task's records read as a changed manifest: name the options
+                _check_config(out_dir, config)
+            raise
         _check_or_write_config(out_dir, config, resuming=bool(records))
 
         finished = {record["id"] for record in records}
@@ -378,35 +383,41 @@ def _check_or_write_config(out_dir: Path, config: dict, resuming: bool) -> None:
                 f"{out_dir / INSTANCES_FILE} has results but there is no {CONFIG_FILE}: "
                 "not resuming a run of unknown options (use another --out)"
             )
-        try:
-            previous = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise InputError(f"{path}: cannot read the previous run's options ({error})") from None
-        old, new = _flatten(previous), _flatten(config)
-        fingerprinted = "model_fingerprint" in previous  # else a run from before fingerprints: compared by name
-        same_model = previous.get("model_fingerprint") == config["model_fingerprint"] if fingerprinted else None
-        old = {key: value for key, value in old.items() if not key.startswith("model_fingerprint")}
-        new = {key: value for key, value in new.items() if not key.startswith("model_fingerprint")}
-        if same_model:  # the same model under another name or path
-            old["model"] = new["model"]
-        for key in ("source_lang", "target_lang"):  # runs from before they were recorded: the model's languages
-            old.setdefault(key, new[key])
-        if config["baseline"] == "gpe":  # a decoding option added since that run, at its default, changes nothing
-            # (runs from before joint CTC decoding decoded greedily: ctc_weight 0)
-            defaults = _flatten({"decoding": dataclasses.asdict(DecodingConfig(ctc_weight=0.0))})
-            old.update({key: value for key, value in defaults.items() if key not in old and new.get(key) == value})
-        keys = sorted((old.keys() | new.keys()) - {"manifest"})
-        changed = [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
-        if same_model is False:
-            changed = [change for change in changed if not change.startswith("model ")]
-            changed.append(f"model {previous.get('model')!r} -> {config['model']!r}, another model: its config or "
-                           "weights differ")
-        if changed:
-            raise InputError(
-                f"{out_dir} holds results made with other options ({'; '.join(changed)}); "
-                "use another --out or the same options"
-            )
+        _check_config(out_dir, config)
     _write_atomically(path, json.dumps(config, indent=2) + "\n")
+
+
+def _check_config(out_dir: Path, config: dict) -> None:
+    """Refuse an existing config.json whose options or model differ from ``config``."""
+    path = out_dir / CONFIG_FILE
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(f"{path}: cannot read the previous run's options ({error})") from None
+    old, new = _flatten(previous), _flatten(config)
+    fingerprinted = "model_fingerprint" in previous  # else a run from before fingerprints: compared by name
+    same_model = previous.get("model_fingerprint") == config["model_fingerprint"] if fingerprinted else None
+    old = {key: value for key, value in old.items() if not key.startswith("model_fingerprint")}
+    new = {key: value for key, value in new.items() if not key.startswith("model_fingerprint")}
+    if same_model:  # the same model under another name or path
+        old["model"] = new["model"]
+    for key in ("source_lang", "target_lang"):  # runs from before they were recorded: the model's languages
+        old.setdefault(key, new[key])
+    if config["baseline"] == "gpe":  # a decoding option added since that run, at its default, changes nothing
+        # (runs from before joint CTC decoding decoded greedily: ctc_weight 0)
+        defaults = _flatten({"decoding": dataclasses.asdict(DecodingConfig(ctc_weight=0.0))})
+        old.update({key: value for key, value in defaults.items() if key not in old and new.get(key) == value})
+    keys = sorted((old.keys() | new.keys()) - {"manifest"})
+    changed = [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
+    if same_model is False:
+        changed = [change for change in changed if not change.startswith("model ")]
+        changed.append(f"model {previous.get('model')!r} -> {config['model']!r}, another model: its config or "
+                       "weights differ")
+    if changed:
+        raise InputError(
+            f"{out_dir} holds results made with other options ({'; '.join(changed)}); "
+            "use another --out or the same options"
+        )
 
 
 def _flatten(config: dict, prefix: str = "") -> dict:

@@ -294,6 +294,24 @@ def test_resume_with_other_options_is_refused(finished_run, tmp_path, word_sessi
     assert not word_sessions
 
 
+def test_resume_with_another_task_names_the_task_not_a_changed_manifest(finished_run, tmp_path, word_sessions):
+    """The records of an asr run hold the transcripts as references: under --task translate they differ from the
+    manifest's translations, but what changed is the task, and that is what the error says."""
+    manifest, finished_out, _ = finished_run
+    both = tmp_path / "both.jsonl"  # the same clips, with translations as well
+    lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+    audio = {line["id"]: str(manifest.parent / line["audio"]) for line in lines}
+    both.write_text("".join(json.dumps({**line, "audio": audio[line["id"]], "translation": "la frase"}) + "\n"
+                            for line in lines))
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("config.json", INSTANCES_FILE):
+        (out / name).write_bytes((finished_out / name).read_bytes())
+    with pytest.raises(InputError, match=r"made with other options \(task 'asr' -> 'translate'\)"):
+        evaluate(both, out, "tiny-random", DECODING, "translate", progress=False)
+    assert not word_sessions
+
+
 def test_the_model_is_compared_by_its_fingerprint_not_its_name(finished_run, tmp_path, word_sessions):
     manifest, finished_out, finished_scores = finished_run
     _copy_run(finished_out, tmp_path / "out")
