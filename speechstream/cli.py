@@ -302,11 +302,13 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     args.format = output_format(args.format, args.output, TRANSCRIBE_FORMATS)
     if args.audio.count("-") > 1:
         raise InputError("- (stdin) can be given once")
-    from speechstream.audio import MAX_STREAM_RATE, MIN_STREAM_RATE
+    from speechstream.audio import MAX_STREAM_RATE, MIN_STREAM_RATE, SAMPLE_RATE
 
     if not MIN_STREAM_RATE <= args.input_rate <= MAX_STREAM_RATE:
         raise InputError(f"--input-rate must be between {MIN_STREAM_RATE} and {MAX_STREAM_RATE} Hz, "
                          f"got {args.input_rate}")
+    if args.input_rate != SAMPLE_RATE and "-" not in args.audio:  # a file's header gives its rate
+        raise InputError("--input-rate is the rate of raw PCM on stdin (-); an audio file's header gives its own")
     if args.format in ("srt", "vtt") and len(args.audio) > 1:
         raise InputError(f"--format {args.format} makes one subtitle file per audio file: give one file at a time")
     files = [p for p in args.audio if p != "-"]

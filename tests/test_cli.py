@@ -149,6 +149,7 @@ def test_bad_audio(capsys, tmp_path, kind, match):
     (["transcribe", "{clip}", "--device", "bogus"], "'bogus' is not a torch device"),
     (["transcribe", "{clip}", "--max-tokens-per-chunk", "0"], "--max-tokens-per-chunk must be at least 1"),
     (["transcribe", "{clip}", "--max-repeats", "-1"], "--max-repeats must be at least 0"),
+    (["transcribe", "{clip}", "--input-rate", "8000"], "--input-rate is the rate of raw PCM on stdin"),
     (["bench", "--device", "bogus"], "'bogus' is not a torch device"),
     (["serve", "--record-dir", "{clip}"], "--record-dir .* is not a folder"),
     (["train", "{tmp}/nothing.yaml", "--stop-after", "0"], "--stop-after must be at least 1"),
