@@ -10,11 +10,11 @@ each text token has at most one class (``None``: none, as for tokens outside the
 without a class are not aligned: they take the gap between their aligned neighbours' frames. A word starts with a
 token whose text starts with whitespace (as the tokenizer marks a word start; ``TextAssembler`` cuts there too).
 
-Where no alignment exists the segment's words keep their emission times (``segment_words``): when no token has a
-class, when the text has more labels than the frames can emit (CTC needs at least one frame per label plus one blank
-frame between two equal labels in a row), or when the segment is too long to align at once (frames x labels over
-MAX_ALIGN_CELLS: the memory of the alignment grows so; only without VAD, whose segments are at most 24 s long, after
-about five minutes of continuous speech).
+Where no alignment exists the segment's words keep their emission times (``segment_words``; ``Word.aligned`` False):
+when no token has a class, when the text has more labels than the frames can emit (CTC needs at least one frame per
+label plus one blank frame between two equal labels in a row), or when the segment is too long to align at once
+(frames x labels over MAX_ALIGN_CELLS: the memory of the alignment grows so; only without VAD, whose segments are at
+most 24 s long, after about five minutes of continuous speech).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Word:
     text: str
     start_s: float
     end_s: float
+    aligned: bool = True  # False: the fallback's emission times (``emission_words``), not when it was spoken
 
     def to_dict(self) -> dict:
         """The JSON form: {"word", "start", "end"} in whole milliseconds."""
@@ -197,7 +198,7 @@ def emission_words(pieces: Sequence[str], written_s: Sequence[float], origin_s: 
     words, start = [], origin_s
     for text, first, stop in words_of(pieces):
         end = max(start, written_s[stop - 1])
-        words.append(Word(text, start, end))
+        words.append(Word(text, start, end, aligned=False))
         start = end
     return words
 

@@ -163,12 +163,13 @@ def vtt(events: list[Event], segment_starts: Sequence[float] = (), words: Sequen
 
 def json_document(audio: str, events: list[Event], segment_starts: Sequence[float] = (),
                   words: Sequence[Word] = ()) -> dict:
-    """The json format's document of one input; with ``words``, each segment lists its words with their times."""
+    """The json format's document of one input; with ``words``, each segment lists its words with the times they were
+    spoken, unless they could not be aligned (``Word.aligned``): emission times would read as such times."""
     end = events[-1]
     segments = []
     for c in cues(events, segment_starts, words):
         segment = {"start": _ms(c.start), "end": _ms(c.end), "text": c.text}
-        if words:
+        if words and all(word.aligned for word in c.words):
             segment["words"] = [word.to_dict() for word in c.words]
         segments.append(segment)
     return {"audio": shown_path(audio), "text": end.text, "audio_s": _ms(end.audio_s), "compute_s": _ms(end.compute_s),

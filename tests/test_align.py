@@ -81,7 +81,7 @@ def test_no_text_no_words_and_a_text_too_long_falls_back_to_emission_times():
     assert align_words(frames(A, B), [None], [" "], 0.04) == []
     pieces, written = [" a", " b", "b", " c"], [1.0, 1.5, 1.6, 2.0]
     assert align_words(frames(A, B), [A, B, B, A], pieces, 0.04) is None
-    fallback = [Word("a", 0.5, 1.0), Word("bb", 1.0, 1.6), Word("c", 1.6, 2.0)]
+    fallback = [Word("a", 0.5, 1.0, False), Word("bb", 1.0, 1.6, False), Word("c", 1.6, 2.0, False)]
     assert emission_words(pieces, written, origin_s=0.5) == fallback
     assert segment_words(frames(A, B), [A, B, B, A], pieces, written, 0.04, 0.5, 9.0) == fallback
     assert segment_words(frames(A, B, B), [A, B], pieces[:2], written[:2], 0.04, 0.5, 0.6) == [
@@ -134,6 +134,7 @@ def test_a_segment_too_long_to_align_keeps_emission_times(tiny_model, monkeypatc
     monkeypatch.setattr(align, "MAX_ALIGN_CELLS", 0)
     emitted = _run(model, decoding, [noise]).words
     assert [w.text for w in emitted] == [w.text for w in aligned] and emitted != aligned
+    assert all(w.aligned for w in aligned) and not any(w.aligned for w in emitted)  # so json leaves their times out
     # a word ends when it was written (a chunk end: a multiple of 0.32 s, or the audio's end) and starts where the
     # word before it ended
     assert all(round(w.end_s / 0.32, 6).is_integer() or w.end_s == 1.5 for w in emitted)

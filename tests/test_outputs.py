@@ -252,7 +252,7 @@ def test_word_cues_keep_the_limits_and_never_overlap_or_have_zero_length():
     # emission times (a segment that could not be aligned): a word starts where the one before it ended, a minute
     # of silence before: its cue is shown at most MAX_CUE_SECONDS (it was shown for the whole minute)
     emitted = emission_words([" Hello", " there", " again"], [1.0, 1.3, 61.0], origin_s=0.0)
-    assert emitted[-1] == Word("again", 1.3, 61.0)
+    assert emitted[-1] == Word("again", 1.3, 61.0, aligned=False)
     assert [(c.start, c.end) for c in outputs.word_cues(emitted, until=62.0)] == [(0.0, 1.3), (54.0, 61.0)]
     # words in the audio's last frame (aligned times stop at its end): the cues MIN_CUE_SECONDS pushes past the end
     # of the audio are moved back, none starts or ends after it
@@ -260,6 +260,16 @@ def test_word_cues_keep_the_limits_and_never_overlap_or_have_zero_length():
     got = outputs.word_cues(last, until=10.0)
     assert [c.text[0] for c in got] == ["a", "b", "c"]
     assert [t for c in got for t in (c.start, c.end)] == pytest.approx([9.88, 9.92, 9.92, 9.96, 9.96, 10.0])
+
+
+def test_json_words_are_left_out_where_they_could_not_be_aligned():
+    """Emission times (a segment that kept them, align.emission_words) are not when a word was spoken: json lists
+    words only for cues whose words were aligned; the cues themselves are kept."""
+    emitted = emission_words([" and", " then"], [5.9, 6.2], origin_s=5.0)
+    document = outputs.json_document("a.wav", EVENTS, [0.0, 5.0], [*WORDS[:-2], *emitted])
+    assert [segment.get("words") is None for segment in document["segments"]] == [False, False, True]
+    assert document["segments"][2]["text"] == "and then"
+    assert outputs.json_document("a.wav", EVENTS, [0.0, 5.0], WORDS)["segments"][2]["words"]
 
 
 def test_json_srt_and_vtt_with_word_times():
