@@ -270,6 +270,8 @@ def _decoding_config(args: argparse.Namespace):
         ctc_weight=args.ctc_weight, ctc_candidates=args.ctc_candidates, vad=args.vad,
         vad_min_silence_ms=args.vad_min_silence_ms,
     )
+    if not decoding.vad and decoding.vad_min_silence_ms != DecodingConfig.vad_min_silence_ms:  # else it did nothing
+        raise InputError("--vad-min-silence-ms is the pause that ends a VAD segment: it needs --vad")
     make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens,
                 decoding.max_repeats)  # validates
     return decoding

@@ -150,6 +150,8 @@ def test_bad_audio(capsys, tmp_path, kind, match):
     (["transcribe", "{clip}", "--max-tokens-per-chunk", "0"], "--max-tokens-per-chunk must be at least 1"),
     (["transcribe", "{clip}", "--max-repeats", "-1"], "--max-repeats must be at least 0"),
     (["transcribe", "{clip}", "--input-rate", "8000"], "--input-rate is the rate of raw PCM on stdin"),
+    (["transcribe", "{clip}", "--no-vad", "--vad-min-silence-ms", "300"], "--vad-min-silence-ms .* needs --vad"),
+    (["eval", "{clip}", "--out", "{tmp}/e", "--vad-min-silence-ms", "300"], "--vad-min-silence-ms .* needs --vad"),
     (["bench", "--device", "bogus"], "'bogus' is not a torch device"),
     (["serve", "--record-dir", "{clip}"], "--record-dir .* is not a folder"),
     (["train", "{tmp}/nothing.yaml", "--stop-after", "0"], "--stop-after must be at least 1"),
@@ -502,7 +504,7 @@ def test_vad_defaults(command, vad):
     parse = build_parser().parse_args
     assert _decoding_config(parse([command, *head])).vad is vad
     assert _decoding_config(parse([command, *head, "--no-vad" if vad else "--vad"])).vad is not vad
-    silence = _decoding_config(parse([command, *head, "--vad-min-silence-ms", "300"]))
+    silence = _decoding_config(parse([command, *head, "--vad", "--vad-min-silence-ms", "300"]))
     assert silence.vad_min_silence_ms == 300
 
 
