@@ -170,7 +170,8 @@ def _live_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, help="stop after this many seconds of audio (counted in samples)")
     parser.add_argument("--output", help="also save the transcript to this file (on Ctrl-C too)")
     parser.add_argument("--format", choices=(*LIVE_FORMATS, *FORMAT_ALIASES),
-                        help="format of --output (default: from its extension .txt, .srt, .vtt or .json; else text)")
+                        help="format of --output, which it needs: stdout is always the text (default: from the "
+                        "extension of --output: .txt, .srt, .vtt or .json; else text)")
 
 
 def _bench_args(parser: argparse.ArgumentParser) -> None:
@@ -521,6 +522,9 @@ def cmd_live(args: argparse.Namespace) -> int:
     if args.output == "-":
         raise InputError("--output -: live prints the text as it comes to stdout already; --output names a file "
                          "to save the transcript to")
+    if args.format is not None and not args.output:  # stdout gets the text as it comes, whatever the format
+        raise InputError(f"--format {args.format} is the format of --output FILE, which is missing (stdout shows the "
+                         "text as it comes)")
     args.format = output_format(args.format, args.output, LIVE_FORMATS)
     device = live.resolve_device(sd, spec)
     name = _model_name(args, decoding)

@@ -788,6 +788,7 @@ def test_live_saves_what_transcribe_writes_after_dropped_silence(capsys, monkeyp
     (["--output", "{tmp}/x.vtt", "--format", "srt"], "extension of vtt, but --format is srt"),
     (["--output", "{tmp}/no/such/folder/x.srt"], "cannot write the output"),
     (["--output", "-"], "prints the text as it comes to stdout already"),
+    (["--format", "srt"], "--format srt is the format of --output FILE, which is missing"),  # (not srt on stdout)
 ])
 def test_live_refuses_a_bad_output_before_it_listens(capsys, monkeypatch, tmp_path, argv, match):
     from speechstream import live
