@@ -305,6 +305,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     args.format = output_format(args.format, args.output, TRANSCRIBE_FORMATS)
     if args.audio.count("-") > 1:
         raise InputError("- (stdin) can be given once")
+    if "-" in args.audio and sys.stdin.isatty():  # it would wait for keystrokes and read them as audio
+        raise InputError("- reads audio piped into stdin, which is a terminal here (ffmpeg -i talk.mp3 -f s16le -ac 1 "
+                         "-ar 16000 - | speechstream transcribe -)")
     from speechstream.audio import MAX_STREAM_RATE, MIN_STREAM_RATE, SAMPLE_RATE
 
     if not MIN_STREAM_RATE <= args.input_rate <= MAX_STREAM_RATE:

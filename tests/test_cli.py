@@ -600,6 +600,20 @@ def test_bad_stdin_is_one_line(capsys, monkeypatch, stdin, argv, match):
     assert_one_error(code, err, match=match)
 
 
+def test_stdin_from_a_terminal_is_refused(capsys, monkeypatch):
+    """`transcribe -` typed without a pipe would wait for keystrokes and read them as audio."""
+    import io
+
+    class Terminal(io.TextIOWrapper):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal(io.BytesIO(b"\x00\x00" * 1000)))
+    code, out, err = run(capsys, "transcribe", "-")
+    assert_one_error(code, err, match="- reads audio piped into stdin, which is a terminal here")
+    assert out == ""
+
+
 @pytest.mark.slow
 def test_stdin_text_comes_while_the_pipe_is_still_open():
     """A real pipe and the real default model: text is written while the writer still holds the pipe open (the
