@@ -582,6 +582,12 @@ COMMANDS = {
 }
 
 
+def one_line(message: str) -> str:
+    """An error message as one line: messages of other libraries may span several (sounddevice lists the devices a
+    name matches one per line)."""
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
@@ -591,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpeechstreamError as error:
         if debug:  # the traceback, then the same error line and exit code as without --debug
             traceback.print_exc()
-        print(f"speechstream: error: {error}", file=sys.stderr)
+        print(f"speechstream: error: {one_line(error)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("speechstream: error: interrupted", file=sys.stderr)
@@ -603,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the user gets one line; --debug shows the rest
         if debug:
             traceback.print_exc()
-        print(f"speechstream: error: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"speechstream: error: {type(error).__name__}: {one_line(error)}", file=sys.stderr)
         return 1
 
 

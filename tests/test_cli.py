@@ -797,6 +797,22 @@ def test_live_saves_what_transcribe_writes_after_dropped_silence(capsys, monkeyp
     assert all(start >= SILENCE_S - 0.6 for start, _, _ in srt_cues(saved.read_text(encoding="utf-8")))
 
 
+def test_a_device_name_that_matches_several_is_one_error_line(capsys, monkeypatch):
+    """sounddevice lists the devices a name matches one per line; the error stays one line."""
+    from speechstream import live
+
+    class TwoMics(FakeSoundDevice):
+        def query_devices(self, spec=None, kind=None):
+            if spec is None or kind is None:
+                return super().query_devices(spec, kind)
+            raise ValueError(f"Multiple input devices found for {spec!r}:\n[0] mic one, ALSA\n[1] mic two, ALSA")
+
+    monkeypatch.setattr(live, "load_sounddevice", lambda: TwoMics(np.zeros(16000, np.float32)))
+    code, out, err = run(capsys, "live", "--input-device", "mic")
+    line = assert_one_error(code, err, match="input device 'mic': Multiple input devices found for 'mic':")
+    assert line.endswith("'mic': [0] mic one, ALSA [1] mic two, ALSA") and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--output", "{tmp}/x.jsonl"], "cannot write jsonl"),
     (["--output", "{tmp}/x.vtt", "--format", "srt"], "extension of vtt, but --format is srt"),
