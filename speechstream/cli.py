@@ -102,7 +102,8 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool =
     defaults = DecodingConfig()
     parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml (default: the task's "
                         "model, smollm2-whisper-base, or smollm2-whisper-base-es-en with --task translate)")
-    parser.add_argument("--task", choices=("asr", "translate"), default="asr", help="default: %(default)s")
+    parser.add_argument("--task", choices=("asr", "translate"), help="default: the model's (translate for a model "
+                        "whose source_lang and target_lang differ, else asr)")
     parser.add_argument("--source-lang", default=None, help="language of the speech; refused unless the model "
                         "supports it (default: the model's: en for the English model, es for the translation model)")
     parser.add_argument("--target-lang", default=None, help="language of the text; refused unless the model "
@@ -278,15 +279,28 @@ def _decoding_config(args: argparse.Namespace):
     return decoding
 
 
+def model_task(name: str, languages: tuple[str | None, str | None], given: str | None) -> str:
+    """The task a model runs: the one its languages say (translate where ``source_lang`` and ``target_lang`` differ,
+    asr where they are the same), else ``given`` or asr. A ``given`` task against the model's is an InputError (the
+    English model under --task translate wrote English transcripts that eval scored against translations)."""
+    source, target = languages
+    declared = None if source is None or target is None else "asr" if source == target else "translate"
+    if given is not None and declared is not None and given != declared:
+        raise InputError(f"--task {given}: {name} takes {source} speech to {target} text, task {declared} "
+                         f"(--task {declared}, or a {given} model)")
+    return given or declared or "asr"
+
+
 def _model_name(args: argparse.Namespace, decoding=None) -> str:
     """The model to decode with (``--model`` or the task's default); with ``decoding``, the decoding options are
     checked against the model's config first, before any weights load. ``--source-lang`` / ``--target-lang`` must
-    be languages the model supports (InputError naming them)."""
-    from speechstream.baselines import resolve_languages
+    be languages the model supports (InputError naming them); ``args.task`` becomes the model's (``model_task``)."""
+    from speechstream.baselines import model_languages, resolve_languages
     from speechstream.config import chunk_note, load_model_config, with_model_defaults
     from speechstream.model import DEFAULT_MODELS, model_config_path
 
-    name = args.model or DEFAULT_MODELS[args.task]
+    name = args.model or DEFAULT_MODELS[args.task or "asr"]
+    args.task = model_task(name, model_languages("gpe", name), args.task)
     if decoding is not None:
         config = load_model_config(model_config_path(name))
         with_model_defaults(decoding, config)
@@ -464,6 +478,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 flag = "--" + name.replace("_", "-")
                 raise InputError(f"{flag} applies to the gpe system, not to {args.baseline}")
         name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
+        args.task = args.task or "asr"
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline,
              source_lang=args.source_lang, target_lang=args.target_lang)
     sys.stdout.write((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
@@ -507,7 +522,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           max_frame_bytes=args.max_frame_bytes, max_session_s=args.max_session_s,
                           queue_frames=args.queue_frames, record_dir=args.record_dir).validate()
     decoding = _decoding_config(args)
-    return run(config, decoding, _model_name(args, decoding), args.task)
+    name = _model_name(args, decoding)  # (sets args.task)
+    return run(config, decoding, name, args.task)
 
 
 def cmd_live(args: argparse.Namespace) -> int:

@@ -136,7 +136,7 @@ def parse_start(text: str, served_model: str, served_task: str,
     if not isinstance(rate, int) or isinstance(rate, bool) or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
         raise ProtocolError(f"sample_rate must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}")
     task = message.get("task")
-    task = "asr" if task is None else task  # null, as for every optional field: the default
+    task = served_task if task is None else task  # null, as for every optional field: the default (the server's)
     if task != served_task:
         raise ProtocolError(f"this server serves task {served_task!r}, not {task!r}")
     model = message.get("model")

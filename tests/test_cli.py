@@ -17,6 +17,7 @@ import torch
 
 from speechstream import session as session_module
 from speechstream.cli import main
+from speechstream.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
 ERROR = "speechstream: error:"
@@ -161,6 +162,30 @@ def test_bad_usage(capsys, tmp_path, clip, argv, match):
     argv = [a.format(clip=clip, tmp=tmp_path) for a in argv]
     code, out, err = run(capsys, *argv)
     assert_one_error(code, err, match=match)
+
+
+def test_the_task_is_the_models():
+    """A model whose languages differ translates, one of one language transcribes; --task against that is refused
+    (the English model under --task translate wrote transcripts that eval scored against translations)."""
+    from speechstream.cli import model_task
+
+    assert model_task("m", ("es", "en"), None) == "translate" and model_task("m", ("en", "en"), None) == "asr"
+    assert model_task("m", (None, None), None) == "asr" and model_task("m", (None, None), "translate") == "translate"
+    assert model_task("m", ("es", "en"), "translate") == "translate"
+    with pytest.raises(InputError, match=r"--task asr: m takes es speech to en text, task translate"):
+        model_task("m", ("es", "en"), "asr")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["transcribe", "{clip}", "--task", "translate", "--model", "smollm2-whisper-base"],
+     "--task translate: smollm2-whisper-base takes en speech to en text, task asr"),
+    (["eval", "{clip}", "--out", "{tmp}/e", "--task", "asr", "--model", "smollm2-whisper-base-es-en"],
+     "--task asr: smollm2-whisper-base-es-en takes es speech to en text, task translate"),
+])
+def test_a_task_the_model_does_not_run_is_refused(capsys, tmp_path, clip, argv, match):
+    code, out, err = run(capsys, *[a.format(clip=clip, tmp=tmp_path) for a in argv])
+    assert_one_error(code, err, match=match)
+    assert not (tmp_path / "e").exists()
 
 
 def test_joint_ctc_with_the_translation_model_is_refused(capsys, tmp_path, clip):

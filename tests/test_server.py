@@ -392,6 +392,8 @@ def test_null_optional_start_fields_are_left_out():
                "target_lang": None, "chunk_ms": None}
     start = parse_start(json.dumps(message), "tiny-random", "asr")
     assert (start.task, start.chunk_ms, start.source_lang) == ("asr", None, None)
+    # the task left out is the server's: a translation server takes a client that names none
+    assert parse_start(json.dumps(message), "tiny-random", "translate").task == "translate"
 
 
 def test_a_stream_naming_languages_the_model_does_not_take_is_refused(tiny_model):
