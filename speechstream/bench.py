@@ -133,8 +133,12 @@ def window_stats(start_min: float, end_min: float, latencies_s: list[float], cac
 
 
 def minute_decimals(window_minutes: float) -> int:
-    """Decimals of the minutes column that tell windows apart: 1 for windows of 0.1 minutes and more, else enough
-    for the window's first significant digit (0.05 -> 2, 0.001 -> 3)."""
+    """Decimals of the minutes column: the fewest (at least 1, at most 4) that write the window length exactly, so
+    that every window bound prints as it is (0.25 -> 2: 0.25-0.50, not 0.2-0.5); a length no 4 decimals write
+    exactly gets enough for its first significant digit (1/3 -> 1, 0.00067 -> 4)."""
+    for decimals in range(1, 5):
+        if abs(round(window_minutes, decimals) - window_minutes) <= 1e-9 * window_minutes:
+            return decimals
     return max(1, -math.floor(math.log10(window_minutes)))
 
 

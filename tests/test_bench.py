@@ -56,9 +56,12 @@ def test_rss_is_in_megabytes_on_every_system(tmp_path, monkeypatch):
 
 
 def test_minute_labels_tell_short_windows_apart():
-    assert [bench.minute_decimals(w) for w in (30, 5, 1, 0.1, 0.05, 0.0107, 0.00067)] == [1, 1, 1, 1, 2, 2, 4]
-    w = bench.WindowStats(0.0107, 0.0213, 800.0, 10.0, 12.0, 5, 6, 0)
-    assert bench.format_window(w, 2).split()[0] == "0.01-"
+    windows = (30, 5, 1, 0.1, 0.25, 0.05, 0.0107, 1 / 3, 0.00067)
+    assert [bench.minute_decimals(w) for w in windows] == [1, 1, 1, 1, 2, 2, 4, 1, 4]
+    w = bench.WindowStats(0.25, 0.5, 800.0, 10.0, 12.0, 5, 6, 0)
+    assert bench.format_window(w, bench.minute_decimals(0.25)).split()[:2] == ["0.25-", "0.50"]
+    w = bench.WindowStats(0.0107, 0.0214, 800.0, 10.0, 12.0, 5, 6, 0)
+    assert bench.format_window(w, 2).split()[:2] == ["0.01-", "0.02"]
     assert len(bench.format_window(w, 2)) == len(bench.format_header(2))
     assert len(bench.format_window(w)) == len(bench.format_header())
 
@@ -89,7 +92,7 @@ def test_every_timed_feed_is_a_whole_chunk(capsys, monkeypatch):
     assert sizes == [10240] * 5
     assert "0.05 min of audio (5 chunks of 640 ms)" in lines[0]
     rows = lines[2:-2]
-    assert [r.split()[0] for r in rows] == ["0.00-", "0.02-", "0.03-", "0.04-"]  # one label each, none repeated
+    assert [r.split()[0] for r in rows] == ["0.0000-", "0.0213-", "0.0320-", "0.0427-"]  # one label each, none repeated
     assert all(float(r.split()[3]) > 0.5 for r in rows)  # ms: each chunk ran the encoder and the LLM
 
 
