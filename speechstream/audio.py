@@ -80,7 +80,18 @@ def _reading(path: Path) -> Iterator[None]:
         message = str(error)
         raise InputError(message if message.startswith(f"{path}: ") else f"{path}: {message}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise InputError(f"{path}: not a readable audio file ({_reason(error)})") from None
+        raise InputError(f"{path}: not a readable audio file ({_reason(error)}){_convert_hint(path)}") from None
+
+
+def _convert_hint(path: Path) -> str:
+    """For a file whose extension names no format libsndfile reads (.m4a, .aac, .webm, ...): how to convert it."""
+    import soundfile
+
+    known = {name.lower() for name in soundfile.available_formats()} | {"oga", "opus", "aif", "aifc", "snd"}
+    suffix = path.suffix.lstrip(".").lower()
+    if not suffix or suffix in known:
+        return ""
+    return f"; .{suffix} files are not read: convert it, e.g. ffmpeg -i IN -ac 1 -ar 16000 OUT.wav"
 
 
 def _sample_rate(path: Path) -> int:
@@ -150,7 +161,7 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
     except InputError as error:
         raise InputError(f"{path}: {error}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise InputError(f"{path}: not a readable audio file ({_reason(error)})") from None
+        raise InputError(f"{path}: not a readable audio file ({_reason(error)}){_convert_hint(path)}") from None
 
 
 def _reason(error: BaseException) -> str:

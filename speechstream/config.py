@@ -256,7 +256,10 @@ def load_model_config(path: Path) -> ModelConfig:
     data = read_yaml(path, "model config")
     if not isinstance(data, dict):
         raise InputError(f"{path}: a model config must be a mapping")
-    config = from_dict(ModelConfig, data)
+    try:
+        config = from_dict(ModelConfig, data)
+    except InputError as error:
+        raise InputError(f"{path}: {error}") from None
     check_sizes(config, str(path))
     if not 0.0 <= config.ctc_weight < 1.0:
         raise InputError(f"{path}: ctc_weight must be at least 0 and below 1")

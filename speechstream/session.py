@@ -146,7 +146,7 @@ def feed_samples(samples) -> np.ndarray:
     array = np.asarray(samples) if isinstance(samples, (np.ndarray, list, tuple)) else None
     if array is None or array.ndim != 1 or (array.size and array.dtype.kind != "f"):
         what = f"{array.dtype} array of shape {array.shape}" if array is not None else type(samples).__name__
-        raise InputError(f"feed takes a 1-D float array of 16 kHz mono samples in [-1, 1], not a {what} (int16 PCM: "
+        raise InputError(f"feed takes a 1-D float array of 16 kHz mono samples in [-1, 1], not: {what} (int16 PCM: "
                          "speechstream.audio.int16_to_float; files and other rates: speechstream.audio.load_audio)")
     array = array.astype(np.float32, copy=False)
     check_finite(array)

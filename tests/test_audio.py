@@ -405,3 +405,13 @@ def test_text_named_mp3_is_refused_before_the_mpeg_decoder_chatters(tmp_path, ca
         good = tmp_path / "good.mp3"
         soundfile.write(good, signal, SAMPLE_RATE, format="MP3")
         assert load_audio(good).size > 15000
+
+
+@pytest.mark.parametrize("name, hint", [("talk.m4a", True), ("talk.webm", True), ("talk.wav", False), ("talk", False)])
+def test_an_unreadable_file_of_a_format_libsndfile_lacks_says_how_to_convert_it(tmp_path, name, hint):
+    path = tmp_path / name
+    path.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(InputError, match="not a readable audio file") as error:
+        load_audio(path)
+    assert ("convert it, e.g. ffmpeg -i IN" in str(error.value)) == hint
+    assert "\n" not in str(error.value)

@@ -106,6 +106,15 @@ def test_unknown_model_and_config_keys():
         from_dict(ModelConfig, {"projector": {"stack": "four"}})
 
 
+def test_a_model_config_with_an_unknown_key_names_its_file(tmp_path):
+    from speechstream.config import load_model_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("llm:\n  layerz: 3\n")
+    with pytest.raises(InputError, match=r"config.yaml: unknown config key llm.layerz$"):
+        load_model_config(path)
+
+
 def test_int8_speed_mode_stays_close_to_float():
     from speechstream.model import quantize_int8
     from speechstream.verify import verify_model

@@ -207,10 +207,10 @@ def test_a_long_file_is_transcribed_in_the_memory_of_a_block(tiny_model, tmp_pat
 
 
 @pytest.mark.parametrize("samples, match", [
-    (np.zeros(1600, np.int16), "not a int16 array"),
+    (np.zeros(1600, np.int16), "not: int16 array"),
     (np.zeros((1600, 2), np.float32), r"shape \(1600, 2\)"),
-    (b"\x00\x00" * 800, "not a bytes"),
-    (None, "not a NoneType"),
+    (b"\x00\x00" * 800, "not: bytes"),
+    (None, "not: NoneType"),
     (np.array([0.0, np.nan], np.float32), "NaN"),
 ])
 def test_feed_refuses_what_is_not_mono_float_audio(tiny_model, samples, match):
