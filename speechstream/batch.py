@@ -279,14 +279,20 @@ class DynamicBatch(TrimmedRows):
             raise ValueError("DynamicBatch decodes with GPE itself (ablation none)")
         state = self.state
         width = state.kinds.shape[1]
-        state.kinds = torch.cat([state.kinds, state.kinds.new_full((1, width), gpe.PAD)])
-        for name in row_fields(self.state):
+        kinds = torch.cat([state.kinds, state.kinds.new_full((1, width), gpe.PAD)])
+        rows = {}
+        for name in row_fields(state):
             value, fresh = getattr(state, name), self._fresh_row(name)
-            setattr(state, name, torch.cat([value, fresh]) if isinstance(value, torch.Tensor) else value + fresh)
-        for layer in self._layers():
-            pad_k = layer.keys.new_zeros((1, *layer.keys.shape[1:]))
-            pad_v = layer.values.new_zeros((1, *layer.values.shape[1:]))
-            self._set_columns(layer, torch.cat([layer.keys, pad_k]), torch.cat([layer.values, pad_v]))
+            rows[name] = torch.cat([value, fresh]) if isinstance(value, torch.Tensor) else value + fresh
+        columns = [(layer, torch.cat([layer.keys, layer.keys.new_zeros((1, *layer.keys.shape[1:]))]),
+                    torch.cat([layer.values, layer.values.new_zeros((1, *layer.values.shape[1:]))]))
+                   for layer in self._layers()]
+        # (nothing above changed the batch: a join that fails leaves it as it was, for the streams in it)
+        state.kinds = kinds
+        for name, value in rows.items():
+            setattr(state, name, value)
+        for layer, keys, values in columns:
+            self._set_columns(layer, keys, values)
         self.sessions.append(session)
         self._segments.append(getattr(session, "segment", 0))
 
@@ -320,32 +326,53 @@ class DynamicBatch(TrimmedRows):
     # -- stepping ---------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def step(self) -> dict[int, list[Event]] | None:
+    def step(self, on_error: Callable[[int, Exception], None] | None = None) -> dict[int, list[Event]] | None:
         """One batched LLM call over every stream with a request; None when every stream waits.
 
         Returns the new events per row index of the streams served (indices are valid until
         the next ``join``/``leave``). A stream whose ``segment`` changed gets a fresh row first.
+        ``on_error(b, error)``: a failure in one stream's own part of the step (its request, or taking its
+        logits) is handed to it, and that row is left out of the step's results (the caller ends the stream:
+        ``leave``); the other streams go on. Without it, such a failure is raised.
         """
-        requests = [request_on_fresh_rows(s, b, self._segments, self._reset_at) for b, s in enumerate(self.sessions)]
+        requests = [self._guarded(on_error, b, self._request, s, b) for b, s in enumerate(self.sessions)]
         live = [r for r in requests if r is not None]
         if not live:
             return None
         start = time.perf_counter()
-        width = max(r.embeds.shape[0] for r in live)
-        embeds = live[0].embeds.new_zeros(len(requests), width, live[0].embeds.shape[1])
+        width = max(r[0].embeds.shape[0] for r in live)
+        embeds = live[0][0].embeds.new_zeros(len(requests), width, live[0][0].embeds.shape[1])
         kinds = torch.full((len(requests), width), gpe.PAD, dtype=torch.long)
-        for b, request in enumerate(requests):
-            if request is not None:
-                embeds[b, : request.embeds.shape[0]] = request.embeds
-                kinds[b, : request.embeds.shape[0]] = request.kinds
-        counts = [0 if r is None else s.logit_rows(r) for s, r in zip(self.sessions, requests)]
+        for b, asked in enumerate(requests):
+            if asked is not None:
+                embeds[b, : asked[0].embeds.shape[0]] = asked[0].embeds
+                kinds[b, : asked[0].embeds.shape[0]] = asked[0].kinds
+        counts = [0 if r is None else r[1] for r in requests]
         kinds = kinds.to(self.state.kinds.device)
         logits = self.model.decoder.step(self.state, embeds, kinds, keep=last_rows(kinds, counts)).split(counts)
         self.steps += 1
         self.requests += len(live)
         self.trim()  # rows that waited this step got padding
         self.step_s += time.perf_counter() - start
-        return {b: self.sessions[b].apply(r, logits[b]) for b, r in enumerate(requests) if r is not None}
+        served = {b: self._guarded(on_error, b, self.sessions[b].apply, r[0], logits[b])
+                  for b, r in enumerate(requests) if r is not None}
+        return {b: events for b, events in served.items() if events is not None}
+
+    def _request(self, session: StreamingSession, b: int) -> tuple[LLMRequest, int] | None:
+        """Row ``b``'s next request and the number of its last rows that need logits (None: it waits)."""
+        request = request_on_fresh_rows(session, b, self._segments, self._reset_at)
+        return None if request is None else (request, session.logit_rows(request))
+
+    @staticmethod
+    def _guarded(on_error: Callable[[int, Exception], None] | None, b: int, work: Callable, *args):
+        """``work(*args)`` for row ``b``; with ``on_error``, a failure goes to it and gives None."""
+        if on_error is None:
+            return work(*args)
+        try:
+            return work(*args)
+        except Exception as error:  # noqa: BLE001 - one stream's failure, for the caller to end that stream
+            on_error(b, error)
+            return None
 
     def run(self) -> list[list[Event]]:
         """Step until every stream waits for audio or has stopped; new events per row."""

@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ def same_origin(origin: str, host: str) -> bool:
 START_FIELDS = ("type", "sample_rate", "task", "model", "source_lang", "target_lang", "chunk_ms")
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192000
 SHUTDOWN_MESSAGE = "the server is shutting down"
+STREAM_FAILURE_MESSAGE = "the server failed to decode this stream; see its log"  # the rest goes on
 MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
 
 
@@ -313,11 +315,16 @@ class DecodeWorker:
             decoding = self.decoding
             if stream.start.chunk_ms is not None:
                 decoding = dataclasses.replace(decoding, chunk_ms=stream.start.chunk_ms)
-            choose = self.choose(self.model) if self.choose else None
-            session = StreamingSession(self.model, decoding, choose=choose, own_llm=False)
-            self._live.append(_Live(stream, session, StreamResampler(stream.start.sample_rate)))
-            self.batch.join(session)
+            live = None
             busy = True
+            try:
+                choose = self.choose(self.model) if self.choose else None
+                session = StreamingSession(self.model, decoding, choose=choose, own_llm=False)
+                live = _Live(stream, session, StreamResampler(stream.start.sample_rate))
+                self._live.append(live)
+                self.batch.join(session)  # (a join that fails leaves the batch as it was)
+            except Exception as error:  # noqa: BLE001 - this stream's failure ends this stream only
+                self._fail(stream, error, live)
         for live in list(self._live):
             stream = live.stream
             if stream.cancelled:
@@ -342,9 +349,7 @@ class DecodeWorker:
                     else:
                         self._feed(live, live.resampler.push(int16_to_float(item)))
                 except Exception as error:  # noqa: BLE001 - this stream's failure ends this stream only
-                    message = str(error) if isinstance(error, InputError) else f"{type(error).__name__}: {error}"
-                    stream.deliver(("error", message))
-                    self._drop(live)
+                    self._fail(stream, error, live)
                     break
         return busy
 
@@ -363,28 +368,55 @@ class DecodeWorker:
             live.dirty = True
 
     def _step(self) -> bool:
-        """One batched LLM step; partials for streams that now wait; close streams that are done."""
+        """One batched LLM step; partials for streams that now wait; close streams that are done. A failure of one
+        stream's own part (its request, its logits, its events, its close) ends that stream alone (``_fail``); a
+        failure of the batched step itself stops the worker (``_run``)."""
         started = time.perf_counter()
         sessions = list(self.batch.sessions)
-        served = self.batch.step()
-        served = served or {}
-        if served:
-            share = (time.perf_counter() - started) / len(served)
+        failed: dict[int, Exception] = {}
+        served = self.batch.step(on_error=failed.__setitem__) or {}
+        share = (time.perf_counter() - started) / len(served) if served else 0.0
         by_session = {id(live.session): live for live in self._live}
         for b, session in enumerate(sessions):
             live = by_session[id(session)]
-            if b in served:
-                live.llm_s += share
-                live.dirty = True
-                for event in served[b]:
-                    live.stream.deliver(event)
-            elif live.ending:
-                self._close(live)
-            elif live.dirty:  # it waits for audio: held events, then the uncommitted tail, as a solo session
-                live.dirty = False
-                for event in session.pending_events():
-                    live.stream.deliver(event)
-        return bool(served)
+            if b in failed:
+                self._fail(live.stream, failed[b], live)
+                continue
+            try:
+                self._serve(live, served.get(b), share)
+            except Exception as error:  # noqa: BLE001 - this stream's failure ends this stream only
+                self._fail(live.stream, error, live)
+        return bool(served) or bool(failed)
+
+    def _serve(self, live: _Live, events: list | None, share: float) -> None:
+        """After an LLM step: a stream's new events (``events``; None: it was not served), or, once it waits, its
+        held events and uncommitted tail, or its close once its audio has ended and it has nothing left to do."""
+        if events is not None:
+            live.llm_s += share
+            live.dirty = True
+            for event in events:
+                live.stream.deliver(event)
+        elif live.ending:
+            self._close(live)
+        elif live.dirty:  # it waits for audio: held events, then the uncommitted tail, as a solo session
+            live.dirty = False
+            for event in live.session.pending_events():
+                live.stream.deliver(event)
+
+    def _fail(self, stream: Stream, error: Exception, live: _Live | None) -> None:
+        """End one stream whose own decoding failed: it gets the events delivered so far, then an error event (an
+        ``InputError``'s own message, else ``STREAM_FAILURE_MESSAGE`` and the traceback on the server's log); it
+        leaves the batch, and the other streams go on."""
+        if isinstance(error, InputError):
+            message = str(error)
+        else:
+            print(f"speechstream: stream {stream.id}: decoding failed; the stream is ended, the others go on",
+                  file=sys.stderr)
+            traceback.print_exception(error, file=sys.stderr)
+            message = STREAM_FAILURE_MESSAGE
+        stream.deliver(("error", message))
+        if live is not None and live in self._live:
+            self._drop(live)
 
     def _close(self, live: _Live) -> None:
         events = live.session.close()

@@ -127,6 +127,61 @@ def test_columns_no_row_needs_are_trimmed(tiny_model):
     assert _max_delta_from_solo(tiny_model, long) < TOLERANCE
 
 
+class FailingStream(ScriptedStream):
+    """A scripted stream whose ``fail_in`` method ("next_request" or "apply") raises once ``served`` reaches ``at``."""
+
+    def __init__(self, requests, fail_in: str, at: int):
+        super().__init__(requests)
+        self.fail_in, self.at = fail_in, at
+
+    def next_request(self):
+        if self.fail_in == "next_request" and self.served == self.at:
+            raise RuntimeError("its request failed")
+        return super().next_request()
+
+    def apply(self, request, logits):
+        if self.fail_in == "apply" and self.served == self.at:
+            raise RuntimeError("taking its logits failed")
+        return super().apply(request, logits)
+
+
+def test_one_streams_failure_is_handed_over_and_the_others_keep_their_logits(tiny_model, monkeypatch):
+    """The server's decode thread runs every stream in one batch: a failure in one stream's request, in taking its
+    logits, or in its join must not cost the others (``step(on_error=...)``; a failed join leaves the batch as it
+    was: it grew the row tensors before it failed, and the next step broke on rows without a session)."""
+    rng = np.random.default_rng(3)
+    fine = ScriptedStream(_script(tiny_model, rng, 20))
+    asking = FailingStream(_script(tiny_model, rng, 20), "next_request", 4)
+    taking = FailingStream(_script(tiny_model, rng, 20), "apply", 6)
+    batch, failed = DynamicBatch(tiny_model), []
+    with torch.no_grad():
+        for stream in (fine, asking, taking):
+            batch.join(stream)
+        for t in range(60):
+            if t == 2:  # a join that fails half-way (the new row's start values)
+                monkeypatch.setattr(batch, "_fresh_row", lambda name: (_ for _ in ()).throw(MemoryError(name)))
+                with pytest.raises(MemoryError):
+                    batch.join(ScriptedStream(_script(tiny_model, rng, 5)))
+                monkeypatch.undo()
+                assert batch.state.kinds.shape[0] == len(batch) == 3 == batch.state.batch_size
+            rows = list(batch.sessions)
+            served = batch.step(on_error=lambda b, error: failed.append((rows[b], str(error))))
+            for stream, _ in failed:
+                if stream in batch:
+                    batch.leave(stream)
+            if served is None:
+                break
+            assert all(rows[b] not in (s for s, _ in failed) for b in served)
+    assert failed == [(asking, "its request failed"), (taking, "taking its logits failed")]
+    assert (asking.served, taking.served) == (4, 6)
+    assert fine.served == len(fine.requests) and _max_delta_from_solo(tiny_model, fine) < TOLERANCE
+    assert _max_delta_from_solo(tiny_model, taking) < TOLERANCE  # (its logits before it failed)
+    with pytest.raises(RuntimeError, match="its request failed"):  # without on_error: raised, as before
+        lone = DynamicBatch(tiny_model)
+        lone.join(FailingStream(_script(tiny_model, rng, 3), "next_request", 0))
+        lone.step()
+
+
 def _batched_sessions(model, decoding, choose, n):
     """``n`` sessions for an outside driver that record their logits."""
     sessions = [StreamingSession(model, decoding, choose=choose, partials=False, own_llm=False) for _ in range(n)]

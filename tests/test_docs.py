@@ -173,6 +173,7 @@ def stated_numbers() -> list[tuple[str, str]]:
         ("docs/websocket.md", f"takes at most {server.MAX_UNITS_AHEAD} chunks' worth of each stream's frames"),
         ("docs/websocket.md", f"while {server.MAX_UNITS_AHEAD} of its encoded chunks wait"),
         ("docs/websocket.md", f"Common rates from {server.MIN_SAMPLE_RATE} to {server.MAX_SAMPLE_RATE} Hz"),
+        ("docs/websocket.md", f'"message": "{server.STREAM_FAILURE_MESSAGE}"'),
     ]
 
 

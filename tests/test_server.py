@@ -545,6 +545,95 @@ def test_a_fast_client_is_decoded_while_it_sends_and_its_llm_holds_it_back(tiny_
     assert seen["steps_at_end"] > worker.batch.steps / 2  # most LLM steps ran before the end message was taken
 
 
+async def start_in_order(http, url, count: int) -> list:
+    """``count`` connections whose start messages reach the server one after another (stream ids 1, 2, ...)."""
+    sockets = []
+    for i in range(count):
+        sockets.append(await http.ws_connect(url + "ws"))
+        await sockets[-1].send_str(START)
+        while (await health(http, url))["streams_started"] <= i:
+            await asyncio.sleep(0.02)
+    return sockets
+
+
+def failing_on_call(method, call: int, stream_id: int):
+    """``method``, except that its ``call``-th call raises (a failure injected into one stream)."""
+    calls = [0]
+
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            raise RuntimeError(f"injected into stream {stream_id}")
+        return method(*args, **kwargs)
+
+    return wrapped
+
+
+def test_a_failure_in_one_stream_ends_that_stream_alone(tiny_model, capsys):
+    """A failure in one stream's own decoding (its join, its LLM request, taking its logits, its pending events, its
+    close) killed the decode thread, and with it every stream. Now that stream gets its events so far and an error
+    event, the traceback goes to the server's log, and the other streams go on (the batch stays whole)."""
+    joins = [0]
+
+    def choose(model):  # stream 1's join fails (the factory is called as each stream joins, in order)
+        joins[0] += 1
+        if joins[0] == 1:
+            raise RuntimeError("injected into stream 1")
+        return text_favouring_chooser(model)
+
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(), choose=choose)
+    worker, injected = server.worker, set()
+    inject = {2: ("next_request", 3), 3: ("apply", 3), 4: ("pending_events", 1), 5: ("close", 1)}
+    take_inputs = worker._take_inputs
+
+    def injecting_take_inputs():
+        busy = take_inputs()
+        for live in worker._live:
+            if live.stream.id in inject and live.stream.id not in injected:
+                name, call = inject[live.stream.id]
+                setattr(live.session, name, failing_on_call(getattr(live.session, name), call, live.stream.id))
+                injected.add(live.stream.id)
+        return busy
+
+    worker._take_inputs = injecting_take_inputs
+    pcm = to_pcm(clips(2.5)[2])
+    expected = solo(tiny_model, FAST, int16_to_float(pcm), text_favouring_chooser(tiny_model))
+    half = len(pcm) // 4 * 2
+
+    async def client(ws, stream_id):
+        with contextlib.suppress(ConnectionError):  # (a stream that failed early may be closed by now)
+            await ws.send_bytes(pcm[:half])
+            if stream_id != 4:  # (stream 4 waits for audio, so that its pending events are asked for)
+                await ws.send_bytes(pcm[half:])
+                await ws.send_str(json.dumps({"type": "end"}))
+        return await asyncio.wait_for(receive_all(ws), 60)
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            sockets = await start_in_order(http, url, 6)
+            results = await asyncio.gather(*[client(ws, i + 1) for i, ws in enumerate(sockets)])
+            for ws in sockets:
+                await ws.close()
+            return results, await settled_health(http, url)
+
+    results, state = asyncio.run(scenario())
+    error = {"type": "error", "message": "the server failed to decode this stream; see its log"}
+    for stream_id, events in enumerate(results[:5], 1):
+        assert events[-1] == error, (stream_id, events[-3:])
+        assert {e["type"] for e in events[:-1]} <= {"final", "partial"}, stream_id
+    assert results[0] == [error]  # its join failed: nothing computed
+    assert any(e["type"] == "final" for e in results[4])  # its events came before its close failed
+    assert check_events(results[5], len(pcm) / 2 / 16000) == expected and expected
+    assert injected == set(inject)
+    assert state["status"] == "ok" and state["sessions"] == 0 and state["batch"] == 0 and state["batch_width"] == 0
+    assert server.worker.error is None
+    log = capsys.readouterr().err
+    for stream_id in range(1, 6):
+        assert f"stream {stream_id}: decoding failed" in log, log
+        assert f"RuntimeError: injected into stream {stream_id}" in log, log
+    assert log.count("Traceback (most recent call last)") == 5
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_stream_that_starts_after_the_decoder_died_gets_an_error_event(tiny_model):
     """A client connected while the decode thread was alive and sent its start after it died: its stream went to a
