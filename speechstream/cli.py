@@ -160,6 +160,9 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue-frames", type=int, default=defaults.queue_frames,
                         help="frames queued per stream before its socket is no longer read (backpressure; "
                         "default: %(default)s)")
+    parser.add_argument("--idle-timeout-s", type=float, default=defaults.idle_timeout_s,
+                        help="end a started stream that sends no frame for this long (a live client sends audio "
+                        "continuously, silence too; 0 or inf: never; default: %(default)s)")
     parser.add_argument("--record-dir", help="debug: write each stream's received audio and sent events here")
 
 
@@ -520,7 +523,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           max_frame_bytes=args.max_frame_bytes, max_session_s=args.max_session_s,
-                          queue_frames=args.queue_frames, record_dir=args.record_dir).validate()
+                          queue_frames=args.queue_frames, idle_timeout_s=args.idle_timeout_s,
+                          record_dir=args.record_dir).validate()
     decoding = _decoding_config(args)
     name = _model_name(args, decoding)  # (sets args.task)
     return run(config, decoding, name, args.task)

@@ -72,6 +72,7 @@ class ServerConfig:
     max_session_s: float = 3600.0  # seconds of audio one stream may send (inf: no limit)
     queue_frames: int = 64  # frames queued per stream before the server stops reading its socket
     start_timeout_s: float = 10.0  # time a client has to send its start message
+    idle_timeout_s: float = 60.0  # a started stream that sends no frame for this long is ended (0 or inf: never)
     record_dir: str | None = None  # debug: write each stream's received audio (16 kHz WAV) and sent events here
 
     def validate(self) -> "ServerConfig":
@@ -86,9 +87,16 @@ class ServerConfig:
         for name in ("max_session_s", "start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if not self.idle_timeout_s >= 0:
+            raise InputError(f"--idle-timeout-s must be 0 or more (0 or inf: no limit), got {self.idle_timeout_s}")
         if self.record_dir and Path(self.record_dir).exists() and not Path(self.record_dir).is_dir():
             raise InputError(f"--record-dir {self.record_dir} exists and is not a folder")
         return self
+
+    @property
+    def idle_limit_s(self) -> float | None:
+        """Seconds a started stream may go without sending a frame; None: no limit."""
+        return None if self.idle_timeout_s in (0, float("inf")) else self.idle_timeout_s
 
 
 def make_record_dir(path: str) -> None:
@@ -631,13 +639,23 @@ class Server:
     async def _read(self, ws, stream: Stream) -> str:
         """Read the client's frames into the stream's queue until the socket closes ("gone") or the
         client breaks the protocol ("error", queued for the client after the events before it). Frames after
-        the end message are read and dropped (``_ignore_late_frame``): the stream still gets its end event."""
+        the end message are read and dropped (``_ignore_late_frame``): the stream still gets its end event.
+        Before the end message, a client that sends no frame for ``idle_timeout_s`` is ended ("error"): the time
+        runs while the server waits for the socket, not while the stream's queue is full (the server's delay)."""
         from aiohttp import WSMsgType
 
         limit = self.config.max_session_s * stream.start.sample_rate  # samples (a float: inf is no limit)
         while True:
             await stream.credits.acquire()  # backpressure: no socket read while the queue is full
-            msg = await ws.receive()
+            try:  # (pings are answered inside the read: a client that only pings is idle)
+                async with asyncio.timeout(None if stream.ended else self.config.idle_limit_s):
+                    msg = await ws.receive()
+            except TimeoutError:
+                stream.cancelled = True
+                self.worker.wake()
+                stream.outbox.put_nowait(("error", f"no frame within {self.config.idle_timeout_s:g} s: a stream "
+                                                   "sends audio continuously (silence too) until its end message"))
+                return "error"
             if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
                 return "gone"  # the client left (or the handler closed the socket after the end event)
             if stream.ended:  # its events and end event are on their way: a late frame must not cost them

@@ -174,6 +174,7 @@ def stated_numbers() -> list[tuple[str, str]]:
         ("docs/websocket.md", f"while {server.MAX_UNITS_AHEAD} of its encoded chunks wait"),
         ("docs/websocket.md", f"Common rates from {server.MIN_SAMPLE_RATE} to {server.MAX_SAMPLE_RATE} Hz"),
         ("docs/websocket.md", f'"message": "{server.STREAM_FAILURE_MESSAGE}"'),
+        ("docs/websocket.md", f"`--idle-timeout-s` seconds (default {serving.idle_timeout_s:g};"),
     ]
 
 

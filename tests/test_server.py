@@ -385,6 +385,69 @@ def test_pings_do_not_hold_off_the_start_timeout(tiny_model):
     assert state["sessions"] == 0
 
 
+IDLE_ERROR = "no frame within 1 s: a stream sends audio continuously (silence too) until its end message"
+
+
+def test_a_stream_that_sends_nothing_is_ended_after_the_idle_timeout(tiny_model):
+    """A client that sent its start and then nothing (pings aside) held a session slot for ever. Now, after
+    --idle-timeout-s without a frame, it gets its events so far, an error event and a close; a client that keeps
+    sending (however slowly) is not ended, and the time does not run after the end message (the wait for the end
+    event is the server's)."""
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(idle_timeout_s=1.0), choose=text_favouring_chooser)
+    pcm = to_pcm(clips(2.5)[4])
+    expected = solo(tiny_model, FAST, int16_to_float(pcm), text_favouring_chooser(tiny_model))
+
+    async def idle(http, url):
+        async with http.ws_connect(url + "ws") as ws:
+            await ws.send_str(START)
+            await ws.send_bytes(pcm[: len(pcm) // 4 * 2])
+
+            async def ping():
+                while True:
+                    await ws.ping()
+                    await asyncio.sleep(0.1)
+
+            pinger = asyncio.create_task(ping())
+            try:
+                begin = time.perf_counter()
+                events = await asyncio.wait_for(receive_all(ws), 10)
+                return events, time.perf_counter() - begin, (await ws.receive(timeout=10)).type
+            finally:
+                pinger.cancel()
+                await asyncio.gather(pinger, return_exceptions=True)
+
+    async def slow(http, url):  # 0.1 s frames 0.25 s apart: 2.5 s of audio over 6 s
+        async with http.ws_connect(url + "ws") as ws:
+            await ws.send_str(START)
+            for i in range(0, len(pcm), 3200):
+                await ws.send_bytes(pcm[i : i + 3200])
+                await asyncio.sleep(0.25)
+            await ws.send_str(json.dumps({"type": "end"}))
+            return await receive_all(ws)
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            (events, waited, closing), slowly = await asyncio.gather(idle(http, url), slow(http, url))
+            take_inputs, stall = server.worker._take_inputs, threading.Event()
+            server.worker._take_inputs = lambda: stall.wait() and take_inputs()
+            ended = asyncio.create_task(stream(http, url, pcm))  # its end event waits for the stalled worker
+            await asyncio.sleep(2.5)
+            stall.set()
+            return events, waited, closing, slowly, await ended, await settled_health(http, url)
+
+    events, waited, closing, slowly, ended, state = asyncio.run(scenario())
+    assert events[-1] == {"type": "error", "message": IDLE_ERROR} and 1.0 <= waited < 5, (events[-1], waited)
+    assert {e["type"] for e in events[:-1]} <= {"final", "partial"}
+    assert closing in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
+    assert check_events(slowly, len(pcm) / 2 / 16000) == expected == check_events(ended, len(pcm) / 2 / 16000)
+    assert state["status"] == "ok" and state["sessions"] == 0 and state["batch"] == 0
+
+
+def test_the_idle_timeout_zero_or_inf_is_no_limit():
+    assert ServerConfig().idle_limit_s == 60 and ServerConfig(idle_timeout_s=2.5).idle_limit_s == 2.5
+    assert ServerConfig(idle_timeout_s=0).idle_limit_s is None is ServerConfig(idle_timeout_s=float("inf")).idle_limit_s
+
+
 def test_null_optional_start_fields_are_left_out():
     from speechstream.server import parse_start
 
@@ -755,6 +818,8 @@ def test_bad_serve_options_give_one_error_line_and_exit_2(capsys):
             (["serve", "--max-frame-bytes", "3"], "even"),
             (["serve", "--chunk-ms", "3"], "chunk"),
             (["serve", "--port", "0", "--record-dir", f"{__file__}/record"], "cannot create --record-dir"),
+            (["serve", "--idle-timeout-s", "-1"], "--idle-timeout-s must be 0 or more"),
+            (["serve", "--idle-timeout-s", "nan"], "--idle-timeout-s must be 0 or more"),
         ):
             assert main(argv) == 2, argv
             err = capsys.readouterr().err.strip().splitlines()
