@@ -866,7 +866,8 @@ def test_an_unwritable_output_is_refused_before_the_model_loads(capsys, monkeypa
 @pytest.mark.parametrize("command, shown", [
     ("transcribe", ["--chunk-ms CHUNK_MS", "default: 640", "default: 2)", "default: 24)", "default: 4)",
                     "default: 32)", "default: 600)", "default: 16000)", "smollm2-whisper-base-es-en", "default: cpu)"]),
-    ("serve", ["default: 8765)", "default: 8)", "default: 262144)", "default: 3600.0)", "default: 64)"]),
+    ("serve", ["default: 8765)", "default: 8)", "default: 262144)", "default: 3600.0)", "default: 64)",
+               "0 or inf: never; default: 60.0)"]),
     ("eval", ["whose own default is --chunk-ms 1000; default: gpe)"]),
     ("bench", ["default: 30.0)", "default: 5.0)", "default: 640)", "default: cpu)"]),
     ("verify", ["default: 640)", "default: 1 3)"]),
@@ -886,8 +887,8 @@ def test_help_names_the_defaults(capsys, command, shown):
         assert (args.chunk_ms, args.k, args.max_tokens_per_chunk, args.max_repeats, args.ctc_candidates,
                 args.vad_min_silence_ms, args.input_rate) == (640, 2, 24, 4, 32, 600, 16000)
     if command == "serve":
-        assert (args.port, args.max_sessions, args.max_frame_bytes, args.max_session_s, args.queue_frames) == (
-            8765, 8, 262144, 3600.0, 64)
+        assert (args.port, args.max_sessions, args.max_frame_bytes, args.max_session_s, args.queue_frames,
+                args.idle_timeout_s) == (8765, 8, 262144, 3600.0, 64, 60.0)
 
 
 @pytest.mark.parametrize("command", ["transcribe", "eval", "live", "serve"])
