@@ -58,6 +58,8 @@ START_FIELDS = ("type", "sample_rate", "task", "model", "source_lang", "target_l
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192000
 SHUTDOWN_MESSAGE = "the server is shutting down"
 STREAM_FAILURE_MESSAGE = "the server failed to decode this stream; see its log"  # the rest goes on
+UNREAD_MESSAGE = "the client has stopped reading its events"
+UNREAD_CLOSE_S = 5.0  # time the error event and the close frame get to reach a client that has stopped reading
 MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
 
 
@@ -73,18 +75,20 @@ class ServerConfig:
     queue_frames: int = 64  # frames queued per stream before the server stops reading its socket
     start_timeout_s: float = 10.0  # time a client has to send its start message
     idle_timeout_s: float = 60.0  # a started stream that sends no frame for this long is ended (0 or inf: never)
+    max_unread_events: int = 1000  # events waiting for a client that does not read them before its stream is ended
+    send_timeout_s: float = 60.0  # the longest one event may wait for the client to read (a full socket)
     record_dir: str | None = None  # debug: write each stream's received audio (16 kHz WAV) and sent events here
 
     def validate(self) -> "ServerConfig":
         """Raise ``InputError`` on values no server could run with."""
         if not 0 <= self.port <= 65535:
             raise InputError(f"--port must be between 0 and 65535, got {self.port}")
-        for name in ("max_sessions", "max_frame_bytes", "queue_frames"):
+        for name in ("max_sessions", "max_frame_bytes", "queue_frames", "max_unread_events"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_frame_bytes % 2:
             raise InputError("--max-frame-bytes must be even (int16 samples)")
-        for name in ("max_session_s", "start_timeout_s"):
+        for name in ("max_session_s", "start_timeout_s", "send_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if not self.idle_timeout_s >= 0:
@@ -220,10 +224,28 @@ class Stream:
     ended: bool = False  # the client sent its end message: later frames are ignored
     ignored: int = 0  # frames that came after the end message
     samples_in: int = 0  # samples received (at the client's rate)
+    max_unread: int | None = None  # more items than this in the outbox: the client has stopped reading
+    unread: asyncio.Event = field(default_factory=asyncio.Event)  # set when it has: the connection ends the stream
+    unread_why: str = ""  # what showed it
 
     def deliver(self, item: Any) -> None:
         """From the worker thread: hand an event or error to the connection."""
-        self.loop.call_soon_threadsafe(self.outbox.put_nowait, item)
+        self.loop.call_soon_threadsafe(self._put, item)
+
+    def _put(self, item: Any) -> None:
+        """(On the loop.) Queue an item for the sender, unless ``max_unread`` items already wait there (its sends
+        wait for a client that does not read them): then the stream is ended instead of its events piling up."""
+        if self.max_unread is not None and self.outbox.qsize() >= self.max_unread:
+            self.stopped_reading(f"{self.max_unread} events wait")
+            return
+        self.outbox.put_nowait(item)
+
+    def stopped_reading(self, why: str) -> None:
+        """(On the loop.) The client has stopped reading its events: the connection ends the stream."""
+        if not self.unread.is_set():
+            self.cancelled = True
+            self.unread_why = why
+            self.unread.set()
 
 
 @dataclass(eq=False)
@@ -563,13 +585,15 @@ class Server:
         try:
             start = await self._receive_start(ws)
             loop = asyncio.get_running_loop()
-            stream = Stream(next(self._ids), start, loop, asyncio.Semaphore(self.config.queue_frames), asyncio.Queue())
+            stream = Stream(next(self._ids), start, loop, asyncio.Semaphore(self.config.queue_frames), asyncio.Queue(),
+                            max_unread=self.config.max_unread_events)
             self._open[ws] = stream
             self.started_streams += 1
             self.worker.submit(stream)
             sender = asyncio.create_task(self._send(ws, stream))
             reader = asyncio.create_task(self._read(ws, stream))
-            done, _ = await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
+            unread = asyncio.create_task(stream.unread.wait())
+            done, _ = await asyncio.wait({sender, reader, unread}, return_when=asyncio.FIRST_COMPLETED)
             if reader in done and reader.exception() is not None:  # a bug, not the client's doing: say so, go on
                 sender.cancel()
                 error = reader.exception()
@@ -578,11 +602,15 @@ class Server:
                 await self._refuse(ws, "the server failed to read this stream; see its log")
             elif reader in done and reader.result() == "gone":
                 sender.cancel()
-            else:
-                await sender
+            else:  # the sender sends the events and the end event, or the reader's error event; or it is stuck
+                await asyncio.wait({sender, unread}, return_when=asyncio.FIRST_COMPLETED)
+                if stream.unread.is_set():
+                    sender.cancel()
+                    await self._end_unread(ws, stream)
             await ws.close()
             reader.cancel()
-            await asyncio.gather(reader, sender, return_exceptions=True)
+            unread.cancel()
+            await asyncio.gather(reader, sender, unread, return_exceptions=True)
         except ProtocolError as error:
             await self._refuse(ws, str(error))
         finally:
@@ -594,6 +622,19 @@ class Server:
             if not ws.closed:
                 await ws.close()
         return ws
+
+    async def _end_unread(self, ws, stream: Stream) -> None:
+        """End a stream whose client has stopped reading its events (its sends wait on a full socket): the error
+        event and the close frame get ``UNREAD_CLOSE_S`` each to reach it; else the connection is dropped."""
+        print(f"speechstream: stream {stream.id}: {UNREAD_MESSAGE} ({stream.unread_why}); the stream is ended",
+              file=sys.stderr)
+        self.worker.wake()  # (the stream is cancelled: the worker drops it)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(UNREAD_CLOSE_S):
+                await self._send_error(ws, UNREAD_MESSAGE)
+        with contextlib.suppress(TimeoutError):  # (a close cut short by the timeout closes the transport)
+            async with asyncio.timeout(UNREAD_CLOSE_S):
+                await ws.close()
 
     async def _refuse(self, ws, message: str) -> None:
         await self._send_error(ws, message)
@@ -728,7 +769,11 @@ class Server:
                             log.close()
                         log = None
                 try:
-                    await ws.send_str(line)
+                    async with asyncio.timeout(self.config.send_timeout_s):
+                        await ws.send_str(line)
+                except TimeoutError:  # the client has read nothing for that long
+                    stream.stopped_reading(f"an event has waited {self.config.send_timeout_s:g} s")
+                    return
                 except (ConnectionError, RuntimeError):
                     return
                 if isinstance(item, tuple) or item.type == "end":

@@ -385,6 +385,60 @@ def test_pings_do_not_hold_off_the_start_timeout(tiny_model):
     assert state["sessions"] == 0
 
 
+@pytest.mark.parametrize("limits, why", [({"max_unread_events": 5}, "5 events wait"),
+                                         ({"send_timeout_s": 0.5}, "an event has waited 0.5 s")])
+def test_a_client_that_reads_no_events_has_its_stream_ended(tiny_model, monkeypatch, capsys, limits, why):
+    """A client that sends audio and reads nothing: the sender waited on its full socket for ever, the stream's outbox
+    grew with every event, and the stream held its session slot after its end. Now more than ``max_unread_events``
+    waiting, or one event waiting ``send_timeout_s``, ends the stream: the error event and the close frame get a few
+    seconds (``UNREAD_CLOSE_S``) to reach the client, then the connection is dropped; the other streams go on."""
+    from speechstream import server as served
+    from speechstream.session import Event
+
+    monkeypatch.setattr(served, "UNREAD_CLOSE_S", 0.5)
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(**limits), choose=text_favouring_chooser)
+    socket_class, feed = served.error_event_socket(), server.worker._feed
+    send_str = socket_class.send_str
+
+    async def full_socket(self, data, *args, **kwargs):  # stream 1's client reads nothing: its socket stays full
+        if getattr(server._open.get(self), "id", None) == 1:
+            await asyncio.Event().wait()
+        return await send_str(self, data, *args, **kwargs)
+
+    def feed_and_partial(live, samples):  # stream 1: an event per frame, as a stream that keeps up with real time
+        feed(live, samples)
+        if live.stream.id == 1:
+            live.stream.deliver(Event("partial", "a tail", 0.0, 0.0))
+
+    monkeypatch.setattr(socket_class, "send_str", full_socket)
+    server.worker._feed = feed_and_partial
+    pcm = to_pcm(clips(2.5)[3])
+    expected = solo(tiny_model, FAST, int16_to_float(pcm), text_favouring_chooser(tiny_model))
+
+    async def client(ws):
+        with contextlib.suppress(ConnectionError):  # (the stream of the client that reads nothing may be gone)
+            for i in range(0, len(pcm), 3200):
+                await ws.send_bytes(pcm[i : i + 3200])
+                await asyncio.sleep(0)
+            await ws.send_str(json.dumps({"type": "end"}))
+        return [msg async for msg in ws]
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            sockets = await start_in_order(http, url, 2)
+            begin = time.perf_counter()
+            unread, reading = await asyncio.wait_for(asyncio.gather(*[client(ws) for ws in sockets]), 30)
+            return unread, time.perf_counter() - begin, reading, await settled_health(http, url)
+
+    unread, took, reading, state = asyncio.run(scenario())
+    assert unread == [] and took < 15  # (its events never reached it: a close, and the connection is gone)
+    events = [json.loads(msg.data) for msg in reading if msg.type == aiohttp.WSMsgType.TEXT]
+    assert check_events(events, len(pcm) / 2 / 16000) == expected
+    assert state["status"] == "ok" and state["sessions"] == 0 and state["batch"] == 0 and server.worker.error is None
+    log = capsys.readouterr().err
+    assert f"stream 1: the client has stopped reading its events ({why}); the stream is ended" in log, log
+
+
 IDLE_ERROR = "no frame within 1 s: a stream sends audio continuously (silence too) until its end message"
 
 
