@@ -17,6 +17,11 @@ consumed the frame. Per pass the worker takes at most ``MAX_UNITS_AHEAD`` chunks
 stream's frames, and none while that many of its chunks wait for the LLM, then steps the LLM: a
 stream that outpaces the LLM stops being read (TCP backpressure) rather than piling up encoded
 audio, and no stream's uploads hold up the other streams' text.
+
+One stream cannot stop the others: a failure in its own decoding (join, request, logits, events, close)
+ends that stream alone; a stream that sends no frame for ``idle_timeout_s``, or whose client stops
+reading its events (``max_unread_events`` waiting, or one for ``send_timeout_s``), is ended and frees
+its slot.
 """
 
 from __future__ import annotations
