@@ -163,6 +163,14 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-timeout-s", type=float, default=defaults.idle_timeout_s,
                         help="end a started stream that sends no frame for this long (a live client sends audio "
                         "continuously, silence too; 0 or inf: never; default: %(default)s)")
+    parser.add_argument("--start-timeout-s", type=float, default=defaults.start_timeout_s,
+                        help="time a client has to send its start message (default: %(default)s)")
+    parser.add_argument("--max-unread-events", type=int, default=defaults.max_unread_events,
+                        help="events waiting for a client that does not read them before its stream is ended "
+                        "(default: %(default)s)")
+    parser.add_argument("--send-timeout-s", type=float, default=defaults.send_timeout_s,
+                        help="the longest one event may wait for its client to read it before the stream is "
+                        "ended (default: %(default)s)")
     parser.add_argument("--record-dir", help="debug: write each stream's received audio and sent events here")
 
 
@@ -524,7 +532,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           max_frame_bytes=args.max_frame_bytes, max_session_s=args.max_session_s,
                           queue_frames=args.queue_frames, idle_timeout_s=args.idle_timeout_s,
-                          record_dir=args.record_dir).validate()
+                          start_timeout_s=args.start_timeout_s, max_unread_events=args.max_unread_events,
+                          send_timeout_s=args.send_timeout_s, record_dir=args.record_dir).validate()
     decoding = _decoding_config(args)
     name = _model_name(args, decoding)  # (sets args.task)
     return run(config, decoding, name, args.task)

@@ -888,7 +888,8 @@ def test_help_names_the_defaults(capsys, command, shown):
                 args.vad_min_silence_ms, args.input_rate) == (640, 2, 24, 4, 32, 600, 16000)
     if command == "serve":
         assert (args.port, args.max_sessions, args.max_frame_bytes, args.max_session_s, args.queue_frames,
-                args.idle_timeout_s) == (8765, 8, 262144, 3600.0, 64, 60.0)
+                args.idle_timeout_s, args.start_timeout_s, args.max_unread_events,
+                args.send_timeout_s) == (8765, 8, 262144, 3600.0, 64, 60.0, 10.0, 1000, 60.0)
 
 
 @pytest.mark.parametrize("command", ["transcribe", "eval", "live", "serve"])

@@ -175,6 +175,7 @@ def stated_numbers() -> list[tuple[str, str]]:
         ("docs/websocket.md", f"Common rates from {server.MIN_SAMPLE_RATE} to {server.MAX_SAMPLE_RATE} Hz"),
         ("docs/websocket.md", f'"message": "{server.STREAM_FAILURE_MESSAGE}"'),
         ("docs/websocket.md", f"`--idle-timeout-s` seconds (default {serving.idle_timeout_s:g};"),
+        ("docs/websocket.md", f"within `--start-timeout-s` seconds, default {serving.start_timeout_s:g},"),
         ("docs/websocket.md", f"once {serving.max_unread_events} events wait for it"),
         ("docs/websocket.md", f"or one event has waited {serving.send_timeout_s:g} s"),
         ("docs/websocket.md", f'"message": "{server.UNREAD_MESSAGE}"'),

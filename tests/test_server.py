@@ -874,6 +874,9 @@ def test_bad_serve_options_give_one_error_line_and_exit_2(capsys):
             (["serve", "--port", "0", "--record-dir", f"{__file__}/record"], "cannot create --record-dir"),
             (["serve", "--idle-timeout-s", "-1"], "--idle-timeout-s must be 0 or more"),
             (["serve", "--idle-timeout-s", "nan"], "--idle-timeout-s must be 0 or more"),
+            (["serve", "--start-timeout-s", "0"], "--start-timeout-s must be positive"),
+            (["serve", "--send-timeout-s", "nan"], "--send-timeout-s must be positive"),
+            (["serve", "--max-unread-events", "0"], "--max-unread-events must be at least 1"),
         ):
             assert main(argv) == 2, argv
             err = capsys.readouterr().err.strip().splitlines()
