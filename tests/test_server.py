@@ -80,6 +80,23 @@ async def stream(http, url, pcm: bytes, rate=16000, frame_bytes=3200, start=None
         return await receive_all(ws)
 
 
+@contextlib.asynccontextmanager
+async def pinging(ws, every_s: float = 0.1):
+    """A client that pings every ``every_s`` while the block runs (pings are answered inside the server's reads)."""
+
+    async def ping():
+        while True:
+            await ws.ping()
+            await asyncio.sleep(every_s)
+
+    pinger = asyncio.create_task(ping())
+    try:
+        yield
+    finally:
+        pinger.cancel()
+        await asyncio.gather(pinger, return_exceptions=True)
+
+
 async def receive_all(ws) -> list[dict]:
     events = []
     async for msg in ws:
@@ -362,21 +379,10 @@ def test_pings_do_not_hold_off_the_start_timeout(tiny_model):
 
     async def scenario():
         async with running(server) as url, aiohttp.ClientSession() as http:
-            async with http.ws_connect(url + "ws") as ws:
-
-                async def ping():
-                    while True:
-                        await ws.ping()
-                        await asyncio.sleep(0.1)
-
-                pinger = asyncio.create_task(ping())
-                try:
-                    begin = time.perf_counter()
-                    msg = await asyncio.wait_for(ws.receive(), 5)  # (not receive(timeout=...): pongs restart it)
-                    waited = time.perf_counter() - begin
-                finally:
-                    pinger.cancel()
-                    await asyncio.gather(pinger, return_exceptions=True)
+            async with http.ws_connect(url + "ws") as ws, pinging(ws):
+                begin = time.perf_counter()
+                msg = await asyncio.wait_for(ws.receive(), 5)  # (not receive(timeout=...): pongs restart it)
+                waited = time.perf_counter() - begin
             return msg, waited, await settled_health(http, url)
 
     msg, waited, state = asyncio.run(scenario())
@@ -455,20 +461,10 @@ def test_a_stream_that_sends_nothing_is_ended_after_the_idle_timeout(tiny_model)
         async with http.ws_connect(url + "ws") as ws:
             await ws.send_str(START)
             await ws.send_bytes(pcm[: len(pcm) // 4 * 2])
-
-            async def ping():
-                while True:
-                    await ws.ping()
-                    await asyncio.sleep(0.1)
-
-            pinger = asyncio.create_task(ping())
-            try:
+            async with pinging(ws):
                 begin = time.perf_counter()
                 events = await asyncio.wait_for(receive_all(ws), 10)
                 return events, time.perf_counter() - begin, (await ws.receive(timeout=10)).type
-            finally:
-                pinger.cancel()
-                await asyncio.gather(pinger, return_exceptions=True)
 
     async def slow(http, url):  # 0.1 s frames 0.25 s apart: 2.5 s of audio over 6 s
         async with http.ws_connect(url + "ws") as ws:
