@@ -856,7 +856,10 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     ddp = DistributedDataParallelKwargs(find_unused_parameters=config.ctc_only_steps > 0 or config.ctc_weight == 0)
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
     out_dir = Path(config.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # (a file on its path, a read-only or virtual file system)
+        raise InputError(f"out_dir {out_dir}: cannot create the folder ({one_line(error)})") from None
     if accelerator.is_main_process:
         tidy_checkpoints(out_dir)
     accelerator.wait_for_everyone()

@@ -388,6 +388,7 @@ def test_bad_recipe_values_are_one_line_errors_before_any_work(capsys, tmp_path,
     ("row-list", "bad manifest line"),
     ("no-audio", "no such audio file"),
     ("out-file", "is not a folder"),
+    ("out-under-file", "cannot create the folder"),
     ("number-keys", "unknown config keys 1, 2.5"),
 ])
 def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
@@ -412,6 +413,9 @@ def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
                   "no-audio": json.dumps({**row, "id": "other", "audio": "nowhere.wav"})}[kind]
         manifest.write_text(json.dumps(row) + "\n" + second + "\n")
         argv.append(f"train_manifest={manifest}")
+    elif kind == "out-under-file":  # (an out_dir that cannot be created: a file on its path)
+        (tmp_path / "file").write_text("a file")
+        argv.append(f"out_dir={tmp_path / 'file' / 'run'}")
     else:
         (tmp_path / "run").write_text("a file")
     assert main(argv) == 2
