@@ -48,6 +48,7 @@ from speechstream.audio import SAMPLE_RATE, check_audio, load_audio
 from speechstream.config import check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError
+from speechstream.interrupts import DeferredStop
 from speechstream.manifest import text_lines, time_field
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
                                 trainable_state)
@@ -833,11 +834,20 @@ def plot_losses(log_path: Path, out_path: Path) -> None:
     plt.close(fig)
 
 
+def stop_requested(stop: DeferredStop, accelerator) -> bool:
+    """Whether a signal asked any rank's run to stop (the ranks agree: each stops after the same step)."""
+    asked = stop.requested is not None
+    if accelerator.num_processes == 1:
+        return asked
+    return bool(accelerator.reduce(torch.tensor([float(asked)], device=accelerator.device), "sum").item())
+
+
 def train(config: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the path of the trainable-weights checkpoint.
 
     ``stop_after`` ends this run after that many steps (a checkpoint is saved), as an
-    interruption would; the schedule still follows ``config.steps``.
+    interruption would; the schedule still follows ``config.steps``. Ctrl-C (SIGINT) or SIGTERM during the steps
+    finishes the step in progress, saves it and raises KeyboardInterrupt (a second Ctrl-C raises it at once).
     """
     from accelerate import Accelerator
     from tqdm import tqdm
@@ -930,73 +940,83 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     window = list(start_record.get("window", [])) if state_dir is not None else []
     started = time.perf_counter()
     last_step = config.steps if stop_after is None else min(config.steps, start_step + stop_after)
-    for step in range(start_step, last_step):
-        ctc_only = step < config.ctc_only_steps
-        batch_size = config.ctc_only_batch_size if ctc_only and config.ctc_only_batch_size else config.batch_size
-        indices = batch_indices(len(examples), batch_size, step, config.seed)
-        mine = indices[accelerator.process_index :: accelerator.num_processes]
-        items = len(mine)
-        mine = mine or indices[:1]  # (a batch smaller than the ranks: a stand-in that does not count)
-        frames, frame_ends, targets, texts = [], [], [], []
-        for index in mine:
-            example = examples[index]
-            item_frames, ends, samples = cache.frames(example)
-            pieces, ctc_text = example_pieces(example, chunk_s, len(ends), config, samples / SAMPLE_RATE,
-                                              lookahead_s)
-            frames.append(item_frames)
-            frame_ends.append(ends)
-            targets.append(model.target_sequence(pieces))
-            texts.append(model._ids(ctc_text))
-        padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
-        if config.mask_time or config.mask_channels:
-            rng = np.random.default_rng([config.seed, step, accelerator.process_index, 11])
-            padded = spec_augment(padded, [len(f) for f in frames], rng, config.mask_time, config.mask_span,
-                                  config.mask_channels)
-        padded = padded.to(accelerator.device)
-        k = ks[np.random.default_rng([config.seed, step, 7]).integers(len(ks))]
-        factor = phase_learning_rate_factor(step, config)
-        for group, base in zip(optimizer.param_groups, base_lrs):
-            group["lr"] = base * factor
-        out = objective(padded, frame_ends, targets, texts, k, ctc_only=ctc_only)
-        loss, figures = global_batch_loss(out, items, config.ctc_weight,
-                                          lambda t: accelerator.reduce(t.to(accelerator.device), "sum").cpu(),
-                                          accelerator.num_processes)
-        accelerator.backward(loss)
-        accelerator.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        window.append(figures)
-        bar.update(1)
-        bar.set_postfix(loss=f"{window[-1]['loss']:.3f}")
-        done = step + 1
-        # a row every log_every steps, at the end, and at the end of the CTC-only phase (its figures are not mixed
-        # with the joint steps'); a run stopped in between keeps its window in the checkpoint instead
-        if done % config.log_every == 0 or done in (config.steps, config.ctc_only_steps):
-            if accelerator.is_main_process:
-                row = {key: float(np.mean([w[key] for w in window if key in w])) for key in window[-1]}
-                row.update(step=done, k=k, lr_factor=round(factor, 4),
-                           elapsed_s=round(time.perf_counter() - started, 1))
+    with DeferredStop() as stop:
+        for step in range(start_step, last_step):
+            ctc_only = step < config.ctc_only_steps
+            batch_size = config.ctc_only_batch_size if ctc_only and config.ctc_only_batch_size else config.batch_size
+            indices = batch_indices(len(examples), batch_size, step, config.seed)
+            mine = indices[accelerator.process_index :: accelerator.num_processes]
+            items = len(mine)
+            mine = mine or indices[:1]  # (a batch smaller than the ranks: a stand-in that does not count)
+            frames, frame_ends, targets, texts = [], [], [], []
+            for index in mine:
+                example = examples[index]
+                item_frames, ends, samples = cache.frames(example)
+                pieces, ctc_text = example_pieces(example, chunk_s, len(ends), config, samples / SAMPLE_RATE,
+                                                  lookahead_s)
+                frames.append(item_frames)
+                frame_ends.append(ends)
+                targets.append(model.target_sequence(pieces))
+                texts.append(model._ids(ctc_text))
+            padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
+            if config.mask_time or config.mask_channels:
+                rng = np.random.default_rng([config.seed, step, accelerator.process_index, 11])
+                padded = spec_augment(padded, [len(f) for f in frames], rng, config.mask_time, config.mask_span,
+                                      config.mask_channels)
+            padded = padded.to(accelerator.device)
+            k = ks[np.random.default_rng([config.seed, step, 7]).integers(len(ks))]
+            factor = phase_learning_rate_factor(step, config)
+            for group, base in zip(optimizer.param_groups, base_lrs):
+                group["lr"] = base * factor
+            out = objective(padded, frame_ends, targets, texts, k, ctc_only=ctc_only)
+            loss, figures = global_batch_loss(out, items, config.ctc_weight,
+                                              lambda t: accelerator.reduce(t.to(accelerator.device), "sum").cpu(),
+                                              accelerator.num_processes)
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+            window.append(figures)
+            bar.update(1)
+            bar.set_postfix(loss=f"{window[-1]['loss']:.3f}")
+            done = step + 1
+            # a row every log_every steps, at the end, and at the end of the CTC-only phase (its figures are not mixed
+            # with the joint steps'); a run stopped in between keeps its window in the checkpoint instead
+            if done % config.log_every == 0 or done in (config.steps, config.ctc_only_steps):
+                if accelerator.is_main_process:
+                    row = {key: float(np.mean([w[key] for w in window if key in w])) for key in window[-1]}
+                    row.update(step=done, k=k, lr_factor=round(factor, 4),
+                               elapsed_s=round(time.perf_counter() - started, 1))
+                    with log_path.open("a") as log:
+                        log.write(json.dumps(row) + "\n")
+                window = []
+            # Ctrl-C or SIGTERM (on any rank: every rank stops after the same step) ends the run after this step,
+            # saved
+            stopping = done < last_step and stop_requested(stop, accelerator)
+            save_now = stopping or done % config.save_every == 0 or done in (config.steps, last_step)
+            if save_now:  # before the dev evaluation: a failure there loses no step
+                accelerator.wait_for_everyone()
+                if accelerator.is_main_process:  # before the state: the weights of a finished run are never older
+                    save_trainable(accelerator.unwrap_model(objective).model, out_dir / "trainable.safetensors")
+                save_checkpoint(accelerator, out_dir, {"step": done, "window": window})
+                if accelerator.is_main_process:
+                    write_file_durably(progress_file, json.dumps({"step": done}))
+            evaluate_now = dev and ((config.eval_every and done % config.eval_every == 0) or done == config.steps)
+            if evaluate_now and accelerator.is_main_process:
+                inner = accelerator.unwrap_model(objective).model
+                inner.eval()
+                score = dev_ctc_wer(inner, cache, dev, ctc_classes, config.ctc_head_only)
+                inner.train()
                 with log_path.open("a") as log:
-                    log.write(json.dumps(row) + "\n")
-            window = []
-        save_now = done % config.save_every == 0 or done in (config.steps, last_step)
-        if save_now:  # before the dev evaluation: a failure there loses no step
-            accelerator.wait_for_everyone()
-            if accelerator.is_main_process:  # before the state: the weights of a finished run are never older
-                save_trainable(accelerator.unwrap_model(objective).model, out_dir / "trainable.safetensors")
-            save_checkpoint(accelerator, out_dir, {"step": done, "window": window})
-            if accelerator.is_main_process:
-                write_file_durably(progress_file, json.dumps({"step": done}))
-        evaluate_now = dev and ((config.eval_every and done % config.eval_every == 0) or done == config.steps)
-        if evaluate_now and accelerator.is_main_process:
-            inner = accelerator.unwrap_model(objective).model
-            inner.eval()
-            score = dev_ctc_wer(inner, cache, dev, ctc_classes, config.ctc_head_only)
-            inner.train()
-            with log_path.open("a") as log:
-                log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
-        if save_now and accelerator.is_main_process:
-            plot_losses(log_path, out_dir / "loss.png")
+                    log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
+            if save_now and accelerator.is_main_process:
+                plot_losses(log_path, out_dir / "loss.png")
+            if stopping:
+                bar.close()
+                if accelerator.is_main_process:
+                    print(f"speechstream: note: {stop.requested} after step {done} of {config.steps}: its checkpoint "
+                          f"is saved in {out_dir}; the same command resumes", file=sys.stderr)
+                raise KeyboardInterrupt
     bar.close()
     accelerator.wait_for_everyone()
     return out_dir / "trainable.safetensors"

@@ -88,6 +88,52 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     assert (tmp_path / "a" / "run" / "loss.png").stat().st_size > 1000
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_mid_step_saves_that_step_and_the_rerun_ends_as_an_uninterrupted_run(tmp_path, monkeypatch, capsys,
+                                                                                      signal_name):
+    """Ctrl-C or SIGTERM between two checkpoints (save_every=100): the step in progress finishes and is saved (it
+    was lost with every step since the last checkpoint), the command exits 130, and rerunning it resumes from there
+    to the weights of a run never interrupted."""
+    import signal
+
+    import speechstream.train as train_module
+    from speechstream.cli import main
+
+    (tmp_path / "a").mkdir()
+    train(load_train_config(str(write_recipe(tmp_path / "a", save_every=100)), []), progress=False)
+    (tmp_path / "b").mkdir()
+    recipe = write_recipe(tmp_path / "b", save_every=100)
+    factor = train_module.phase_learning_rate_factor
+
+    def signalled(step, config):  # the signal arrives during step 3 (0-based 2), before its forward
+        if step == 2:
+            os.kill(os.getpid(), getattr(signal, signal_name))
+        return factor(step, config)
+
+    def unhandled(signum, frame):  # (what the signal did before: the run ended, losing the steps since a save)
+        raise SystemExit(f"{signal_name} ended the run")
+
+    monkeypatch.setattr(train_module, "phase_learning_rate_factor", signalled)
+    previous = signal.signal(signal.SIGTERM, unhandled)  # (SIGTERM's default would end pytest itself)
+    try:
+        assert main(["train", str(recipe)]) == 130
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # (put back)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    assert f"{signal_name} after step 3 of 6" in err and "the same command resumes" in err, err
+    assert json.loads((tmp_path / "b" / "run" / "progress.json").read_text())["step"] == 3
+    monkeypatch.setattr(train_module, "phase_learning_rate_factor", factor)
+    assert main(["train", str(recipe)]) == 0
+    a = load_file(str(tmp_path / "a" / "run" / "trainable.safetensors"))
+    b = load_file(str(tmp_path / "b" / "run" / "trainable.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-6), key
+    logs = [(folder / "run" / "log.jsonl").read_text().splitlines() for folder in (tmp_path / "a", tmp_path / "b")]
+    assert [json.loads(line)["step"] for line in logs[1]] == [json.loads(line)["step"] for line in logs[0]]
+
+
 def test_loss_falls_when_overfitting_one_batch(tmp_path):
     recipe = write_recipe(tmp_path, steps=30, batch_size=2, k_choices="2", lr_projector=1e-2, lr_lora=1e-2)
     manifest = tmp_path / "two.jsonl"
