@@ -46,6 +46,7 @@ def export(args: argparse.Namespace) -> None:
                        (args.model / "config.yaml", "a model's config")):
         if not path.is_file():
             raise InputError(f"{path}: not found (expected {what})")
+    check_model_fits_run(args.run, args.model)
     progress = json.loads((args.run / "progress.json").read_text())
     state = load_file(str(args.run / "trainable.safetensors"))
     if CTC_CLASSES not in state and args.recipe:
@@ -71,6 +72,27 @@ def export(args: argparse.Namespace) -> None:
         replace_atomically(config_path, lambda tmp: tmp.write_text(new_text))
     size = target.stat().st_size / 2**20
     print(f"{target}: {len(half)} tensors, {size:.1f} MiB, step {progress['step']}")
+
+
+def check_model_fits_run(run: Path, model: Path) -> None:
+    """The model settings a recipe can set for its run (``lora_targets``, ``lookahead_frames``, ``ctc_hop``) must be
+    those of the model's config.yaml: other adapters do not load, and other frames or windows decode weights with
+    inputs they were not trained on. A run without ``recipe.json`` (an earlier version's) is not checked."""
+    from speechstream.config import load_model_config
+
+    recipe_path = run / "recipe.json"
+    if not recipe_path.is_file():
+        return
+    recipe = json.loads(recipe_path.read_text())
+    config = load_model_config(model / "config.yaml")
+    settings = (("lora_targets", "llm.lora_targets", config.llm.lora_targets, ""),
+                ("lookahead_frames", "encoder.lookahead_frames", config.encoder.lookahead_frames, -1),
+                ("ctc_hop", "ctc_hop", config.ctc_hop, -1))
+    for key, field, value, unset in settings:
+        trained = recipe.get(key, unset)
+        if trained != unset and trained != value:
+            raise InputError(f"{run} was trained with {key}={trained} ({recipe_path}), but {model / 'config.yaml'} "
+                             f"has {field}: {value}; set {field}: {trained} there first")
 
 
 def replace_atomically(path: Path, write) -> None:

@@ -746,6 +746,37 @@ def test_export_replaces_the_models_files_atomically_and_transcribe_loads_the_ru
     assert json.loads(capsys.readouterr().out)["audio_s"] == pytest.approx(2.99, abs=0.01)
 
 
+def test_export_refuses_a_model_config_without_the_runs_adapters_and_right_context(tmp_path):
+    """A recipe's lora_targets and lookahead_frames change the model it trains: exported into a copy of its model
+    config, the MLP adapters did not load (an error naming tensors) and the right context was silently left out
+    (the weights decoded other frames than they were trained on). export names the setting to change, and writes
+    nothing until the config has it."""
+    import argparse
+
+    from speechstream.errors import InputError
+    from speechstream.model import load_model
+    from tests.helpers import load_recipe
+
+    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
+    train(load_train_config(str(write_recipe(tmp_path, steps=2, lora_targets="all", lookahead_frames=8)), []),
+          progress=False)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    args = argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None)
+    llm = TINY_LORA["llm"] | {"lora_targets": "all"}
+    for config, match in ((TINY_LORA, "lora_targets=all .* set llm.lora_targets: all there"),
+                          (TINY_LORA | {"llm": llm}, "lookahead_frames=8 .* set encoder.lookahead_frames: 8 there")):
+        (model_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        with pytest.raises(InputError, match=match):
+            export.export(args)
+        assert sorted(path.name for path in model_dir.iterdir()) == ["config.yaml"]
+    encoder = TINY_LORA["encoder"] | {"lookahead_frames": 8}
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA | {"llm": llm, "encoder": encoder}))
+    export.export(args)
+    loaded = load_model(str(model_dir))
+    assert loaded.config.encoder.lookahead_frames == 8 and loaded.config.llm.lora_targets == "all"
+
+
 def test_ctc_targets_longer_than_their_frames_count_as_zero_and_are_logged(tmp_path):
     """An utterance whose CTC target needs more frames than it has (labels plus a blank between repeats) adds 0 to
     the CTC loss (zero_infinity) and nothing to its gradient; the log says which share of the batch that was
