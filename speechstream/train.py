@@ -208,7 +208,7 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         raise InputError(f"{path}: out_dir {config.out_dir} exists and is not a folder")
     base = Path(path).resolve().parent
     fix = {}
-    for field in ("train_manifest", "dev_manifest"):
+    for field in ("model", "train_manifest", "dev_manifest", "init_checkpoint"):  # (a path beside the recipe)
         value = getattr(config, field)
         if value and not Path(value).is_absolute() and not Path(value).exists() and (base / value).exists():
             fix[field] = str(base / value)

@@ -134,6 +134,24 @@ def test_a_signal_mid_step_saves_that_step_and_the_rerun_ends_as_an_uninterrupte
     assert [json.loads(line)["step"] for line in logs[1]] == [json.loads(line)["step"] for line in logs[0]]
 
 
+def test_recipe_paths_beside_the_recipe_are_found_from_any_folder(tmp_path, monkeypatch):
+    """A recipe naming its model config, manifest and init_checkpoint by paths relative to its own folder loads
+    from another current folder (the model was 'unknown model', while the manifests were found)."""
+    write_recipe(tmp_path)
+    (tmp_path / "m.jsonl").write_text((ROOT / "samples" / "manifest.jsonl").read_text())
+    (tmp_path / "init.safetensors").write_bytes(b"")
+    recipe = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
+    recipe.update(model="model.yaml", train_manifest="m.jsonl", init_checkpoint="init.safetensors")
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_train_config(str(tmp_path / "recipe.yaml"), [])
+    assert (config.model, config.train_manifest, config.init_checkpoint) == (
+        str(tmp_path / "model.yaml"), str(tmp_path / "m.jsonl"), str(tmp_path / "init.safetensors"))
+    assert load_train_config(str(tmp_path / "recipe.yaml"), ["model=tiny-random"]).model == "tiny-random"
+
+
 def test_loss_falls_when_overfitting_one_batch(tmp_path):
     recipe = write_recipe(tmp_path, steps=30, batch_size=2, k_choices="2", lr_projector=1e-2, lr_lora=1e-2)
     manifest = tmp_path / "two.jsonl"
