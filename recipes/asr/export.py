@@ -47,7 +47,9 @@ def export(args: argparse.Namespace) -> None:
         if not path.is_file():
             raise InputError(f"{path}: not found (expected {what})")
     check_model_fits_run(args.run, args.model)
-    progress = json.loads((args.run / "progress.json").read_text())
+    progress = read_record(args.run / "progress.json")
+    if isinstance(progress.get("step"), bool) or not isinstance(progress.get("step"), int):
+        raise InputError(f"{args.run / 'progress.json'}: no step number")
     state = load_file(str(args.run / "trainable.safetensors"))
     if CTC_CLASSES not in state and args.recipe:
         from speechstream.model import load_model
@@ -74,6 +76,17 @@ def export(args: argparse.Namespace) -> None:
     print(f"{target}: {len(half)} tensors, {size:.1f} MiB, step {progress['step']}")
 
 
+def read_record(path: Path) -> dict:
+    """A JSON object the training run wrote (a one-line input error naming the file when it is not one)."""
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as error:
+        raise InputError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(record, dict):
+        raise InputError(f"{path}: not a JSON object")
+    return record
+
+
 def check_model_fits_run(run: Path, model: Path) -> None:
     """The model settings a recipe can set for its run (``lora_targets``, ``lookahead_frames``, ``ctc_hop``) must be
     those of the model's config.yaml: other adapters do not load, and other frames or windows decode weights with
@@ -83,7 +96,7 @@ def check_model_fits_run(run: Path, model: Path) -> None:
     recipe_path = run / "recipe.json"
     if not recipe_path.is_file():
         return
-    recipe = json.loads(recipe_path.read_text())
+    recipe = read_record(recipe_path)
     config = load_model_config(model / "config.yaml")
     settings = (("lora_targets", "llm.lora_targets", config.llm.lora_targets, ""),
                 ("lookahead_frames", "encoder.lookahead_frames", config.encoder.lookahead_frames, -1),

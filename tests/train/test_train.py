@@ -795,6 +795,33 @@ def test_export_refuses_a_model_config_without_the_runs_adapters_and_right_conte
     assert loaded.config.encoder.lookahead_frames == 8 and loaded.config.llm.lora_targets == "all"
 
 
+def test_export_names_a_damaged_run_record(tmp_path):
+    """A progress.json or recipe.json that is not the JSON object train writes is a one-line error naming the file
+    (a progress.json without its step was a KeyError traceback; bad JSON a message naming no file)."""
+    import argparse
+
+    from speechstream.errors import InputError
+    from tests.helpers import load_recipe
+
+    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
+    train(load_train_config(str(write_recipe(tmp_path, steps=1)), []), progress=False)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA))
+    args = argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None)
+    for name, text, match in (("progress.json", "{}", "progress.json: no step number"),
+                              ("progress.json", "[1", "progress.json: not valid JSON"),
+                              ("recipe.json", "[]", "recipe.json: not a JSON object")):
+        saved = (tmp_path / "run" / name).read_text()
+        (tmp_path / "run" / name).write_text(text)
+        with pytest.raises(InputError, match=match):
+            export.export(args)
+        (tmp_path / "run" / name).write_text(saved)
+    assert sorted(path.name for path in model_dir.iterdir()) == ["config.yaml"]
+    export.export(args)
+    assert (model_dir / "trainable.safetensors").is_file()
+
+
 def test_ctc_targets_longer_than_their_frames_count_as_zero_and_are_logged(tmp_path):
     """An utterance whose CTC target needs more frames than it has (labels plus a blank between repeats) adds 0 to
     the CTC loss (zero_infinity) and nothing to its gradient; the log says which share of the batch that was
