@@ -88,9 +88,10 @@ def read_record(path: Path) -> dict:
 
 
 def check_model_fits_run(run: Path, model: Path) -> None:
-    """The model settings a recipe can set for its run (``lora_targets``, ``lookahead_frames``, ``ctc_hop``) must be
-    those of the model's config.yaml: other adapters do not load, and other frames or windows decode weights with
-    inputs they were not trained on. A run without ``recipe.json`` (an earlier version's) is not checked."""
+    """The model settings a recipe can set for its run against the model's config.yaml: other ``lora_targets`` are
+    refused (its adapters would not load); another ``lookahead_frames`` or ``ctc_hop`` is a note (the weights then
+    decode frames or windows they were not trained on, which may be the intent: the shipped model reads its stage-1d
+    weights with right context). A run without ``recipe.json`` (an earlier version's) is not checked."""
     from speechstream.config import load_model_config
 
     recipe_path = run / "recipe.json"
@@ -103,9 +104,14 @@ def check_model_fits_run(run: Path, model: Path) -> None:
                 ("ctc_hop", "ctc_hop", config.ctc_hop, -1))
     for key, field, value, unset in settings:
         trained = recipe.get(key, unset)
-        if trained != unset and trained != value:
-            raise InputError(f"{run} was trained with {key}={trained} ({recipe_path}), but {model / 'config.yaml'} "
-                             f"has {field}: {value}; set {field}: {trained} there first")
+        if trained == unset or trained == value:
+            continue
+        message = (f"{run} was trained with {key}={trained} ({recipe_path}), but {model / 'config.yaml'} has "
+                   f"{field}: {value}")
+        if key == "lora_targets":
+            raise InputError(f"{message}; set {field}: {trained} there first")
+        print(f"export: note: {message}: it decodes with inputs the weights were not trained on (set {field}: "
+              f"{trained} there to decode as trained)", file=sys.stderr)
 
 
 def replace_atomically(path: Path, write) -> None:
