@@ -196,6 +196,7 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         if "=" not in item:
             raise InputError(f"override {item!r} is not key=value")
         key, value = item.split("=", 1)
+        check_override_key(item, key)
         try:
             data[key] = yaml.safe_load(value)
         except yaml.YAMLError as error:
@@ -213,6 +214,18 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         if value and not Path(value).is_absolute() and not Path(value).exists() and (base / value).exists():
             fix[field] = str(base / value)
     return dataclasses.replace(config, **fix)
+
+
+def check_override_key(item: str, key: str) -> None:
+    """A command-line override names a recipe field (a one-line error naming the override, with the field meant
+    where the spelling is close: the recipe file is not to blame)."""
+    import difflib
+
+    fields = [field.name for field in dataclasses.fields(TrainConfig)]
+    if key not in fields:
+        close = difflib.get_close_matches(key, fields, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise InputError(f"override {item!r}: no recipe field {key!r}{hint}")
 
 
 def parse_k_choices(text: str) -> list[int]:

@@ -487,6 +487,20 @@ def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
     assert len(err.strip().splitlines()) == 1 and match in err, err
 
 
+@pytest.mark.parametrize("override, match", [
+    ("stpes=5", "override 'stpes=5': no recipe field 'stpes' (did you mean steps?)"),
+    ("=1", "override '=1': no recipe field ''"),
+])
+def test_an_override_of_no_recipe_field_names_the_override_not_the_recipe(capsys, tmp_path, override, match):
+    """A misspelt key=value on the command line was reported as the recipe file's unknown key."""
+    from speechstream.cli import main
+
+    assert main(["train", str(write_recipe(tmp_path)), override]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and match in err, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("damage", ["safetensors", "optimizer", "step"])
 def test_a_damaged_checkpoint_folder_is_a_one_line_error_not_a_crash(capsys, tmp_path, damage):
     from speechstream.cli import main
