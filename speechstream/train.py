@@ -372,7 +372,12 @@ class FeatureCache:
         lookahead = model.config.encoder.lookahead_frames
         self.folder = folder / (f"chunk{chunk_ms}" + (f"-lookahead{lookahead}" if lookahead else "")
                                 + f"-encoder{encoder_fingerprint(model)}")
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # (recipes/asr/run.sh links a continuation's cache to the run it continues)
+            why = (f"a link to {os.readlink(self.folder)}, which is gone: delete the link to encode the features "
+                   "again" if self.folder.is_symlink() and not self.folder.exists() else one_line(error))
+            raise InputError(f"feature cache {self.folder}: cannot create the folder ({why})") from None
         self.model = model
         self.chunk_ms = chunk_ms
 

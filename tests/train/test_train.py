@@ -501,6 +501,24 @@ def test_an_override_of_no_recipe_field_names_the_override_not_the_recipe(capsys
     assert not (tmp_path / "run").exists()
 
 
+def test_a_feature_cache_linked_to_a_deleted_run_is_a_one_line_error(capsys, tmp_path):
+    """recipes/asr/run.sh links a continuation's feature cache to the run it continues; with that run deleted the
+    link dangles, and training stopped with a FileExistsError (exit 1). Now: the link, where it pointed, what to do."""
+    from speechstream.cli import main
+
+    (tmp_path / "first").mkdir()
+    assert main(["train", str(write_recipe(tmp_path / "first", steps=1, warmup_steps=0))]) == 0
+    [cache] = (tmp_path / "first" / "run" / "features").iterdir()
+    recipe = write_recipe(tmp_path, steps=1, warmup_steps=0)
+    (tmp_path / "run" / "features").mkdir(parents=True)
+    (tmp_path / "run" / "features" / cache.name).symlink_to(tmp_path / "deleted" / cache.name)
+    capsys.readouterr()
+    assert main(["train", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "which is gone: delete the link" in err, err
+    assert str(tmp_path / "deleted" / cache.name) in err, err
+
+
 @pytest.mark.parametrize("damage", ["safetensors", "optimizer", "step"])
 def test_a_damaged_checkpoint_folder_is_a_one_line_error_not_a_crash(capsys, tmp_path, damage):
     from speechstream.cli import main
