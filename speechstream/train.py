@@ -661,10 +661,20 @@ def learning_rate_factor(step: int, warmup: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def logged_step(line: str) -> int | None:
+    """The step of a log row; None for a line that is no row (torn: a kill or a full disk while it was written)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row.get("step") if isinstance(row, dict) and isinstance(row.get("step"), int) else None
+
+
 def truncate_log(log_path: Path, step: int) -> None:
-    """Drop the log rows written after the last checkpoint, so a resumed run logs each step once."""
+    """Drop the log rows written after the last checkpoint, so a resumed run logs each step once, and a torn row
+    (always written after the checkpoint: a row is logged before its step is saved)."""
     lines = [line for line in log_path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    kept = [line for line in lines if (logged := logged_step(line)) is not None and logged <= step]
     if len(kept) < len(lines):
         log_path.write_text("".join(line + "\n" for line in kept))
 

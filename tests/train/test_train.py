@@ -519,6 +519,20 @@ def test_a_feature_cache_linked_to_a_deleted_run_is_a_one_line_error(capsys, tmp
     assert str(tmp_path / "deleted" / cache.name) in err, err
 
 
+def test_a_torn_log_row_is_dropped_when_the_run_resumes(tmp_path):
+    """A kill or a full disk while a log row was written leaves a torn last line; the resumed run stopped with a
+    JSONDecodeError (exit 1). Now the torn row goes with the other rows after the checkpoint."""
+    (tmp_path / "a").mkdir()
+    train(load_train_config(str(write_recipe(tmp_path / "a")), []), progress=False)
+    recipe = load_train_config(str(write_recipe(tmp_path)), [])
+    train(recipe, progress=False, stop_after=3)
+    with (tmp_path / "run" / "log.jsonl").open("a") as log:
+        log.write('{"lm": 5.4, "accur')
+    train(recipe, progress=False)
+    logs = [(folder / "run" / "log.jsonl").read_text().splitlines() for folder in (tmp_path / "a", tmp_path)]
+    assert [json.loads(line)["step"] for line in logs[1]] == [json.loads(line)["step"] for line in logs[0]]
+
+
 @pytest.mark.parametrize("damage", ["safetensors", "optimizer", "step"])
 def test_a_damaged_checkpoint_folder_is_a_one_line_error_not_a_crash(capsys, tmp_path, damage):
     from speechstream.cli import main
