@@ -262,7 +262,7 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
                 raise ValueError("word end times must be finite, non-negative and in order")
             translation = row.get("translation")
             if task == "translate" and not (isinstance(translation, str) and translation.strip()):
-                raise KeyError("translation")
+                raise ValueError("task translate needs a translation (a non-empty string) on every line")
             offset, duration = (time_field(row, key, key) for key in ("offset", "duration"))
             example = Example(str(row["id"]), folder / row["audio"], str(row["text"]), words,
                               None if translation is None else str(translation), float(offset or 0.0),

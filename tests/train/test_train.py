@@ -533,6 +533,15 @@ def test_a_torn_log_row_is_dropped_when_the_run_resumes(tmp_path):
     assert [json.loads(line)["step"] for line in logs[1]] == [json.loads(line)["step"] for line in logs[0]]
 
 
+def test_a_translate_recipe_on_a_manifest_without_translations_says_what_is_missing(capsys, tmp_path):
+    """task=translate on a transcript-only manifest read 'bad manifest line (KeyError: 'translation')'."""
+    from speechstream.cli import main
+
+    assert main(["train", str(write_recipe(tmp_path)), "task=translate"]) == 2
+    err = capsys.readouterr().err
+    assert "manifest.jsonl:1: bad manifest line (ValueError: task translate needs a translation" in err, err
+
+
 @pytest.mark.parametrize("damage", ["safetensors", "optimizer", "step"])
 def test_a_damaged_checkpoint_folder_is_a_one_line_error_not_a_crash(capsys, tmp_path, damage):
     from speechstream.cli import main
