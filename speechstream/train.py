@@ -34,6 +34,7 @@ import pickle
 import shutil
 import sys
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -45,7 +46,7 @@ import yaml
 from torch import nn
 
 from speechstream.audio import SAMPLE_RATE, check_audio, load_audio
-from speechstream.config import check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
+from speechstream.config import _check_type, check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError
 from speechstream.interrupts import DeferredStop
@@ -201,6 +202,10 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
             data[key] = yaml.safe_load(value)
         except yaml.YAMLError as error:
             raise InputError(f"override {item!r}: not a YAML value ({one_line(error)})") from None
+        try:  # (a value of the wrong type is the override's, not the recipe file's)
+            _check_type(data[key], typing.get_type_hints(TrainConfig)[key], key)
+        except InputError as error:
+            raise InputError(f"override {item!r}: {error}") from None
     try:
         config = from_dict(TrainConfig, data)  # (TrainConfig checks its values)
     except InputError as error:

@@ -490,9 +490,11 @@ def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
 @pytest.mark.parametrize("override, match", [
     ("stpes=5", "override 'stpes=5': no recipe field 'stpes' (did you mean steps?)"),
     ("=1", "override '=1': no recipe field ''"),
+    ("steps=abc", "override 'steps=abc': config key steps has the wrong type: 'abc'"),
 ])
 def test_an_override_of_no_recipe_field_names_the_override_not_the_recipe(capsys, tmp_path, override, match):
-    """A misspelt key=value on the command line was reported as the recipe file's unknown key."""
+    """A misspelt key=value on the command line was reported as the recipe file's unknown key, a value of the
+    wrong type as the recipe file's."""
     from speechstream.cli import main
 
     assert main(["train", str(write_recipe(tmp_path)), override]) == 2
