@@ -243,7 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--baseline-model", help="model of a baseline other than gpe; whisper-offline, whisper-la2: "
                           "whisper-base (default), whisper-tiny.en or a transformers Whisper directory")
 
-    train = commands.add_parser("train", help="train projector and LoRA adapters from a recipe (accelerate)")
+    train = commands.add_parser(
+        "train", help="train projector and LoRA adapters from a recipe (accelerate)",
+        description="Trains as the recipe says into its out_dir; the same command resumes a run stopped there. Ctrl-C "
+        "or SIGTERM finishes the step in progress and saves it (exit 130); a second Ctrl-C stops at once.")
     train.add_argument("recipe", help="training recipe YAML (recipes/asr/*.yaml)")
     train.add_argument("overrides", nargs="*", help="key=value overrides of recipe fields")
     train.add_argument("--stop-after", type=int, help="end this run after N steps (resume later)")
