@@ -88,10 +88,11 @@ def read_record(path: Path) -> dict:
 
 
 def check_model_fits_run(run: Path, model: Path) -> None:
-    """The model settings a recipe can set for its run against the model's config.yaml: other ``lora_targets`` are
-    refused (its adapters would not load); another ``lookahead_frames`` or ``ctc_hop`` is a note (the weights then
-    decode frames or windows they were not trained on, which may be the intent: the shipped model reads its stage-1d
-    weights with right context). A run without ``recipe.json`` (an earlier version's) is not checked."""
+    """The model settings a recipe can set for its run against the model's config.yaml: other ``lora_targets`` and a
+    ``ctc_hop`` where the model has no fine CTC head are refused (adapters or a head that would not load); another
+    ``lookahead_frames`` or ``ctc_hop`` is a note (the weights then decode frames or windows they were not trained
+    on, which may be the intent: the shipped model reads its stage-1d weights with right context). A run without
+    ``recipe.json`` (an earlier version's) is not checked."""
     from speechstream.config import load_model_config
 
     recipe_path = run / "recipe.json"
@@ -108,7 +109,7 @@ def check_model_fits_run(run: Path, model: Path) -> None:
             continue
         message = (f"{run} was trained with {key}={trained} ({recipe_path}), but {model / 'config.yaml'} has "
                    f"{field}: {value}")
-        if key == "lora_targets":
+        if key == "lora_targets" or (key == "ctc_hop" and not value):  # (adapters or a head the model lacks)
             raise InputError(f"{message}; set {field}: {trained} there first")
         print(f"export: note: {message}: it decodes with inputs the weights were not trained on (set {field}: "
               f"{trained} there to decode as trained)", file=sys.stderr)

@@ -855,6 +855,25 @@ def test_export_refuses_a_model_config_without_the_runs_adapters_and_notes_anoth
     assert "note" not in capsys.readouterr().err
 
 
+def test_export_refuses_a_model_config_without_the_runs_fine_ctc_head(tmp_path):
+    """A ctc_head_only run (ctc_hop=2) exported into a model config without ctc_hop did not load ('checkpoint does not
+    fit the model'); export names the setting and writes nothing."""
+    import argparse
+
+    from speechstream.errors import InputError
+    from tests.helpers import load_recipe
+
+    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
+    train(load_train_config(str(write_recipe(tmp_path, steps=1, warmup_steps=0, ctc_head_only=True, ctc_hop=2)), []),
+          progress=False)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA))
+    with pytest.raises(InputError, match="ctc_hop=2 .* has ctc_hop: 0; set ctc_hop: 2 there first"):
+        export.export(argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None))
+    assert sorted(path.name for path in model_dir.iterdir()) == ["config.yaml"]
+
+
 def test_export_names_a_damaged_run_record(tmp_path):
     """A progress.json or recipe.json that is not the JSON object train writes is a one-line error naming the file
     (a progress.json without its step was a KeyError traceback; bad JSON a message naming no file)."""
