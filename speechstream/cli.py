@@ -278,9 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _decoding_config(args: argparse.Namespace):
     from speechstream.config import DecodingConfig
-    from speechstream.policy import make_policy
 
-    decoding = DecodingConfig(  # validates its values
+    decoding = DecodingConfig(  # validates its values (the policy's name too)
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
         device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
         ctc_weight=args.ctc_weight, ctc_candidates=args.ctc_candidates, vad=args.vad,
@@ -288,8 +287,6 @@ def _decoding_config(args: argparse.Namespace):
     )
     if not decoding.vad and decoding.vad_min_silence_ms != DecodingConfig.vad_min_silence_ms:  # else it did nothing
         raise InputError("--vad-min-silence-ms is the pause that ends a VAD segment: it needs --vad")
-    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens,
-                decoding.max_repeats)  # validates
     return decoding
 
 

@@ -156,6 +156,10 @@ class DecodingConfig:
             raise InputError(f"--ctc-weight must be at least 0 and below 1, got {weight!r}")
         if not isinstance(self.policy, str) or not isinstance(self.device, str):
             raise InputError("policy and device must be names (strings)")
+        from speechstream.policy import POLICIES
+
+        if self.policy not in POLICIES:
+            raise InputError(f"unknown policy {self.policy!r} (known: {', '.join(POLICIES)})")
         check_device(self.device)
         if self.int8 and self.device != "cpu":  # refused here, before a model loads onto the device
             raise InputError(f"--int8 is a CPU speed mode (int8 weights on the CPU): not with --device {self.device}")

@@ -256,6 +256,7 @@ def test_no_feed_after_the_audio_has_ended(tiny_model):
     ("ablation", "bogus", "unknown ablation"),
     ("int8", "yes", "int8 must be True or False"),
     ("device", "nonsense", "not a torch device"),
+    ("policy", "local-agreement", "unknown policy 'local-agreement' \\(known: wait-k\\)"),
 ])
 def test_decoding_configs_no_stream_could_use_are_refused(field, value, match):
     with pytest.raises(InputError, match=match):
