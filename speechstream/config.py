@@ -139,6 +139,7 @@ class DecodingConfig:
                 raise InputError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
 
         chunk_samples(self.chunk_ms)
+        object.__setattr__(self, "chunk_ms", int(self.chunk_ms))  # 640.0 or numpy's 640 as the int 640 (config.json)
         for name, low in (("k", 1), ("max_tokens_per_chunk", 1), ("max_tail_tokens", 1), ("max_repeats", 0),
                           ("vad_min_silence_ms", 32), ("context_tokens", 0), ("ctc_candidates", 1)):
             integer(name, low)

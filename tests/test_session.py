@@ -1,6 +1,7 @@
 """The streaming session: slicing-invariant output, flat per-chunk work, event invariants."""
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -261,6 +262,14 @@ def test_no_feed_after_the_audio_has_ended(tiny_model):
 def test_decoding_configs_no_stream_could_use_are_refused(field, value, match):
     with pytest.raises(InputError, match=match):
         DecodingConfig(**{field: value})
+
+
+@pytest.mark.parametrize("chunk_ms", [640.0, np.int64(640), np.float32(640)])
+def test_a_whole_chunk_ms_of_any_number_type_is_stored_as_an_int(chunk_ms):
+    """(numpy's int64 reached config.json as it was: ``eval`` stopped on json.dumps)"""
+    decoding = DecodingConfig(chunk_ms=chunk_ms)
+    assert type(decoding.chunk_ms) is int and decoding.chunk_ms == 640
+    assert json.loads(json.dumps(asdict(decoding)))["chunk_ms"] == 640
 
 
 def test_a_batched_session_is_not_finished_alone(tiny_model):
