@@ -152,9 +152,11 @@ class DecodingConfig:
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
         weight = self.ctc_weight
-        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))
+        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, numbers.Real)
                                    or not 0.0 <= weight < 1.0):
             raise InputError(f"--ctc-weight must be at least 0 and below 1, got {weight!r}")
+        if weight is not None:
+            object.__setattr__(self, "ctc_weight", float(weight))  # numpy floats too, stored as float
         if not isinstance(self.policy, str) or not isinstance(self.device, str):
             raise InputError("policy and device must be names (strings)")
         from speechstream.policy import POLICIES

@@ -272,6 +272,13 @@ def test_a_whole_chunk_ms_of_any_number_type_is_stored_as_an_int(chunk_ms):
     assert json.loads(json.dumps(asdict(decoding)))["chunk_ms"] == 640
 
 
+@pytest.mark.parametrize("weight", [np.float32(0.25), np.float64(0.25), 0.25])
+def test_a_ctc_weight_of_any_real_type_is_taken_as_a_float(weight):
+    """(numpy's floats were refused as "must be at least 0 and below 1, got np.float32(0.25)")"""
+    decoding = DecodingConfig(ctc_weight=weight)
+    assert type(decoding.ctc_weight) is float and decoding.ctc_weight == 0.25
+
+
 def test_a_batched_session_is_not_finished_alone(tiny_model):
     session = StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, k=1), own_llm=False)
     with pytest.raises(ValueError, match="finished by its driver"):
