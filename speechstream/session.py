@@ -43,6 +43,7 @@ tokens until it needs audio that has not arrived.
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import time
 from collections import deque
@@ -860,9 +861,12 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
     ``segment_starts``, ``words``: as in ``transcribe_file``."""
     from speechstream.audio import StreamResampler, pcm_frames_to_float, stream_layout
 
-    if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or block_bytes < 2:
-        raise InputError(f"sample_rate must be a whole number of Hz and block_bytes at least 2 (got {sample_rate!r}, "
-                         f"{block_bytes!r})")
+    if isinstance(stream, io.TextIOBase) or not callable(getattr(stream, "read", None)):
+        raise InputError(f"transcribe_pcm reads bytes from a binary file object (sys.stdin.buffer, open(path, 'rb'), "
+                         f"io.BytesIO), not from {type(stream).__name__}")
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in (sample_rate, block_bytes)) or block_bytes < 2:
+        raise InputError(f"sample_rate must be a whole number of Hz and block_bytes a whole number, at least 2 (got "
+                         f"{sample_rate!r}, {block_bytes!r})")
     session = StreamingSession(model, decoding, partials=partials)
     read = getattr(stream, "read1", stream.read)
     events, carry, received = [], b"", 0

@@ -1,5 +1,6 @@
 """The streaming session: slicing-invariant output, flat per-chunk work, event invariants."""
 
+import io
 import json
 from dataclasses import asdict, replace
 
@@ -509,3 +510,17 @@ def test_a_closed_session_asks_for_no_more_llm_work(tiny_model):
         assert not session.waiting_for_llm and session.transcript == end.text
         with pytest.raises(InputError, match="already finished"):
             session.feed(audio)
+
+
+@pytest.mark.parametrize("stream, rate, block, match", [
+    (io.StringIO("RIFF"), SAMPLE_RATE, 6400, "binary file object .* not from StringIO"),  # sys.stdin, not .buffer
+    (b"\0\0" * 100, SAMPLE_RATE, 6400, "binary file object .* not from bytes"),
+    (io.BytesIO(b"\0\0" * 100), SAMPLE_RATE, 64.5, "block_bytes a whole number, at least 2"),
+    (io.BytesIO(b"\0\0" * 100), 16000.0, 6400, "sample_rate must be a whole number of Hz"),
+])
+def test_transcribe_pcm_refuses_what_is_not_a_binary_stream_with_one_line(tiny_model, stream, rate, block, match):
+    """(a text stream ended in "TypeError: can't concat str to bytes", a float block_bytes in the read)"""
+    from speechstream.session import transcribe_pcm
+
+    with pytest.raises(InputError, match=match):
+        transcribe_pcm(tiny_model, DecodingConfig(), stream, rate, lambda e: None, block_bytes=block)
