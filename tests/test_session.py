@@ -524,3 +524,43 @@ def test_transcribe_pcm_refuses_what_is_not_a_binary_stream_with_one_line(tiny_m
 
     with pytest.raises(InputError, match=match):
         transcribe_pcm(tiny_model, DecodingConfig(), stream, rate, lambda e: None, block_bytes=block)
+
+
+def test_sessions_sharing_a_model_interleaved_or_in_threads_give_what_each_gives_alone(tiny_model):
+    """The README's promise: sessions on one model are independent (one after another, interleaved, a thread each):
+    each gets the events and the very logits it gets alone."""
+    import threading
+
+    audios = [load_audio(f"samples/austen-{n}.wav")[: 2 * SAMPLE_RATE] for n in ("0880", "0890")]
+
+    def new_session():
+        session = StreamingSession(tiny_model, DECODING, choose=text_favouring_chooser(tiny_model))
+        session.record_logits = True
+        return session
+
+    def outcome(session, events):
+        return [(e.type, e.text, e.source_s) for e in events], torch.stack(session.logits)
+
+    def alone(audio):
+        session = new_session()
+        events = [event for start in range(0, audio.size, 4000) for event in session.feed(audio[start : start + 4000])]
+        return outcome(session, events + session.finish())
+
+    def same(got, expected):
+        return got[0] == expected[0] and torch.equal(got[1], expected[1])
+
+    expected = [alone(audio) for audio in audios]
+    assert expected[0][1].shape == expected[1][1].shape and not same(expected[0], expected[1])
+    sessions, interleaved = [new_session(), new_session()], [[], []]
+    for start in range(0, 2 * SAMPLE_RATE, 4000):
+        for i, session in enumerate(sessions):
+            interleaved[i] += session.feed(audios[i][start : start + 4000])
+    assert all(same(outcome(session, events + session.finish()), expected[i])
+               for i, (session, events) in enumerate(zip(sessions, interleaved)))
+    threaded = {}
+    threads = [threading.Thread(target=lambda i=i: threaded.__setitem__(i, alone(audios[i % 2]))) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(same(threaded[i], expected[i % 2]) for i in range(4))
