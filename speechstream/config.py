@@ -116,8 +116,11 @@ class DecodingConfig:
     max_tokens_per_chunk: int = 24  # cap on text tokens written between two reads (header, markers not counted)
     max_tail_tokens: int = 200  # cap on tokens written after the end of the audio
     max_repeats: int = 4  # repetition guard: a block repeated this often ends the chunk's writing (0: off; not 1)
-    device: str = "cpu"  # torch device
-    int8: bool = False  # CPU speed mode: int8 dynamic quantization of the LLM (approximate; see model.quantize_int8)
+    # torch device, and the CPU speed mode (int8 dynamic quantization of the LLM: approximate, model.quantize_int8):
+    # the commands load the model so (load_model(name, device, int8=...)); a session runs its model as loaded and
+    # refuses these when they name another device (the default "cpu" takes any) or int8 for a float model
+    device: str = "cpu"
+    int8: bool = False
     ablation: str = "none"  # decoding-time GPE ablation (speechstream.gpe.ABLATIONS); "none" is GPE itself
     vad: bool = False  # long sessions: Silero VAD pauses end a segment; the front end and LLM cache then restart
     vad_min_silence_ms: int = 600  # with vad: the pause (ms) that ends a segment

@@ -184,6 +184,7 @@ class SpeechLLM(nn.Module):
         self.decoder = GPEDecoder(llm, config.llm.phi)
         self.ctc_blank = nn.Parameter(0.02 * torch.randn(hidden))  # CTC blank vector (auxiliary training loss)
         self.ctc_classes: torch.Tensor | None = None  # token ids the CTC head was trained over (None: all)
+        self.int8 = False  # the LLM's linear layers are int8 (``quantize_int8``)
         # the fine CTC head for joint decoding (None: decoding scores the speech tokens with the head above)
         self.ctc_head = CTCHead(config.encoder.d_model, hidden, config.projector.stack, config.ctc_hop) \
             if config.ctc_hop else None
@@ -484,3 +485,4 @@ def quantize_int8(model: SpeechLLM) -> None:
         from torch.ao.quantization import quantize_dynamic
 
         quantize_dynamic(model.decoder.llm, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    model.int8 = True

@@ -154,6 +154,20 @@ def feed_samples(samples) -> np.ndarray:
     return np.clip(array, -1.0, 1.0)
 
 
+def check_placement(model: SpeechLLM, decoding: DecodingConfig) -> None:
+    """A session runs its model where and as it was loaded; ``decoding.device`` and ``decoding.int8`` are what the
+    commands load it with (``load_model(name, device, int8=...)``). A config that names another device (not the
+    default "cpu", which takes a model anywhere) or int8 for a float model is an input error, not ignored."""
+    where = model.decoder.llm.get_input_embeddings().weight.device
+    wanted = torch.device(decoding.device)
+    if decoding.device != "cpu" and (where.type != wanted.type or wanted.index not in (None, where.index)):
+        raise InputError(f"DecodingConfig(device={decoding.device!r}), but the model is on {where}: a session runs "
+                         f"where its model is (load_model(name, device={decoding.device!r}))")
+    if decoding.int8 and not model.int8:
+        raise InputError("DecodingConfig(int8=True), but the model's LLM is not int8: load it with "
+                         "load_model(name, int8=True)")
+
+
 class StreamingSession:
     """One stream: feed audio, get text. Use as a context manager or call ``finish``."""
 
@@ -169,6 +183,7 @@ class StreamingSession:
         """``own_llm=False`` leaves the LLM to an outside driver that batches several sessions."""
         if not isinstance(decoding, DecodingConfig):
             raise TypeError(f"decoding must be a DecodingConfig, not {type(decoding).__name__}")
+        check_placement(model, decoding)
         self.model = model
         if choose is not None and decoding.ctc_weight is None:
             decoding = replace(decoding, ctc_weight=0.0)  # the caller's chooser, not the model's default

@@ -564,3 +564,15 @@ def test_sessions_sharing_a_model_interleaved_or_in_threads_give_what_each_gives
     for thread in threads:
         thread.join()
     assert all(same(threaded[i], expected[i % 2]) for i in range(4))
+
+
+def test_a_session_refuses_an_int8_or_device_its_model_was_not_loaded_with(tiny_model, monkeypatch):
+    """(both were ignored: DecodingConfig(int8=True) on a float model decoded in float, timed as int8)"""
+    from speechstream.model import load_model
+
+    with pytest.raises(InputError, match=r"int8=True\), but the model's LLM is not int8: .*load_model\(name, int8"):
+        StreamingSession(tiny_model, DecodingConfig(int8=True))
+    StreamingSession(load_model("tiny-random", int8=True), DecodingConfig(int8=True)).finish()
+    monkeypatch.setattr("speechstream.config.check_device", lambda device: None)  # meta: an accelerator's stand-in
+    with pytest.raises(InputError, match=r"device='meta'\), but the model is on cpu: .*load_model\(name, device="):
+        StreamingSession(tiny_model, DecodingConfig(device="meta"))
