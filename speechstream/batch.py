@@ -34,6 +34,15 @@ def check_unstarted(session) -> None:
                          "new row): a session joins before its first LLM step")
 
 
+def check_model(model: SpeechLLM, session) -> None:
+    """A batch steps its model's LLM: a session made on a model with another LLM (another checkpoint, or the same
+    one loaded twice) would have its embeddings read by weights they were not made for, silently."""
+    own = getattr(session, "model", None)
+    if own is not None and own.decoder.llm is not model.decoder.llm:
+        raise ValueError("the session was made on another model than the batch's (its LLM would run on the batch's "
+                         "weights): make the batch's sessions on the model the batch was made with")
+
+
 def row_fields(state) -> list[str]:
     """Names of a ``DecoderState``'s per-row fields other than ``kinds``: tensors whose first dimension is the
     batch (positions, counters) and per-row lists (whatever a decoder mode keeps per row)."""
@@ -147,6 +156,7 @@ class BatchDecoder(TrimmedRows):
             raise ValueError("a session appears twice in the batch")
         for session in sessions:
             check_unstarted(session)
+            check_model(model, session)
         if len({session.decoding.ablation for session in sessions}) > 1:
             raise ValueError("the sessions of one batch must share their ablation (it is the LLM state's mode)")
         if any(session.decoding.vad for session in sessions):
@@ -275,6 +285,7 @@ class DynamicBatch(TrimmedRows):
         if session in self:
             raise ValueError("the session is already in this batch")
         check_unstarted(session)
+        check_model(self.model, session)
         if getattr(getattr(session, "decoding", None), "ablation", "none") != "none":
             raise ValueError("DynamicBatch decodes with GPE itself (ablation none)")
         state = self.state

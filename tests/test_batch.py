@@ -427,3 +427,18 @@ def test_a_fixed_batch_drops_what_a_gap_left_of_a_streams_row(tiny_model, ablati
         alone.finish()
         assert batched.target_ids == alone.target_ids
         assert (torch.stack(batched.logits) - torch.stack(alone.logits)).abs().max() < TOLERANCE
+
+
+def test_a_batch_refuses_a_session_made_on_another_model(tiny_model):
+    """(its embeddings went through the batch's LLM: other logits than alone, and no error)"""
+    import dataclasses
+
+    from speechstream.batch import BatchDecoder
+    from speechstream.model import build_model
+    from tests.helpers import fine_head_model
+
+    other = build_model(dataclasses.replace(tiny_model.config, seed=1)).eval()
+    for make in (lambda s: BatchDecoder(tiny_model, [s]), DynamicBatch(tiny_model).join):
+        with pytest.raises(ValueError, match="made on another model than the batch's"):
+            make(StreamingSession(other, DecodingConfig(), own_llm=False))
+    BatchDecoder(tiny_model, [StreamingSession(fine_head_model(tiny_model), DecodingConfig(), own_llm=False)])
