@@ -19,7 +19,7 @@ from torch import nn
 
 from speechstream import features, gpe, schedule
 from speechstream.chunker import chunk_samples
-from speechstream.config import LLMConfig, ModelConfig, load_model_config
+from speechstream.config import LLMConfig, ModelConfig, check_device, load_model_config
 from speechstream.ctc_head import CTCHead
 from speechstream.decoder import GPEDecoder
 from speechstream.encoder import StreamingWhisperEncoder
@@ -459,6 +459,12 @@ def hub_safetensors(repo_id: str) -> Path:
 
 
 def load_model(name_or_path: str, device: str = "cpu", for_training: bool = False, int8: bool = False) -> SpeechLLM:
+    """A shipped model by name (``models/<name>``), a model folder or a config YAML, built and loaded onto ``device``
+    (cpu; cuda or mps where present); ``int8``: the CPU speed mode (``quantize_int8``). An unknown name, a device
+    this machine lacks, or int8 off the CPU is an InputError before anything loads."""
+    check_device(device)
+    if int8 and device != "cpu":
+        raise InputError(f"int8 is a CPU speed mode (int8 weights on the CPU): not on device {device}")
     path = model_config_path(name_or_path)
     config = load_model_config(path)
     model = build_model(config, path.parent, for_training).to(device)

@@ -156,6 +156,22 @@ def test_int8_is_refused_off_the_cpu_before_any_model_loads(monkeypatch):
         DecodingConfig(int8=True, device="cuda")
 
 
+@pytest.mark.parametrize("device, int8, match", [
+    ("gpu", False, "'gpu' is not a torch device"),
+    ("cuda", False, "no CUDA GPU is available here"),
+    ("cuda", True, "int8 is a CPU speed mode .*not on device cuda"),
+])
+def test_load_model_refuses_a_device_or_int8_it_cannot_use_before_it_builds(monkeypatch, device, int8, match):
+    """(a RuntimeError of torch's came once the whole model was built: 'Found no NVIDIA driver', 'Expected one of
+    cpu, cuda, ...')"""
+    from speechstream import model as model_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: int8)  # int8 off the CPU: as on a GPU machine
+    monkeypatch.setattr(model_module, "build_model", lambda *a, **k: pytest.fail("built before the check"))
+    with pytest.raises(InputError, match=match):
+        model_module.load_model("tiny-random", device=device, int8=int8)
+
+
 def test_projector_output_scale_sets_what_the_llm_reads_not_the_ctc_scores():
     plain = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
     scaled_config = TINY_LORA | {"projector": {"stack": 4, "output_scale": 0.1}}
