@@ -269,9 +269,11 @@ class StreamingSession:
                              f"and one {self.decoding.chunk_ms} ms chunk")
         target = limit - self.model.decoder.phi
         if target < self._target_worst(queued=1):
+            context = self.decoding.context_tokens
             raise InputError(f"model {self.model.config.name}: its LLM's target positions ({target}, from phi on) are "
-                             f"too few for the header, one chunk's text (--max-tokens-per-chunk "
-                             f"{self.decoding.max_tokens_per_chunk}) and the tail ({self.decoding.max_tail_tokens})")
+                             f"too few for the header{f' and its {context} context tokens' if context else ''}, one "
+                             f"chunk's text (--max-tokens-per-chunk {self.decoding.max_tokens_per_chunk}) and the "
+                             f"tail (max_tail_tokens {self.decoding.max_tail_tokens})")
         return samples, target
 
     def _target_worst(self, queued: int) -> int:

@@ -576,3 +576,14 @@ def test_a_session_refuses_an_int8_or_device_its_model_was_not_loaded_with(tiny_
     monkeypatch.setattr("speechstream.config.check_device", lambda device: None)  # meta: an accelerator's stand-in
     with pytest.raises(InputError, match=r"device='meta'\), but the model is on cpu: .*load_model\(name, device="):
         StreamingSession(tiny_model, DecodingConfig(device="meta"))
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("context_tokens", 10**6, "header and its 1000000 context tokens"),
+    ("max_tail_tokens", 10**6, "tail \\(max_tail_tokens 1000000\\)"),
+    ("max_tokens_per_chunk", 10**6, "--max-tokens-per-chunk 1000000"),
+])
+def test_decoding_caps_past_the_llms_positions_are_named_in_the_error(tiny_model, field, value, named):
+    """(context tokens past them were blamed on --max-tokens-per-chunk 24 and the tail)"""
+    with pytest.raises(InputError, match=f"target positions .* too few for the .*{named}"):
+        StreamingSession(tiny_model, DecodingConfig(vad=True, **{field: value}))
