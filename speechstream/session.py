@@ -231,7 +231,9 @@ class StreamingSession:
         self.segment = 0  # the segment the LLM reads and writes; +1 at each reset (outside drivers: a fresh row)
         self.vad = Endpointer(VADConfig(min_silence_ms=decoding.vad_min_silence_ms)) if decoding.vad else None
         self.endpoints: list[Endpoint] = []  # segment ends found so far (absolute samples)
-        self.segment_starts: list[int] = []  # where each segment's audio starts (absolute samples; VAD speech starts)
+        # where each segment's audio starts (absolute samples; VAD speech starts); without VAD the first segment's (0)
+        # is not listed, only those that begin after a gap or a cut at the LLM's positions
+        self.segment_starts: list[int] = []
         self._front_segment = 0  # the segment the front end is building (ahead of ``segment`` until read)
         self._front_start = 0  # absolute sample where the front end's segment starts
         self._front_open = self.vad is None  # the front end's segment has audio (with VAD: once its speech starts)
@@ -545,7 +547,8 @@ class StreamingSession:
 
     @property
     def segment_start_times(self) -> list[float]:
-        """``segment_starts`` in seconds from the start of the stream (for ``outputs.cues``)."""
+        """``segment_starts`` in seconds from the start of the stream (for ``outputs.cues``; without VAD the first
+        segment's start, 0, is not in it)."""
         return [start / SAMPLE_RATE for start in self.segment_starts]
 
     @property
