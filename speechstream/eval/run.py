@@ -142,6 +142,8 @@ def evaluate(
     header and segment range are checked for every utterance left to decode before the model loads; a file that
     still fails while decoding stops the run with everything finished before it logged).
     """
+    if not isinstance(decoding, DecodingConfig):
+        raise TypeError(f"decoding must be a DecodingConfig, not {type(decoding).__name__}")
     if task not in REFERENCE_FIELDS:
         raise InputError(f"unknown task {task!r} (known: {', '.join(REFERENCE_FIELDS)})")
     check_baseline(baseline, task)

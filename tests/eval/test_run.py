@@ -779,3 +779,12 @@ def test_a_second_eval_into_a_folder_being_written_stops_at_once(finished_run, t
     assert sorted(path.name for path in out.iterdir()) == [".lock"] and not word_sessions  # nothing decoded
     scores = evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
     assert scores["num_instances"] == len(DURATIONS)
+
+
+@pytest.mark.parametrize("decoding", [None, {"chunk_ms": 640}])
+def test_evaluate_refuses_a_decoding_that_is_not_a_decoding_config_before_it_writes(tmp_path, decoding):
+    """(an AttributeError on 'ctc_weight' came after the output folder was made)"""
+    manifest = write_manifest(tmp_path, [1.0])
+    with pytest.raises(TypeError, match="decoding must be a DecodingConfig, not"):
+        evaluate(manifest, tmp_path / "out", "tiny-random", decoding, "asr", progress=False)
+    assert not (tmp_path / "out").exists()
