@@ -237,11 +237,16 @@ def resample(samples: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
 
 
 def int16_to_float(pcm: bytes | np.ndarray) -> np.ndarray:
-    """Little-endian int16 PCM (bytes or array) to float32 in [-1, 1)."""
+    """Little-endian int16 PCM (bytes or an int16 array) to float32 in [-1, 1). Another array is an input error:
+    float samples would be scaled down to near silence, wider integers (int32 PCM) past [-1, 1]."""
     if isinstance(pcm, (bytes, bytearray, memoryview)):
         if len(pcm) % 2:
             raise InputError("int16 PCM must have an even number of bytes")
         pcm = np.frombuffer(pcm, dtype="<i2")
+    elif not (isinstance(pcm, np.ndarray) and pcm.dtype == np.int16):
+        what = f"an array of {pcm.dtype}" if isinstance(pcm, np.ndarray) else type(pcm).__name__
+        raise InputError(f"int16_to_float takes int16 PCM (bytes or an int16 array), not {what} (float samples are "
+                         "fed as they are; files and other PCM: load_audio)")
     return np.asarray(pcm, dtype=np.float32) / 32768.0
 
 

@@ -248,6 +248,16 @@ def test_int16_to_float_round_trip():
         int16_to_float(b"\x00\x01\x02")
 
 
+@pytest.mark.parametrize("samples, what", [
+    (np.array([0.5, -0.25], np.float32), "an array of float32"),  # float audio: was scaled to near silence
+    (np.array([1 << 20], np.int32), "an array of int32"),  # int32 PCM: was scaled past [-1, 1]
+    ([1, 2], "list"),
+])
+def test_int16_to_float_refuses_what_is_not_int16_pcm(samples, what):
+    with pytest.raises(InputError, match=f"takes int16 PCM \\(bytes or an int16 array\\), not {what} "):
+        int16_to_float(samples)
+
+
 def test_prepare_samples_shapes():
     rng = np.random.default_rng(2)
     mono = rng.uniform(-0.5, 0.5, 480).astype(np.float32)
