@@ -13,6 +13,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from speechstream.errors import InputError
@@ -152,8 +153,9 @@ class DecodingConfig:
         if self.ablation not in ABLATIONS:
             raise InputError(f"unknown ablation {self.ablation!r} (known: {', '.join(ABLATIONS)})")
         for name in ("int8", "vad"):
-            if not isinstance(getattr(self, name), bool):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))  # numpy's bools too, stored as bool
         weight = self.ctc_weight
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, numbers.Real)
                                    or not 0.0 <= weight < 1.0):

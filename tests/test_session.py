@@ -280,6 +280,12 @@ def test_a_ctc_weight_of_any_real_type_is_taken_as_a_float(weight):
     assert type(decoding.ctc_weight) is float and decoding.ctc_weight == 0.25
 
 
+def test_numpy_bools_are_taken_for_vad_and_int8():
+    """(np.True_, as a pandas row or a numpy mask gives it, was refused: "vad must be True or False, got np.True_")"""
+    decoding = DecodingConfig(vad=np.bool_(True), int8=np.bool_(False))
+    assert (decoding.vad, decoding.int8) == (True, False) and type(decoding.vad) is bool is type(decoding.int8)
+
+
 def test_a_batched_session_is_not_finished_alone(tiny_model):
     session = StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, k=1), own_llm=False)
     with pytest.raises(ValueError, match="finished by its driver"):
