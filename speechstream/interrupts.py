@@ -1,9 +1,10 @@
-"""Ctrl-C (SIGINT) handlers that the front ends install while they stream.
+"""Signal handlers that the front ends and the long runs install while they work.
 
-`SigintHandler` is the shared part: as a context manager it routes SIGINT to its ``_handle`` in the main thread
-(signals are only delivered there; elsewhere nothing is installed) and puts the previous handler back on exit.
-`speechstream.live.StopFlag` (stop recording, then skip, then interrupt) and `HeldInterrupts` (``transcribe -``)
-are its two uses. `DeferredStop` (``train``) also takes SIGTERM: the step in progress finishes and is saved.
+`SignalHandler` is the shared part: as a context manager it routes its ``SIGNALS`` to its ``_handle`` in the main
+thread (signals are only delivered there; elsewhere nothing is installed) and puts the previous handlers back on
+exit. `SigintHandler` takes Ctrl-C (SIGINT): `speechstream.live.StopFlag` (stop recording, then skip, then
+interrupt) and `HeldInterrupts` (``transcribe -``) are its uses. `DeferredStop` (``train``) also takes SIGTERM: the
+step in progress finishes and is saved. `TerminateAsInterrupt` (``eval``, the sweep) unwinds SIGTERM as Ctrl-C.
 """
 
 from __future__ import annotations
@@ -13,23 +14,32 @@ import threading
 from contextlib import contextmanager
 
 
-class SigintHandler:
-    """Installs ``self._handle`` for SIGINT while the ``with`` block runs (main thread only)."""
+class SignalHandler:
+    """Installs ``self._handle`` for each of ``SIGNALS`` (those the platform has) while the ``with`` block runs
+    (main thread only)."""
 
-    _previous = None
+    SIGNALS: tuple[str, ...] = ()
+    _previous: dict | None = None
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {name: signal.signal(getattr(signal, name), self._handle)
+                              for name in self.SIGNALS if hasattr(signal, name)}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for name, previous in (self._previous or {}).items():
+            signal.signal(getattr(signal, name), previous)
+        self._previous = None
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         raise KeyboardInterrupt
+
+
+class SigintHandler(SignalHandler):
+    """Installs ``self._handle`` for SIGINT while the ``with`` block runs (main thread only)."""
+
+    SIGNALS = ("SIGINT",)
 
 
 class HeldInterrupts(SigintHandler):
@@ -55,7 +65,7 @@ class HeldInterrupts(SigintHandler):
             self._holding = False
 
 
-class DeferredStop:
+class DeferredStop(SignalHandler):
     """While the ``with`` block runs (main thread only), SIGINT and SIGTERM ask the work to stop at its next safe
     point (``requested``: the signal's name) instead of ending it at once; a second SIGINT (Ctrl-C twice) raises
     KeyboardInterrupt at once. The previous handlers are put back on exit. ``train`` uses it to finish and save the
@@ -65,22 +75,24 @@ class DeferredStop:
 
     def __init__(self):
         self.requested: str | None = None
-        self._previous: dict = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                if hasattr(signal, name):
-                    self._previous[name] = signal.signal(getattr(signal, name), self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for name, previous in self._previous.items():
-            signal.signal(getattr(signal, name), previous)
-        self._previous = {}
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         name = signal.Signals(signum).name
         if name == "SIGINT" and self.requested == "SIGINT":
             raise KeyboardInterrupt
         self.requested = self.requested or name
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM where `TerminateAsInterrupt` is in force (``eval``'s decoding, the sweep's loop): it unwinds as
+    Ctrl-C."""
+
+
+class TerminateAsInterrupt(SignalHandler):
+    """While the block runs in the main thread, SIGTERM raises `Terminated` (by default it would end the process
+    at once, with no message and the progress bar left on the terminal); the previous handler is put back after."""
+
+    SIGNALS = ("SIGTERM",)
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002
+        raise Terminated

@@ -59,12 +59,8 @@ if str(ROOT) not in sys.path:  # run as a script: import the package from this c
 
 from speechstream.baselines import BASELINES  # noqa: E402 (light: no torch)
 from speechstream.config import ABLATIONS  # noqa: E402
-from speechstream.eval.run import (  # noqa: E402 (light: no torch)
-    EXIT_SIGINT,
-    EXIT_SIGTERM,
-    Terminated,
-    terminate_as_interrupt,
-)
+from speechstream.eval.run import EXIT_SIGINT, EXIT_SIGTERM  # noqa: E402 (light: no torch)
+from speechstream.interrupts import Terminated, TerminateAsInterrupt  # noqa: E402
 
 DEFAULT_MODEL = "smollm2-whisper-base"
 KS, CHUNKS = (1, 2, 3, 4), (320, 640, 1280)
@@ -622,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         point = None
         try:
-            with terminate_as_interrupt():  # SIGTERM ended the sweep at once, its eval left running
+            with TerminateAsInterrupt():  # SIGTERM ended the sweep at once, its eval left running
                 for point in points:
                     if is_done(point, out, model, manifest, count, ctc_weight):
                         print(f"sweep: {point.name}: done", file=sys.stderr)

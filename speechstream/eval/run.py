@@ -49,12 +49,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterable, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 
 from speechstream.baselines import (  # noqa: F401 (BASELINES: the CLI)
@@ -75,6 +72,7 @@ from speechstream.eval.latency import (
     split_units,
     stream_laal,
 )
+from speechstream.interrupts import Terminated, TerminateAsInterrupt
 from speechstream.locks import hold_folder
 from speechstream.manifest import Utterance, read_manifest
 
@@ -106,10 +104,6 @@ LONG_FORM_NOTE = ("note: these are long recordings (\"segments\") decoded withou
 LLM_WORK = {"llm_tokens": "LLM_tokens", "llm_reencoded_tokens": "LLM_reencoded_tokens"}
 # Exit codes of an interrupted run, as a shell reports a process killed by the signal: 128 + its number.
 EXIT_SIGINT, EXIT_SIGTERM = 128 + 2, 128 + 15
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM where `terminate_as_interrupt` is in force (decoding here, the sweep's loop): it unwinds as Ctrl-C."""
 
 
 class Interrupted(SpeechstreamError):
@@ -587,7 +581,7 @@ def _decode(todo, references, sentences, log_path: Path, baseline: str, model_na
     current: tuple[Utterance, float] | None = None  # the utterance being decoded, and when it started
     show = progress and sys.stderr.isatty()
     try:
-        with terminate_as_interrupt():
+        with TerminateAsInterrupt():
             system = load_system(baseline, model_name, decoding)
             _warm_up(system, todo[0][1])
             with open(log_path, "a", encoding="utf-8") as log, tqdm(
@@ -630,24 +624,6 @@ def interrupted_message(terminated: bool, logged: int, total: int, log_path: Pat
                 "and is decoded again from its start")
     return (f"{how}: {logged} of {total} utterances logged in {log_path}{lost}; rerun the same command to decode "
             "the rest and score the run")
-
-
-@contextmanager
-def terminate_as_interrupt():
-    """While the block runs in the main thread, SIGTERM raises `Terminated` (by default it would end the process
-    at once, with no message and the progress bar left on the terminal); the previous handler is put back after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handle(signum, frame):  # noqa: ARG001
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _warm_up(system, utterance: Utterance) -> None:
