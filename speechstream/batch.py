@@ -88,6 +88,7 @@ class TrimmedRows:
     stream's new segment: ``gap``, VAD; a stream that left). Dropping or reordering cached slots changes no logits:
     positions are explicit, padding is attended by no row, and every cached slot is earlier than every new token."""
 
+    model = None  # the SpeechLLM whose decoder steps the batch (and makes the fresh rows of a reset)
     state = None
     compact_below = 0.5
 
@@ -144,6 +145,11 @@ class TrimmedRows:
         """Cache columns held per row."""
         return self.state.kinds.shape[1]
 
+    def _reset_at(self, b: int) -> None:
+        """Row ``b`` starts afresh (``reset_row``); its old slots, padding now, are trimmed."""
+        reset_row(self.model, self.state, b)
+        self.trim()
+
 
 class BatchDecoder(TrimmedRows):
     def __init__(self, model: SpeechLLM, sessions: list[StreamingSession]):
@@ -195,10 +201,6 @@ class BatchDecoder(TrimmedRows):
                 if request is not None:
                     events[b] += self.sessions[b].apply(request, logits[b])
         return events
-
-    def _reset_at(self, b: int) -> None:
-        reset_row(self.model, self.state, b)
-        self.trim()  # the row's old slots: padding now (kept, the cache grew with every gap)
 
 
 def transcribe_batch(
@@ -324,14 +326,6 @@ class DynamicBatch(TrimmedRows):
             setattr(self.state, name, value[keep] if isinstance(value, torch.Tensor) else value[:b] + value[b + 1 :])
         for layer in self._layers():
             self._set_columns(layer, layer.keys[keep.to(layer.keys.device)], layer.values[keep.to(layer.keys.device)])
-        self.trim()
-
-    def reset_row(self, session: StreamingSession) -> None:
-        """Give a stream a fresh LLM row: its slots become padding, its positions the start values."""
-        self._reset_at(self._row(session))
-
-    def _reset_at(self, b: int) -> None:
-        reset_row(self.model, self.state, b)
         self.trim()
 
     # -- stepping ---------------------------------------------------------------------------------
