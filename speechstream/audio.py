@@ -22,7 +22,6 @@ SAMPLE_RATE = 16000  # samples per second everywhere after this module
 N_FFT = 400  # 25 ms analysis window of the log-mel features
 HOP_LENGTH = 160  # 10 ms between feature frames
 N_MELS = 80  # mel bands (Whisper's front end)
-MEL_FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100
 ENCODER_STRIDE = 2  # the encoder's second convolution halves the frame rate
 ENCODER_FRAME_MS = 1000 * HOP_LENGTH * ENCODER_STRIDE // SAMPLE_RATE  # 20 ms per encoder frame
 

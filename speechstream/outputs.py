@@ -21,7 +21,6 @@ from typing import Sequence
 from speechstream.align import Word
 from speechstream.session import Event
 
-FORMATS = ("text", "jsonl", "json", "srt", "vtt")
 MAX_CUE_CHARS = 42  # a subtitle line
 MAX_CUE_SECONDS = 7.0
 MIN_CUE_SECONDS = 0.04  # with word times: a cue lasts at least this (one frame of the fine CTC head)

@@ -29,7 +29,6 @@ import numpy as np
 
 from speechstream.audio import SAMPLE_RATE, resample
 
-NOISE_KINDS = ("white", "pink", "brown", "babble")
 PEAK_LIMIT = 0.98  # largest absolute sample after gain (louder clips are scaled down)
 
 
