@@ -826,15 +826,11 @@ async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[
 
 def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> int:
     """``speechstream serve``: check the options, listen, load the model, serve until interrupted."""
-    from speechstream.policy import make_policy
-
     config.validate()
     if getattr(decoding, "ablation", "none") != "none":
         raise InputError("serve decodes with GPE only (--ablation none)")
     if config.record_dir:
         make_record_dir(config.record_dir)
-    make_policy(decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens,
-                decoding.max_repeats)
     sock = listen_socket(config.host, config.port)  # a busy port fails here, before the model load
     try:
         from speechstream.model import load_model

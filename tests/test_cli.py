@@ -155,6 +155,9 @@ def test_bad_audio(capsys, tmp_path, kind, match):
     (["eval", "{clip}", "--out", "{tmp}/e", "--vad-min-silence-ms", "300"], "--vad-min-silence-ms .* needs --vad"),
     (["bench", "--device", "bogus"], "'bogus' is not a torch device"),
     (["serve", "--record-dir", "{clip}"], "--record-dir .* is not a folder"),
+    (["serve", "--policy", "bogus"], "unknown policy 'bogus'"),
+    (["serve", "--k", "0"], "--k must be at least 1"),
+    (["serve", "--max-repeats", "1"], "--max-repeats must be 0 \\(off\\) or at least 2"),
     (["train", "{tmp}/nothing.yaml", "--stop-after", "0"], "--stop-after must be at least 1"),
     (["eval", "{clip}", "--out", "{tmp}/e", "--vad-min-silence-ms", "0"], "--vad-min-silence-ms must be at least 32"),
 ])
