@@ -122,16 +122,4 @@ class WaitK(Policy):
         return Write(view.eoc_id)
 
 
-POLICIES = {"wait-k": WaitK}  # name -> class, for --policy
-
-
-def make_policy(name: str, k: int, max_tokens: int, max_tail_tokens: int, max_repeats: int = 4) -> Policy:
-    from speechstream.errors import InputError
-
-    if name not in POLICIES:
-        raise InputError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
-    if k < 1:
-        raise InputError("k must be at least 1")
-    if max_repeats < 0 or max_repeats == 1:
-        raise InputError("max_repeats must be 0 (off) or at least 2")
-    return POLICIES[name](k, max_tokens, max_tail_tokens, max_repeats)
+POLICIES = {"wait-k": WaitK}  # name -> class, for --policy (DecodingConfig.policy)

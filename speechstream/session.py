@@ -66,7 +66,7 @@ from speechstream.errors import InputError
 from speechstream.features import LogMelStream
 from speechstream.interrupts import HeldInterrupts
 from speechstream.model import SpeechLLM
-from speechstream.policy import Action, Policy, Read, Stop, StreamView, Write, make_policy
+from speechstream.policy import POLICIES, Action, Policy, Read, Stop, StreamView, Write
 from speechstream.projector import ProjectorStream
 from speechstream.text import TextAssembler
 from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig
@@ -189,8 +189,8 @@ class StreamingSession:
             decoding = replace(decoding, ctc_weight=0.0)  # the caller's chooser, not the model's default
         decoding = with_model_defaults(decoding, model.config)
         self.decoding = decoding
-        self.policy = policy or make_policy(
-            decoding.policy, decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats
+        self.policy = policy or POLICIES[decoding.policy](  # a policy, k and caps DecodingConfig has checked
+            decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats
         )
         if choose is not None and decoding.ctc_weight > 0:
             raise ValueError("joint CTC decoding (ctc_weight > 0) chooses the tokens itself: pass no choose")
