@@ -117,10 +117,6 @@ class LogMelStream:
         self._emitted = 0  # frames returned so far
         self._running_max = -float("inf")  # largest frame log-mel value so far
 
-    @property
-    def frames_emitted(self) -> int:
-        return self._emitted
-
     def push(self, samples: np.ndarray) -> torch.Tensor:
         """Append samples; return (new_frames, N_MELS)."""
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
