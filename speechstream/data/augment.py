@@ -1,7 +1,7 @@
 """Augmentation of synthetic clips: speed, silence padding, reverberation, additive noise, gain.
 
 Every function takes float32 mono samples at 16 kHz and, where the timing changes, the word end times, and
-returns new ones; nothing is changed in place. ``augment(samples, word_ends, config, rng, babble)`` draws one
+returns new ones; nothing is changed in place. ``augment(samples, word_ends, config, rng, babble_clips)`` draws one
 chain of them from a ``numpy.random.Generator`` seeded per utterance, applies it, and returns a description of
 what it did (for the manifest).
 
