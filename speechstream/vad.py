@@ -199,19 +199,3 @@ class Endpointer:
         self._speech_windows = self._silence_windows = 0
         self._in_speech = False
         return endpoint
-
-
-def find_segments(samples: np.ndarray, config: VADConfig = VADConfig(),
-                  feed_size: int = 16_000) -> list[SpeechStart | Endpoint]:
-    """Run an endpointer over a whole signal in ``feed_size`` buffers: its speech starts and segment ends, in order
-    (tests and tools)."""
-    endpointer = Endpointer(config)
-    found = []
-    for start in range(0, len(samples), feed_size):
-        found += endpointer.push(samples[start : start + feed_size])
-    return found
-
-
-def find_endpoints(samples: np.ndarray, config: VADConfig = VADConfig(), feed_size: int = 16_000) -> list[Endpoint]:
-    """The segment ends alone."""
-    return [e for e in find_segments(samples, config, feed_size) if isinstance(e, Endpoint)]

@@ -8,8 +8,18 @@ from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import DecodingConfig
 from speechstream.errors import InputError
 from speechstream.session import StreamingSession
-from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig, find_endpoints
+from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig
 from tests.conftest import text_favouring_chooser
+
+
+def find_endpoints(samples: np.ndarray, config: VADConfig = VADConfig(), feed_size: int = 16_000) -> list[Endpoint]:
+    """Run an endpointer over a whole signal in ``feed_size`` buffers: its segment ends, in order."""
+    endpointer = Endpointer(config)
+    found = []
+    for start in range(0, len(samples), feed_size):
+        found += endpointer.push(samples[start : start + feed_size])
+    return [e for e in found if isinstance(e, Endpoint)]
+
 
 CLIPS = ["samples/austen-0870.wav", "samples/austen-0880.wav", "samples/austen-0890.wav", "samples/austen-0920.wav"]
 DECODING = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=40, vad=True)
