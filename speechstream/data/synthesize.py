@@ -631,13 +631,6 @@ HELDOUT_ENGINE_WEIGHTS = (("espeak", 0.65), ("flite", 0.35))  # Piper has one vo
 ESPEAK_LANGUAGE_ACCENTS = {"es": ("es", "es-419")}  # Spain, Latin America
 
 
-def is_heldout_voice(voice: Voice) -> bool:
-    """Whether ``voice`` belongs to the held-out voice set (never used for training)."""
-    if voice.engine == "espeak":
-        return voice.name.rpartition("+")[2] in HELDOUT_ESPEAK_VARIANTS
-    return voice.engine == "flite" and voice.name in HELDOUT_FLITE_VOICES
-
-
 def sample_voice(rng, heldout: bool = False, engines: tuple[str, ...] = ENGINES, language: str = "en") -> Voice:
     """A random voice with random settings: from the training set, or from the held-out set when ``heldout``.
 

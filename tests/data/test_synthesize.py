@@ -16,12 +16,12 @@ import soundfile
 from speechstream.data.synthesize import (
     ESPEAK_VARIANTS,
     HELDOUT_ESPEAK_VARIANTS,
+    HELDOUT_FLITE_VOICES,
     Voice,
     align_word_ends,
     espeak_available,
     fill_missing,
     flite_available,
-    is_heldout_voice,
     monotonic_ends,
     sample_voice,
     synthesize,
@@ -70,6 +70,13 @@ def test_word_ends_from_starts_cut_trailing_silence():
     assert ends[0] == pytest.approx(0.5, abs=0.006)  # not the next start (0.75 s)
     assert ends[1] == pytest.approx(1.25, abs=0.006)
     assert word_ends_from_starts(samples, rate, [1600, None])[1] is None
+
+
+def is_heldout_voice(voice: Voice) -> bool:
+    """Whether ``voice`` belongs to the held-out voice set (never used for training)."""
+    if voice.engine == "espeak":
+        return voice.name.rpartition("+")[2] in HELDOUT_ESPEAK_VARIANTS
+    return voice.engine == "flite" and voice.name in HELDOUT_FLITE_VOICES
 
 
 def test_heldout_voices_never_reach_training():
