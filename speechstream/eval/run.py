@@ -515,16 +515,13 @@ def _check_source(record: dict, where: str, utterance: Utterance) -> None:
             raise InputError(f'{where}: "{record["id"]}" was decoded from other audio than the manifest names now '
                              f'({"; ".join(changed)}); use another --out')
         return
-    length = utterance.duration
-    if length is None:
-        import soundfile
+    import soundfile
 
-        try:
-            info = soundfile.info(str(utterance.audio))
-        except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError, OSError) as error:
-            raise InputError(f'{where}: cannot check "{record["id"]}" against {utterance.audio} '
-                             f"({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
-        length = info.frames / info.samplerate - (utterance.offset or 0.0)
+    try:
+        length = _utterance_length(utterance)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError, OSError) as error:
+        raise InputError(f'{where}: cannot check "{record["id"]}" against {utterance.audio} '
+                         f"({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
     if abs(record["audio_s"] - length) > LENGTH_TOLERANCE_S:
         raise InputError(f'{where}: "{record["id"]}" decoded {record["audio_s"]:.3f} s of audio but the manifest\'s '
                          f"segment is {length:.3f} s long (changed?); use another --out")
@@ -632,13 +629,10 @@ def _warm_up(system, utterance: Utterance) -> None:
     decode to report."""
     import soundfile
 
-    length = utterance.duration
-    if length is None:
-        try:
-            info = soundfile.info(str(utterance.audio))
-        except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError, OSError):
-            return
-        length = info.frames / info.samplerate - (utterance.offset or 0.0)
+    try:
+        length = _utterance_length(utterance)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError, OSError):
+        return
     duration = min(WARM_UP_S, length)
     if duration <= 0:
         return
