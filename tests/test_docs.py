@@ -3,7 +3,8 @@ name exists.
 
 Mechanical checks only, cheap (no model loads): every ``--option`` the docs name is an option of the command it is
 given to (or of some command or recipe script), every repository path they name exists, the README's module table
-names every module of the package, dotted ``speechstream.`` names resolve, and the numbers the docs state as
+names every module of the package, dotted ``speechstream.`` names resolve (and the short ``outputs.MAX_CUE_SECONDS``,
+``StreamingSession.gap`` forms of a module's constant or a class's member), and the numbers the docs state as
 defaults and limits are the constants the code uses.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -142,6 +144,47 @@ def test_every_dotted_speechstream_name_resolves(doc):
         except AttributeError:
             unresolved.append(name)
     assert not unresolved, f"{doc_id(doc)} names what the package does not have: {unresolved}"
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package (``speechstream.eval.run``) and its file."""
+    return {".".join(path.relative_to(ROOT).with_suffix("").parts): path
+            for path in sorted((ROOT / "speechstream").rglob("*.py")) if path.stem not in ("__init__", "__main__")}
+
+
+def short_name_exists(name: str) -> bool | None:
+    """Whether ``module.CONSTANT`` (a package module by its last name) or ``Class.member`` (a class the package
+    defines: an attribute, a field or a ``self.member`` its methods set) exists; None for any other dotted name
+    (a config key such as ``encoder.lookahead_frames``, a variable such as ``session.words``, a file name)."""
+    head, member = name.split(".")
+    modules = package_modules()
+    if re.fullmatch(r"[A-Z][A-Z0-9_]*", member):
+        owners = [module for module in modules if module.rsplit(".", 1)[-1] == head]
+        return any(hasattr(importlib.import_module(module), member) for module in owners) if owners else None
+    owners = [module for module, path in modules.items()
+              if re.search(rf"^class {head}\b", path.read_text(encoding="utf-8"), re.M)]
+    if not owners:
+        return None
+    for module in owners:
+        cls = getattr(importlib.import_module(module), head)
+        annotated = any(member in getattr(base, "__annotations__", {}) for base in cls.__mro__)
+        if hasattr(cls, member) or annotated or re.search(rf"self\.{member}\b", inspect.getsource(cls)):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=doc_id)
+def test_every_constant_and_class_member_a_doc_names_exists(doc):
+    names = set(re.findall(r"`([A-Za-z]\w*\.\w+)(?:\([^`]*\))?`", doc.read_text(encoding="utf-8")))
+    missing = sorted(name for name in names if short_name_exists(name) is False)
+    assert not missing, f"{doc_id(doc)} names what the package does not have: {missing}"
+
+
+def test_the_short_name_check_finds_constants_and_members():
+    assert short_name_exists("outputs.MIN_SHOW_SECONDS") and short_name_exists("StreamingSession.gap")
+    assert short_name_exists("Word.aligned") and short_name_exists("DecodingConfig.vad")
+    assert short_name_exists("outputs.MIN_SHOW_SECOND") is False and short_name_exists("StreamingSession.gaps") is False
+    assert short_name_exists("encoder.lookahead_frames") is None and short_name_exists("config.yaml") is None
 
 
 def stated_numbers() -> list[tuple[str, str]]:
