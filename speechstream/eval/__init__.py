@@ -1,1 +1,3 @@
-"""Evaluation: latency metrics as SimulEval 1.1.4 computes them (`latency`) and WER/CER/BLEU/chrF (`quality`)."""
+"""Evaluation: the ``speechstream eval`` driver (`run`), latency metrics as SimulEval 1.1.4 computes them
+(`latency`), WER/CER/BLEU/chrF (`quality`) and the resegmentation of a long hypothesis into the reference's
+sentences for StreamLAAL (`resegment`)."""
