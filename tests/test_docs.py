@@ -190,6 +190,7 @@ def test_the_short_name_check_finds_constants_and_members():
 def stated_numbers() -> list[tuple[str, str]]:
     """(doc, phrase) pairs: each phrase states a default or limit, built from the constant the code uses."""
     from speechstream import ctc, live, outputs, server
+    from speechstream.eval import run
     from speechstream.config import DecodingConfig
     from speechstream.server import ServerConfig
     from speechstream.vad import VADConfig
@@ -208,6 +209,10 @@ def stated_numbers() -> list[tuple[str, str]]:
         ("README.md", f"unconditionally at {2 * vad.max_segment_s:g} s"),
         ("README.md", f"more than {live.MAX_QUEUED_S} s behind"),
         ("README.md", f"at most {outputs.MAX_CUE_SECONDS:g} s before its end"),
+        ("README.md", f"(at most {outputs.MAX_CUE_CHARS} characters and {outputs.MAX_CUE_SECONDS:g} s, a new one"),
+        ("README.md", f"a cue shorter than {outputs.MIN_SHOW_SECONDS:g} s is held on screen until "
+                      f"{outputs.MIN_SHOW_SECONDS:g} s"),
+        ("docs/manifest.md", f"({1000 * run.SENTENCE_SLACK_S:g} ms of slack at the end)"),
         ("README.md", f"stops recording past {lag} s of lag"),
         ("README.md", f"http://127.0.0.1:{serving.port}/"),
         ("README.md", f"{words[ctc.TAIL_MARGIN]} labels more than the CTC head's own best path (`TAIL_MARGIN`)"),
