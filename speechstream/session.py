@@ -47,7 +47,7 @@ import io
 import itertools
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import BinaryIO, Callable
 
 import numpy as np

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from speechstream.config import DecodingConfig, LLMConfig, ModelConfig
+from speechstream.config import DecodingConfig, ModelConfig
 from speechstream.chunker import chunk_samples
 from speechstream.model import ARCHITECTURES, MODELS_DIR, SpeechLLM, build_model, load_model
 from speechstream.policy import WaitK
