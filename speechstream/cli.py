@@ -302,22 +302,21 @@ def model_task(name: str, languages: tuple[str | None, str | None], given: str |
     return given or declared or "asr"
 
 
-def _model_name(args: argparse.Namespace, decoding=None) -> str:
-    """The model to decode with (``--model`` or the task's default); with ``decoding``, the decoding options are
-    checked against the model's config first, before any weights load. ``--source-lang`` / ``--target-lang`` must
-    be languages the model supports (InputError naming them); ``args.task`` becomes the model's (``model_task``)."""
+def _model_name(args: argparse.Namespace, decoding) -> str:
+    """The model to decode with (``--model`` or the task's default); the ``decoding`` options are checked against
+    the model's config first, before any weights load. ``--source-lang`` / ``--target-lang`` must be languages the
+    model supports (InputError naming them); ``args.task`` becomes the model's (``model_task``)."""
     from speechstream.baselines import model_languages, resolve_languages
     from speechstream.config import chunk_note, load_model_config, with_model_defaults
     from speechstream.model import DEFAULT_MODELS, model_config_path
 
     name = args.model or DEFAULT_MODELS[args.task or "asr"]
     args.task = model_task(name, model_languages("gpe", name), args.task)
-    if decoding is not None:
-        config = load_model_config(model_config_path(name))
-        with_model_defaults(decoding, config)
-        note = chunk_note(decoding, config)
-        if note:
-            print(note, file=sys.stderr)
+    config = load_model_config(model_config_path(name))
+    with_model_defaults(decoding, config)
+    note = chunk_note(decoding, config)
+    if note:
+        print(note, file=sys.stderr)
     resolve_languages("gpe", name, args.source_lang, args.target_lang)
     return name
 
