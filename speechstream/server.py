@@ -48,6 +48,15 @@ from speechstream.errors import InputError
 
 WEB_DIR = Path(__file__).resolve().parent / "web"  # the live page (package data)
 STATIC_FILES = {"capture-worklet.js": "text/javascript", "app.js": "text/javascript"}  # served next to the page
+START_FIELDS = ("type", "sample_rate", "task", "model", "source_lang", "target_lang", "chunk_ms")
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192000
+SHUTDOWN_MESSAGE = "the server is shutting down"
+STREAM_FAILURE_MESSAGE = "the server failed to decode this stream; see its log"  # the rest goes on
+UNREAD_MESSAGE = "the client has stopped reading its events"
+UNREAD_CLOSE_S = 5.0  # time the error event and the close frame get to reach a client that has stopped reading
+MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
+
+
 def same_origin(origin: str, host: str) -> bool:
     """Whether a browser's ``Origin`` header names the host the request was sent to (``Host``: name and port)."""
     from urllib.parse import urlsplit
@@ -57,15 +66,6 @@ def same_origin(origin: str, host: str) -> bool:
     except ValueError:
         return False
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
-
-
-START_FIELDS = ("type", "sample_rate", "task", "model", "source_lang", "target_lang", "chunk_ms")
-MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192000
-SHUTDOWN_MESSAGE = "the server is shutting down"
-STREAM_FAILURE_MESSAGE = "the server failed to decode this stream; see its log"  # the rest goes on
-UNREAD_MESSAGE = "the client has stopped reading its events"
-UNREAD_CLOSE_S = 5.0  # time the error event and the close frame get to reach a client that has stopped reading
-MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
 
 
 @dataclass(frozen=True)
