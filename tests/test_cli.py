@@ -896,6 +896,30 @@ def test_help_names_the_defaults(capsys, command, shown):
 
 
 @pytest.mark.parametrize("command", ["transcribe", "eval", "live", "serve"])
+def test_every_decoding_field_is_the_flag_of_its_name(command):
+    """DecodingConfig's fields and the decoding flags map one to one, but for the fields its docstring says only the
+    Python API sets; serve's ServerConfig fields are serve flags too."""
+    import argparse
+    import dataclasses
+
+    from speechstream.cli import build_parser
+    from speechstream.config import DecodingConfig
+    from speechstream.server import ServerConfig
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    dests = {a.dest for a in commands.choices[command]._actions if a.option_strings}
+    python_only = set(re.findall(r"``(\w+)``", DecodingConfig.__doc__))
+    assert python_only == {"max_tail_tokens", "context_tokens"}
+    fields = {f.name for f in dataclasses.fields(DecodingConfig)} - python_only
+    assert fields <= dests, sorted(fields - dests)
+    assert not python_only & dests
+    if command == "serve":
+        server_fields = {f.name for f in dataclasses.fields(ServerConfig)}
+        assert server_fields <= dests, sorted(server_fields - dests)
+
+
+@pytest.mark.parametrize("command", ["transcribe", "eval", "live", "serve"])
 def test_help_offers_only_the_ablations_the_command_decodes(capsys, monkeypatch, command):
     """serve decodes with GPE alone: its --help must not list the ablations it refuses."""
     from speechstream import model
