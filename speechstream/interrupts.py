@@ -32,8 +32,9 @@ class SignalHandler:
             signal.signal(getattr(signal, name), previous)
         self._previous = None
 
-    def _handle(self, signum, frame) -> None:  # noqa: ARG002
-        raise KeyboardInterrupt
+    def _handle(self, signum, frame) -> None:
+        """What the signal does (each subclass says)."""
+        raise NotImplementedError
 
 
 class SigintHandler(SignalHandler):
