@@ -25,7 +25,6 @@ for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")  # one thread per worker process; set before numpy/torch load
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import random  # noqa: E402
@@ -43,6 +42,7 @@ from speechstream.data.render import (  # noqa: E402
     read_json,
     read_plan,
     render_stage,
+    utterance_seed,
     write_json,
     write_jsonl,
     write_manifest,
@@ -141,11 +141,6 @@ def load_or_build_text(out: Path, seed: int) -> Corpus:
 
 # --- stage 2: plan -------------------------------------------------------------------------------------------------
 
-def utterance_seed(seed: int, utterance_id: str) -> int:
-    """A 63-bit seed for one utterance, independent of every other."""
-    return int.from_bytes(hashlib.sha256(f"{seed}/{utterance_id}".encode()).digest()[:8], "big") >> 1
-
-
 def plan_split(split: str, stream, seconds: float, heldout_voices: bool, args: argparse.Namespace,
                count: int | None = None) -> list[dict]:
     """Items of one split until the estimated duration reaches ``seconds`` (or ``count`` items)."""
@@ -161,7 +156,7 @@ def plan_split(split: str, stream, seconds: float, heldout_voices: bool, args: a
             continue  # too long for this voice: the sentence is skipped, the next one tried with a new voice
         utterance_id = f"{prefix}-{len(items):06d}"
         items.append({"id": utterance_id, "split": split, "text": sentence.text, "source": sentence.source,
-                      "voice": voice.to_dict(), "seed": utterance_seed(args.seed, utterance_id),
+                      "voice": voice.to_dict(), "seed": utterance_seed(f"{args.seed}/{utterance_id}"),
                       "estimate_s": round(estimate, 2)})
         total += estimate + 0.35  # mean padding added by augmentation
     return items

@@ -142,6 +142,12 @@ def read_plan(out: Path, settings: dict, hint: str = "") -> list[dict] | None:
     return items
 
 
+def utterance_seed(key: str) -> int:
+    """A 63-bit seed for one planned utterance from its ``key`` (the run's seed and the utterance's id), independent
+    of every other key's."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 1
+
+
 def write_plan(out: Path, items: list[dict], settings: dict) -> None:
     """OUT/plan.jsonl and the settings it was made with (OUT/plan-settings.json)."""
     write_jsonl(out / "plan.jsonl", items)
