@@ -50,7 +50,8 @@ def tiny_config(architecture: str) -> ModelConfig:
     from speechstream.config import load_model_config
 
     base = load_model_config(MODELS_DIR / "tiny-random" / "config.yaml")
-    return dataclasses.replace(base, name=f"tiny-{architecture}", llm=dataclasses.replace(base.llm, architecture=architecture))
+    llm = dataclasses.replace(base.llm, architecture=architecture)
+    return dataclasses.replace(base, name=f"tiny-{architecture}", llm=llm)
 
 
 def random_target(model: SpeechLLM, n_segments: int, rng: np.random.Generator) -> list[int]:
