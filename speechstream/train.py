@@ -368,6 +368,17 @@ def audio_identity(example: Example) -> str:
     return json.dumps(identity)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (one of another user counts)."""
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except (ProcessLookupError, OverflowError):  # (an id past any a process can have)
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 class FeatureCache:
     """Frozen-encoder frames per utterance, stored as safetensors in a folder per chunk size, right context and
     encoder (``encoder_fingerprint``); each entry records the audio file it came from and is encoded again when
@@ -414,10 +425,22 @@ class FeatureCache:
             return stored["frames"].float(), stored["frame_ends"].tolist(), int(stored["samples"])
         return self._encode_and_store([example], [example_audio(example)])[0]
 
+    def remove_leftovers(self) -> int:
+        """Delete the temporary files of writers that were killed before their rename (``<entry>.<pid>.tmp``
+        whose process is gone; never read as entries, but they would pile up); returns how many."""
+        removed = 0
+        for path in self.folder.glob("*.tmp"):
+            pid = path.suffixes[-2][1:] if len(path.suffixes) >= 2 else ""
+            if pid.isdigit() and not process_alive(int(pid)):
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
     def fill(self, examples: list[Example], batch_size: int, progress: bool = False) -> int:
         """Encode every example not cached yet (or cached from another audio file), ``batch_size`` utterances of
         similar length per encoder pass (the block-causal mask keeps each item's frames those of a pass of its
-        own); returns how many."""
+        own); returns how many. A killed fill loses only the pass it was in (each entry is renamed into place
+        once whole)."""
         from safetensors import SafetensorError, safe_open
         from tqdm import tqdm
 
@@ -962,8 +985,10 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     log_path = out_dir / "log.jsonl"
     if accelerator.is_main_process and log_path.exists():
         truncate_log(log_path, start_step)
-    if accelerator.is_main_process and config.precache:
-        cache.fill(examples + dev, config.cache_batch_size, progress)
+    if accelerator.is_main_process:  # (the other processes write entries only after the barrier)
+        cache.remove_leftovers()
+        if config.precache:
+            cache.fill(examples + dev, config.cache_batch_size, progress)
     accelerator.wait_for_everyone()
     chunk_s = config.chunk_ms / 1000
     lookahead_s = model.config.encoder.lookahead_frames * ENCODER_FRAME_S

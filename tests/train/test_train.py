@@ -663,6 +663,38 @@ def test_feature_cache_follows_the_audio_and_the_encoder_and_keeps_ids_inside(tm
     assert [p for p in (tmp_path / "features").rglob("*") if p.is_file() and p.parent != cache.folder] == []
 
 
+def test_a_run_killed_while_caching_features_leaves_nothing_behind_and_the_rerun_keeps_whole_entries(
+        tmp_path, monkeypatch):
+    """Killed between writing an entry and its rename, a run leaves a temporary file; the rerun deletes it (its
+    writer is gone), keeps the entries already renamed into place and encodes only the rest."""
+    import subprocess
+
+    recipe = write_recipe(tmp_path, steps=1, cache_batch_size=6)
+    renamed = []
+    real_rename = Path.rename
+
+    def rename_then_die(path, target):
+        if len(renamed) == 2:
+            raise KeyboardInterrupt  # the kill, after the third entry's file was written whole
+        renamed.append(target)
+        return real_rename(path, target)
+
+    monkeypatch.setattr(Path, "rename", rename_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train(load_train_config(str(recipe), []), progress=False)
+    monkeypatch.undo()
+    [folder] = (tmp_path / "run" / "features").iterdir()
+    [leftover] = folder.glob("*.tmp")
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()  # the killed writer: an id no running process has
+    leftover.rename(leftover.with_name(leftover.name.replace(f".{os.getpid()}.", f".{gone.pid}.")))
+    kept = {Path(path): Path(path).stat().st_mtime_ns for path in renamed}
+    train(load_train_config(str(recipe), []), progress=False)
+    assert list(folder.glob("*.tmp")) == []
+    assert {path: path.stat().st_mtime_ns for path in kept} == kept  # not encoded again
+    assert len(list(folder.glob("*.safetensors"))) == 6
+
+
 def test_a_dev_clip_sharing_a_training_id_is_refused(capsys, tmp_path):
     from speechstream.cli import main
 
