@@ -193,11 +193,13 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         data = {}
     if not isinstance(data, dict):
         raise InputError(f"{path}: a training config must be a mapping of keys to values")
+    recipe, given = dict(data), {}  # given: field -> the override that set it (the last one wins)
     for item in overrides:
         if "=" not in item:
             raise InputError(f"override {item!r} is not key=value")
         key, value = item.split("=", 1)
         check_override_key(item, key)
+        given[key] = item
         try:
             data[key] = yaml.safe_load(value)
         except yaml.YAMLError as error:
@@ -209,7 +211,9 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
     try:
         config = from_dict(TrainConfig, data)  # (TrainConfig checks its values)
     except InputError as error:
-        raise InputError(f"{path}: {error}") from None
+        blamed = [item for key, item in given.items() if override_causes(recipe, data, key, str(error))]
+        where = f"override{'s' if len(blamed) > 1 else ''} {', '.join(map(repr, blamed))}" if blamed else path
+        raise InputError(f"{where}: {error}") from None
     if Path(config.out_dir).exists() and not Path(config.out_dir).is_dir():
         raise InputError(f"{path}: out_dir {config.out_dir} exists and is not a folder")
     base = Path(path).resolve().parent
@@ -219,6 +223,23 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         if value and not Path(value).is_absolute() and not Path(value).exists() and (base / value).exists():
             fix[field] = str(base / value)
     return dataclasses.replace(config, **fix)
+
+
+def override_causes(recipe: dict, data: dict, key: str, error: str) -> bool:
+    """Whether the override of ``key`` is behind ``error``, the recipe ``data`` (``recipe`` with the overrides) is
+    refused with: with the recipe file's value of ``key`` (or the default) instead, the error goes or changes."""
+    reverted = dict(data)
+    if key in recipe:
+        reverted[key] = recipe[key]
+    elif next(f for f in dataclasses.fields(TrainConfig) if f.name == key).default is not dataclasses.MISSING:
+        del reverted[key]
+    else:  # a required field the file leaves out: nothing to go back to
+        return False
+    try:
+        from_dict(TrainConfig, reverted)
+    except InputError as other:
+        return str(other) != error
+    return True
 
 
 def check_override_key(item: str, key: str) -> None:

@@ -503,6 +503,28 @@ def test_an_override_of_no_recipe_field_names_the_override_not_the_recipe(capsys
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("in_file, overrides, blamed", [
+    ({}, ["steps=0"], "override 'steps=0': steps must be at least 1, not 0"),
+    ({}, ["mask_time=1.5"], "override 'mask_time=1.5': mask_time must be at least 0 and below 1"),
+    ({}, ["chunk_ms=7"], "override 'chunk_ms=7': chunk_ms must be between"),
+    ({}, ["steps=9", "steps=0"], "override 'steps=0': steps must be at least 1"),  # the last one counts
+    ({"ctc_only_steps": 4}, ["steps=3"], "override 'steps=3': ctc_only_steps (4) must not exceed steps (3)"),
+    ({}, ["steps=3", "ctc_only_steps=4", "seed=1"], "overrides 'steps=3', 'ctc_only_steps=4': ctc_only_steps (4)"),
+    ({"steps": 0}, ["seed=1"], "recipe.yaml: steps must be at least 1, not 0"),  # the file's own value
+    ({"warmup_steps": -1}, ["steps=0"], "override 'steps=0': steps must be at least 1"),
+])
+def test_an_out_of_range_override_is_named_not_the_recipe_file(capsys, tmp_path, in_file, overrides, blamed):
+    """A value out of range (or out of step with another) that an override set was reported as the recipe
+    file's."""
+    from speechstream.cli import main
+
+    assert main(["train", str(write_recipe(tmp_path, **in_file)), *overrides]) == 2
+    err = capsys.readouterr().err
+    where = "" if blamed.startswith("override") else f"{tmp_path}/"
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"speechstream: error: {where}{blamed}"), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_feature_cache_linked_to_a_deleted_run_is_a_one_line_error(capsys, tmp_path):
     """recipes/asr/run.sh links a continuation's feature cache to the run it continues; with that run deleted the
     link dangles, and training stopped with a FileExistsError (exit 1). Now: the link, where it pointed, what to do."""
