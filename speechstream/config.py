@@ -124,7 +124,7 @@ class DecodingConfig:
     int8: bool = False
     ablation: str = "none"  # decoding-time GPE ablation (speechstream.gpe.ABLATIONS); "none" is GPE itself
     vad: bool = False  # long sessions: Silero VAD pauses end a segment; the front end and LLM cache then restart
-    vad_min_silence_ms: int = 600  # with vad: the pause (ms) that ends a segment
+    vad_min_silence_ms: int = 600  # with vad: the pause (ms) that ends a segment (refused without vad)
     context_tokens: int = 0  # with vad: last committed text tokens fed after the next segment's header (0: none)
     # joint CTC decoding (speechstream.ctc): weight of the CTC head's prefix scores; 0: off, None: the model's own
     ctc_weight: float | None = None
@@ -156,6 +156,8 @@ class DecodingConfig:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))  # numpy's bools too, stored as bool
+        if not self.vad and self.vad_min_silence_ms != DecodingConfig.vad_min_silence_ms:  # it would do nothing
+            raise InputError("--vad-min-silence-ms is the pause that ends a VAD segment: it needs --vad")
         weight = self.ctc_weight
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, numbers.Real)
                                    or not 0.0 <= weight < 1.0):

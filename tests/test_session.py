@@ -251,6 +251,7 @@ def test_no_feed_after_the_audio_has_ended(tiny_model):
     ("max_repeats", -1, "--max-repeats must be at least 0"),
     ("max_repeats", 1, "--max-repeats must be 0 \\(off\\) or at least 2"),
     ("vad_min_silence_ms", 0, "--vad-min-silence-ms must be at least 32"),
+    ("vad_min_silence_ms", 300, "--vad-min-silence-ms is the pause that ends a VAD segment: it needs --vad"),
     ("context_tokens", -5, "--context-tokens must be at least 0"),
     ("ctc_weight", 1.5, "--ctc-weight must be at least 0 and below 1"),
     ("ctc_weight", -0.5, "--ctc-weight must be at least 0 and below 1"),

@@ -360,10 +360,11 @@ class _Loudness:
 def _random_case(rng):
     """A decoding config (VAD on or off), VAD options, and audio of stretches of silence and noise at loudness
     below, between and above the VAD thresholds (0, 0.3, 0.4, 1), some of them shorter than a window."""
-    decoding = DecodingConfig(chunk_ms=int(rng.choice([40, 160, 320, 640])), k=int(rng.integers(1, 3)),
-                              max_tokens_per_chunk=4, max_tail_tokens=10, vad=bool(rng.random() < 0.75),
-                              vad_min_silence_ms=int(rng.choice([64, 300])))
-    config = VADConfig(min_silence_ms=decoding.vad_min_silence_ms, min_speech_ms=int(rng.choice([32, 250])),
+    chunk_ms, k = int(rng.choice([40, 160, 320, 640])), int(rng.integers(1, 3))
+    vad, silence_ms = bool(rng.random() < 0.75), int(rng.choice([64, 300]))
+    decoding = DecodingConfig(chunk_ms=chunk_ms, k=k, max_tokens_per_chunk=4, max_tail_tokens=10, vad=vad,
+                              vad_min_silence_ms=silence_ms if vad else DecodingConfig.vad_min_silence_ms)
+    config = VADConfig(min_silence_ms=silence_ms, min_speech_ms=int(rng.choice([32, 250])),
                        max_segment_s=float(rng.choice([0.5, 12.0])), speech_pad_ms=int(rng.choice([0, 512])))
     parts = [float(rng.choice([0.0, 0.03, 0.04, 0.2, 0.2])) * rng.standard_normal(int(rng.integers(1, 12000)))
              for _ in range(int(rng.integers(1, 12)))]
