@@ -21,7 +21,9 @@ start at the audio's first word), so they tend to treat context words as already
 transcribed speech.
 Without VAD a segment ends only where its source group would pass the LLM's positions
 (``max_position_embeddings``), as at a VAD cut; with or without VAD it also ends, after a chunk, where the writing the
-decoding caps still allow could take its target group (positions phi on) past them (``_cut_due``).
+decoding caps still allow could take its target group (positions phi on) past them (``_cut_due``). Under ablation
+"interleaved" both groups share one sequence of positions: a segment holds as many chunks as fit with their worst-case
+writing (``_interleaved_limit``).
 
 Word times (``words``): with joint CTC decoding on a model with a fine CTC head, when a segment's text is all
 committed (its end, or ``close``) it is force-aligned to the segment's CTC frames (``speechstream.align``), and its
@@ -264,6 +266,8 @@ class StreamingSession:
         limit = getattr(self.model.decoder.llm.config, "max_position_embeddings", None)
         if not limit:
             return None, None
+        if self.decoding.ablation == "interleaved":
+            return self._interleaved_limit(limit)
         speech = limit - len(self.model.prefix_ids) - len(self.model.suffix_ids)
         samples = schedule.max_segment_samples(speech, self.chunker.chunk_size, self.model.config.projector.stack)
         if samples <= 0:
@@ -277,6 +281,27 @@ class StreamingSession:
                              f"chunk's text (--max-tokens-per-chunk {self.decoding.max_tokens_per_chunk}) and the "
                              f"tail (max_tail_tokens {self.decoding.max_tail_tokens})")
         return samples, target
+
+    def _interleaved_limit(self, limit: int) -> tuple[int, int]:
+        """``_position_limit`` under ablation "interleaved", where a segment's source and target tokens take one
+        sequence of positions in arrival order: the most whole chunks whose source group and worst-case writing fit
+        in ``limit`` together; the target group gets the positions that source group leaves."""
+        chunk, stack = self.chunker.chunk_size, self.model.config.projector.stack
+        prompt = len(self.model.prefix_ids) + len(self.model.suffix_ids)
+
+        def source(chunks: int) -> int:
+            frames = schedule.encoder_frames_total(chunks * chunk)
+            return prompt + schedule.tokens_from_frames(frames, stack, final=True)
+
+        chunks = 0
+        while source(chunks + 1) + self._target_worst(queued=chunks + 1) <= limit:
+            chunks += 1
+        if chunks == 0:
+            raise InputError(f"model {self.model.config.name}: its LLM has {limit} positions, too few under ablation "
+                             f"interleaved (source and target in one sequence) for the prompt, one "
+                             f"{self.decoding.chunk_ms} ms chunk and its text (--max-tokens-per-chunk "
+                             f"{self.decoding.max_tokens_per_chunk}, max_tail_tokens {self.decoding.max_tail_tokens})")
+        return chunks * chunk, limit - source(chunks)
 
     def _target_worst(self, queued: int) -> int:
         """The most target tokens the front end's segment could hold if ``queued`` more units were read in it before

@@ -478,6 +478,33 @@ def test_a_segment_ends_before_its_target_group_passes_the_llms_positions(tiny_m
         StreamingSession(tiny_model, replace(decoding, max_tokens_per_chunk=100))
 
 
+def test_the_interleaved_ablation_cuts_its_segments_within_the_llms_positions(tiny_model, monkeypatch):
+    """Ablation "interleaved" numbers every token of a segment in arrival order (source and target in one
+    sequence), so a segment of source and target groups that each fit took positions up to their sum past
+    ``max_position_embeddings``. Now its segments end where one more chunk could carry that sum past them."""
+    limit = 128
+    monkeypatch.setattr(tiny_model.decoder.llm.config, "max_position_embeddings", limit)
+    step, highest = tiny_model.decoder.step, []
+
+    def watching_step(state, embeds, kinds, keep=None):
+        positions = gpe.arrival_positions(state.kinds, kinds.to(state.kinds.device))
+        highest.append(int(positions.max()))
+        return step(state, embeds, kinds, keep=keep)
+
+    monkeypatch.setattr(tiny_model.decoder, "step", watching_step)
+    audio = (0.1 * np.random.default_rng(4).standard_normal(10 * SAMPLE_RATE)).astype(np.float32)
+    decoding = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=20, max_repeats=0,
+                              ablation="interleaved")
+    session = StreamingSession(tiny_model, decoding, choose=_chatty(tiny_model))
+    events = session.feed(audio) + session.finish()
+    assert limit // 2 < max(highest) < limit
+    assert session.segment >= 2
+    assert "".join(e.text for e in events if e.type == "final") == events[-1].text != ""
+    assert events[-1].source_s == 10.0
+    with pytest.raises(InputError, match="interleaved"):
+        StreamingSession(tiny_model, replace(decoding, max_tokens_per_chunk=80))
+
+
 def test_a_policy_past_the_caps_is_never_given_a_target_position_past_the_llms(tiny_model, monkeypatch):
     """A policy of one's own that writes more than --max-tokens-per-chunk after a read: its writes that would pass
     the target group's positions are not made; the segment reads on to its end and stops, and the next one writes."""
