@@ -911,6 +911,17 @@ def plot_losses(log_path: Path, out_path: Path) -> None:
     plt.close(fig)
 
 
+def save_step(accelerator, objective: nn.Module, out_dir: Path, step: int, window: list[dict]) -> None:
+    """Save the run after ``step`` (every rank takes part): the trainable weights, the checkpoint with the figures
+    of the steps since the last log row, then ``progress.json``."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:  # before the state: the weights of a finished run are never older
+        save_trainable(accelerator.unwrap_model(objective).model, out_dir / "trainable.safetensors")
+    save_checkpoint(accelerator, out_dir, {"step": step, "window": window})
+    if accelerator.is_main_process:
+        write_file_durably(out_dir / "progress.json", json.dumps({"step": step}))
+
+
 def stop_requested(stop: DeferredStop, accelerator) -> bool:
     """Whether a signal asked any rank's run to stop (the ranks agree: each stops after the same step)."""
     asked = stop.requested is not None
@@ -924,7 +935,8 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
 
     ``stop_after`` ends this run after that many steps (a checkpoint is saved), as an
     interruption would; the schedule still follows ``config.steps``. Ctrl-C (SIGINT) or SIGTERM during the steps
-    finishes the step in progress, saves it and raises KeyboardInterrupt (a second Ctrl-C raises it at once).
+    finishes the step in progress, saves it and raises KeyboardInterrupt (a second Ctrl-C raises it at once); during
+    a dev evaluation it stops the evaluation at the next utterance (no dev row is logged), saves the step and raises.
     """
     from accelerate import Accelerator
     from tqdm import tqdm
@@ -1074,27 +1086,32 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
             stopping = done < last_step and stop_requested(stop, accelerator)
             save_now = stopping or done % config.save_every == 0 or done in (config.steps, last_step)
             if save_now:  # before the dev evaluation: a failure there loses no step
-                accelerator.wait_for_everyone()
-                if accelerator.is_main_process:  # before the state: the weights of a finished run are never older
-                    save_trainable(accelerator.unwrap_model(objective).model, out_dir / "trainable.safetensors")
-                save_checkpoint(accelerator, out_dir, {"step": done, "window": window})
-                if accelerator.is_main_process:
-                    write_file_durably(progress_file, json.dumps({"step": done}))
+                save_step(accelerator, objective, out_dir, done, window)
             evaluate_now = dev and ((config.eval_every and done % config.eval_every == 0) or done == config.steps)
+            score = None
             if evaluate_now and accelerator.is_main_process:
                 inner = accelerator.unwrap_model(objective).model
                 inner.eval()
-                score = dev_ctc_wer(inner, cache, dev, ctc_classes, config.ctc_head_only)
+                score = dev_ctc_wer(inner, cache, dev, ctc_classes, config.ctc_head_only,
+                                    stopped=lambda: stop.requested is not None)
                 inner.train()
-                with log_path.open("a") as log:
-                    log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
-            if save_now and accelerator.is_main_process:
+                if score is not None:  # (None: a signal cut it short, and the run stops below)
+                    with log_path.open("a") as log:
+                        log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
+            # a signal during the evaluation stops the run now (the final step included), not after the next step
+            cut = evaluate_now and not stopping and stop_requested(stop, accelerator)
+            if cut and not save_now:
+                save_step(accelerator, objective, out_dir, done, window)
+            if (save_now or cut) and accelerator.is_main_process:
                 plot_losses(log_path, out_dir / "loss.png")
-            if stopping:
+            if stopping or cut:
                 bar.close()
                 if accelerator.is_main_process:
-                    print(f"speechstream: note: {stop.requested} after step {done} of {config.steps}: its checkpoint "
-                          f"is saved in {out_dir}; the same command resumes", file=sys.stderr)
+                    when = "during the dev evaluation after" if cut else "after"
+                    left = "its dev evaluation is left out; " if cut and score is None else ""
+                    rest = "; the same command resumes" if done < config.steps else " (the training is complete)"
+                    print(f"speechstream: note: {stop.requested} {when} step {done} of {config.steps}: {left}its "
+                          f"checkpoint is saved in {out_dir}{rest}", file=sys.stderr)
                 raise KeyboardInterrupt
     bar.close()
     accelerator.wait_for_everyone()
@@ -1103,15 +1120,18 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
 
 @torch.no_grad()
 def dev_ctc_wer(model: SpeechLLM, cache: FeatureCache, examples: list[Example],
-                ctc_classes: torch.Tensor | None = None, fine: bool = False) -> float:
+                ctc_classes: torch.Tensor | None = None, fine: bool = False,
+                stopped: typing.Callable[[], bool] = lambda: False) -> float | None:
     """Normalized WER of greedy CTC decoding of the projector outputs (``fine``: of the fine CTC head's windows)
     (a cheap view of acoustic progress),
     over the classes the loss scores. The CTC target is the transcript (``text``) in both tasks, the
-    source-language one for "translate"."""
+    source-language one for "translate". None when ``stopped()`` turns true before the last utterance."""
     from speechstream.eval.quality import wer
 
     hypotheses = []
     for example in examples:
+        if stopped():
+            return None
         frames, ends, _ = cache.frames(example)
         frames = frames.to(model.ctc_blank.device)
         if fine:

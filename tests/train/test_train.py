@@ -134,6 +134,40 @@ def test_a_signal_mid_step_saves_that_step_and_the_rerun_ends_as_an_uninterrupte
     assert [json.loads(line)["step"] for line in logs[1]] == [json.loads(line)["step"] for line in logs[0]]
 
 
+@pytest.mark.parametrize("steps, eval_every", [(3, 0), (4, 2)])
+def test_ctrl_c_during_a_dev_evaluation_stops_it_at_once_and_keeps_the_step(tmp_path, monkeypatch, capsys, steps,
+                                                                           eval_every):
+    """The first Ctrl-C during a dev evaluation (the final one, or one between checkpoints) waited for all of it
+    (and for one more step after one between checkpoints; after the final one the run then ended as if never
+    interrupted). Now the evaluation stops at the next utterance, its row is left out of the log, the step is saved
+    and the command exits 130."""
+    import signal
+
+    import speechstream.train as train_module
+    from speechstream.cli import main
+
+    recipe = write_recipe(tmp_path, steps=steps, save_every=100, eval_every=eval_every,
+                          dev_manifest=str(ROOT / "samples" / "manifest.jsonl"))
+    scored, greedy = [], train_module.greedy_ctc_text
+
+    def signalled(*args, **kwargs):  # Ctrl-C while the first dev utterance is scored
+        scored.append(1)
+        if len(scored) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return greedy(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "greedy_ctc_text", signalled)
+    assert main(["train", str(recipe)]) == 130
+    done = eval_every or steps
+    err = capsys.readouterr().err
+    assert f"SIGINT during the dev evaluation after step {done} of {steps}: its dev evaluation is left out" in err
+    assert ("the same command resumes" in err) == (done < steps), err
+    assert len(scored) == 1  # (all 6 dev utterances were scored)
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == done
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, done + 1)) and "dev_ctc_wer" not in rows[-1]
+
+
 def test_recipe_paths_beside_the_recipe_are_found_from_any_folder(tmp_path, monkeypatch):
     """A recipe naming its model config, manifest and init_checkpoint by paths relative to its own folder loads
     from another current folder (the model was 'unknown model', while the manifests were found)."""
