@@ -215,7 +215,8 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         where = f"override{'s' if len(blamed) > 1 else ''} {', '.join(map(repr, blamed))}" if blamed else path
         raise InputError(f"{where}: {error}") from None
     if Path(config.out_dir).exists() and not Path(config.out_dir).is_dir():
-        raise InputError(f"{path}: out_dir {config.out_dir} exists and is not a folder")
+        where = f"override {given['out_dir']!r}" if "out_dir" in given else path
+        raise InputError(f"{where}: out_dir {config.out_dir} exists and is not a folder")
     base = Path(path).resolve().parent
     fix = {}
     for field in ("model", "train_manifest", "dev_manifest", "init_checkpoint"):  # (a path beside the recipe)

@@ -546,12 +546,16 @@ def test_an_override_of_no_recipe_field_names_the_override_not_the_recipe(capsys
     ({}, ["steps=3", "ctc_only_steps=4", "seed=1"], "overrides 'steps=3', 'ctc_only_steps=4': ctc_only_steps (4)"),
     ({"steps": 0}, ["seed=1"], "recipe.yaml: steps must be at least 1, not 0"),  # the file's own value
     ({"warmup_steps": -1}, ["steps=0"], "override 'steps=0': steps must be at least 1"),
+    ({}, ["out_dir=FILE"], "override 'out_dir=FILE': out_dir FILE exists and is not a folder"),
 ])
 def test_an_out_of_range_override_is_named_not_the_recipe_file(capsys, tmp_path, in_file, overrides, blamed):
     """A value out of range (or out of step with another) that an override set was reported as the recipe
     file's."""
     from speechstream.cli import main
 
+    (tmp_path / "file").write_text("a file")
+    overrides = [item.replace("FILE", str(tmp_path / "file")) for item in overrides]
+    blamed = blamed.replace("FILE", str(tmp_path / "file"))
     assert main(["train", str(write_recipe(tmp_path, **in_file)), *overrides]) == 2
     err = capsys.readouterr().err
     where = "" if blamed.startswith("override") else f"{tmp_path}/"
