@@ -938,6 +938,7 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     interruption would; the schedule still follows ``config.steps``. Ctrl-C (SIGINT) or SIGTERM during the steps
     finishes the step in progress, saves it and raises KeyboardInterrupt (a second Ctrl-C raises it at once); during
     a dev evaluation it stops the evaluation at the next utterance (no dev row is logged), saves the step and raises.
+    A run resumed at an evaluation step without its dev row scores it first.
     """
     from accelerate import Accelerator
     from tqdm import tqdm
@@ -1013,10 +1014,13 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
                              f"{one_line(error)}); give another out_dir or delete this one to start over") from None
         if accelerator.is_main_process:  # a kill after the checkpoint's rename left the older step here
             write_file_durably(progress_file, json.dumps({"step": start_step}))
+    log_path = out_dir / "log.jsonl"
+    # the checkpoint's step is an evaluation step whose dev score is missing (the evaluation failed or was stopped):
+    # it is scored first (a finished run: only that)
+    unscored = start_step > 0 and evaluation_due(config, start_step, dev) and not dev_logged(log_path, start_step)
     if start_step >= config.steps and accelerator.is_main_process:
         print(f"speechstream: note: {out_dir} is already trained to step {start_step} of {config.steps}; "
-              "nothing to do", file=sys.stderr)
-    log_path = out_dir / "log.jsonl"
+              + ("only its dev evaluation is left" if unscored else "nothing to do"), file=sys.stderr)
     if accelerator.is_main_process and log_path.exists():
         truncate_log(log_path, start_step)
     if accelerator.is_main_process:  # (the other processes write entries only after the barrier)
@@ -1024,6 +1028,9 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         if config.precache:
             cache.fill(examples + dev, config.cache_batch_size, progress)
     accelerator.wait_for_everyone()
+    if unscored and accelerator.is_main_process:
+        log_dev_score(accelerator.unwrap_model(objective).model, cache, dev, ctc_classes, config, log_path, start_step)
+        plot_losses(log_path, out_dir / "loss.png")
     chunk_s = config.chunk_ms / 1000
     lookahead_s = model.config.encoder.lookahead_frames * ENCODER_FRAME_S
     bar = tqdm(total=config.steps, initial=start_step, disable=not (progress and accelerator.is_main_process),
@@ -1088,17 +1095,11 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
             save_now = stopping or done % config.save_every == 0 or done in (config.steps, last_step)
             if save_now:  # before the dev evaluation: a failure there loses no step
                 save_step(accelerator, objective, out_dir, done, window)
-            evaluate_now = dev and ((config.eval_every and done % config.eval_every == 0) or done == config.steps)
-            score = None
+            evaluate_now = evaluation_due(config, done, dev)
+            score = None  # (None: not scored here, or a signal cut the evaluation short and the run stops below)
             if evaluate_now and accelerator.is_main_process:
-                inner = accelerator.unwrap_model(objective).model
-                inner.eval()
-                score = dev_ctc_wer(inner, cache, dev, ctc_classes, config.ctc_head_only,
-                                    stopped=lambda: stop.requested is not None)
-                inner.train()
-                if score is not None:  # (None: a signal cut it short, and the run stops below)
-                    with log_path.open("a") as log:
-                        log.write(json.dumps({"step": done, "dev_ctc_wer": round(score, 2)}) + "\n")
+                score = log_dev_score(accelerator.unwrap_model(objective).model, cache, dev, ctc_classes, config,
+                                      log_path, done, stopped=lambda: stop.requested is not None)
             # a signal during the evaluation stops the run now (the final step included), not after the next step
             cut = evaluate_now and not stopping and stop_requested(stop, accelerator)
             if cut and not save_now:
@@ -1110,13 +1111,36 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
                 if accelerator.is_main_process:
                     when = "during the dev evaluation after" if cut else "after"
                     left = "its dev evaluation is left out; " if cut and score is None else ""
-                    rest = "; the same command resumes" if done < config.steps else " (the training is complete)"
                     print(f"speechstream: note: {stop.requested} {when} step {done} of {config.steps}: {left}its "
-                          f"checkpoint is saved in {out_dir}{rest}", file=sys.stderr)
+                          f"checkpoint is saved in {out_dir}; the same command resumes", file=sys.stderr)
                 raise KeyboardInterrupt
     bar.close()
     accelerator.wait_for_everyone()
     return out_dir / "trainable.safetensors"
+
+
+def log_dev_score(model: SpeechLLM, cache: FeatureCache, dev: list[Example], ctc_classes: torch.Tensor | None,
+                  config: TrainConfig, log_path: Path, step: int,
+                  stopped: typing.Callable[[], bool] = lambda: False) -> float | None:
+    """Score the dev set after ``step`` (``dev_ctc_wer``) and log its row; None, and no row, when ``stopped``."""
+    model.eval()
+    score = dev_ctc_wer(model, cache, dev, ctc_classes, config.ctc_head_only, stopped=stopped)
+    model.train()
+    if score is not None:
+        with log_path.open("a") as log:
+            log.write(json.dumps({"step": step, "dev_ctc_wer": round(score, 2)}) + "\n")
+    return score
+
+
+def evaluation_due(config: TrainConfig, step: int, dev: list[Example]) -> bool:
+    """Whether the dev set is scored after ``step``: every ``eval_every`` steps and after the last one."""
+    return bool(dev) and ((config.eval_every > 0 and step % config.eval_every == 0) or step == config.steps)
+
+
+def dev_logged(log_path: Path, step: int) -> bool:
+    """Whether the log has the dev score of ``step``."""
+    lines = log_path.read_text().splitlines() if log_path.exists() else []
+    return any(logged_step(line) == step and "dev_ctc_wer" in json.loads(line) for line in lines)
 
 
 @torch.no_grad()
