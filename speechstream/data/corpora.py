@@ -297,11 +297,13 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write("".join(lines))
         os.replace(temporary, out)
+        temporary = None
     except (OSError, UnicodeEncodeError) as error:
-        if temporary is not None and os.path.exists(temporary):
-            os.unlink(temporary)
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise InputError(f"{out}: cannot write the manifest ({reason})") from None
+    finally:  # (Ctrl-C too: no half-written temporary file is left beside the manifest)
+        if temporary is not None and os.path.exists(temporary):
+            os.unlink(temporary)
     return len(lines)
 
 

@@ -285,6 +285,19 @@ def test_segment_ranges_are_checked_against_the_audio(mustc: Path, tmp_path: Pat
     assert not (tmp_path / "m.jsonl").exists()
 
 
+def test_a_manifest_write_interrupted_before_its_rename_leaves_no_temporary_file(mustc: Path, tmp_path: Path,
+                                                                                   monkeypatch):
+    """Only an OSError removed the temporary file: Ctrl-C while the manifest was written left a hidden
+    ``.m.jsonl.<random>.tmp`` beside it, one more for each try."""
+    def interrupted(source, target):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_manifest(mustc_entries(mustc, "de"), tmp_path / "out" / "m.jsonl")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_eval_reads_only_the_segment(mustc: Path, tmp_path: Path, capsys):
     out = mustc / "tst-COMMON.jsonl"
     result = run_recipe("prepare_mustc.py", mustc, "--lang", "de", "--out", out, "--check-audio")
