@@ -260,7 +260,8 @@ def _check_type(value: Any, hint: Any, name: str) -> Any:
     for kind in allowed:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
-        if kind in (int, str, bool, float) and isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        bool_as_int = kind is int and isinstance(value, bool)
+        if kind in (int, str, bool, float) and isinstance(value, kind) and not bool_as_int:
             return value
     raise InputError(f"config key {name} has the wrong type: {value!r}")
 

@@ -180,7 +180,8 @@ class SpeechLLM(nn.Module):
         torch.manual_seed(config.seed)
         self.encoder = StreamingWhisperEncoder(config.encoder)
         hidden = llm.get_input_embeddings().weight.shape[1]
-        self.projector = Projector(config.encoder.d_model, hidden, config.projector.stack, config.projector.output_scale)
+        projector = config.projector
+        self.projector = Projector(config.encoder.d_model, hidden, projector.stack, projector.output_scale)
         self.decoder = GPEDecoder(llm, config.llm.phi)
         self.ctc_blank = nn.Parameter(0.02 * torch.randn(hidden))  # CTC blank vector (auxiliary training loss)
         self.ctc_classes: torch.Tensor | None = None  # token ids the CTC head was trained over (None: all)
@@ -311,7 +312,8 @@ class SpeechLLM(nn.Module):
         ).to(device)
         target_lengths = torch.tensor([len(t) for t in targets])
         visible = torch.stack(
-            [gpe.target_visibility(target_ids[b].cpu(), ends, self.eoc_id, k) for b, ends in enumerate(source.unit_ends)]
+            [gpe.target_visibility(target_ids[b].cpu(), ends, self.eoc_id, k)
+             for b, ends in enumerate(source.unit_ends)]
         )
         return self.decoder.forward_train(source.embeds, source.lengths, target_ids, target_lengths, visible.to(device))
 

@@ -303,7 +303,8 @@ def test_first_sigint_sets_the_flag_second_skips_third_interrupts():
 
 
 def test_option_parsing():
-    assert live.parse_device("3") == 3 and live.parse_device(" default ") == "default" and live.parse_device(None) is None
+    assert live.parse_device("3") == 3 and live.parse_device(" default ") == "default"
+    assert live.parse_device(None) is None
     assert live.seconds_to_samples(2.5) == 40000 and live.seconds_to_samples(None) is None
     for bad in (0, -1, float("nan"), float("inf"), 1e-9, 1e305):
         with pytest.raises(live.InputError):
@@ -364,8 +365,8 @@ def test_ctrl_c_finishes_and_saves(tmp_path):
     """SIGINT while it runs: the session is finished, the transcript saved, exit 0."""
     env = virtual_mic(tmp_path, np.tile(jfk(), 30))  # 5.5 minutes: far more than is read before the signal
     out = tmp_path / "live.json"
-    process = subprocess.Popen([SPEECHSTREAM, "live", "--model", "tiny-random", "--output", str(out), "--format", "json"],
-                               env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [SPEECHSTREAM, "live", "--model", "tiny-random", "--output", str(out), "--format", "json"]
+    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
         for line in process.stderr:  # wait until it listens (the model is loaded)

@@ -97,7 +97,8 @@ def main() -> None:
         "",
         "- recipes, in order, run by `recipes/asr/run.sh`: "
         + ", then ".join(f"`recipes/asr/{name}.yaml`" for name in RECIPES),
-        f"- steps of the last stage that trained the LLM side: {last['step']} (log: last k={last.get('k')}, elapsed {last.get('elapsed_s')} s "
+        f"- steps of the last stage that trained the LLM side: {last['step']} "
+        f"(log: last k={last.get('k')}, elapsed {last.get('elapsed_s')} s "
         "of its final run segment)",
         f"- final training losses: LM {last.get('lm', float('nan')):.3f}, token accuracy "
         f"{last.get('accuracy', float('nan')):.3f}, CTC {last.get('ctc', float('nan')):.3f}",

@@ -198,7 +198,8 @@ def test_cli_runs_the_whisper_baseline(tiny_whisper, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--baseline", "whisper-streaming"], "unknown baseline 'whisper-streaming' (known: gpe, whisper-offline, whisper-la2)"),
+    (["--baseline", "whisper-streaming"],
+     "unknown baseline 'whisper-streaming' (known: gpe, whisper-offline, whisper-la2)"),
     (["--baseline-model", "whisper-base"], "--baseline-model is for baselines other than gpe"),
     (["--baseline", "whisper-offline", "--model", "tiny-random"], "--model names a GPE model"),
     (["--baseline", "whisper-offline", "--task", "translate"], "baseline whisper-offline does not do task translate"),
