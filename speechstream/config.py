@@ -125,7 +125,7 @@ class DecodingConfig:
     ablation: str = "none"  # decoding-time GPE ablation (speechstream.gpe.ABLATIONS); "none" is GPE itself
     vad: bool = False  # long sessions: Silero VAD pauses end a segment; the front end and LLM cache then restart
     vad_min_silence_ms: int = 600  # with vad: the pause (ms) that ends a segment (refused without vad)
-    context_tokens: int = 0  # with vad: last committed text tokens fed after the next segment's header (0: none)
+    context_tokens: int = 0  # at a segment cut (VAD or position limit): last committed tokens fed after its header
     # joint CTC decoding (speechstream.ctc): weight of the CTC head's prefix scores; 0: off, None: the model's own
     ctc_weight: float | None = None
     ctc_candidates: int = 32  # joint CTC decoding: the LLM's best text tokens re-ranked at each step
