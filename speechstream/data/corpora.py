@@ -251,10 +251,10 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
 
     Audio paths are written relative to the manifest's folder when the audio lies under it, else absolute
     (``absolute``: always absolute); ``limit`` keeps the first N entries. Checks: ids are unique, every audio file
-    exists (all missing ones counted, the first few named), every ``offset``/``duration`` range lies inside its file
-    (one header read per file that has segments), and with ``check_audio`` every file is readable audio. ``out`` may
-    replace an earlier manifest but no other file (a corpus's own TSV or transcript, say). Nothing is written when a
-    check fails.
+    exists (all missing ones counted, the first few named), every ``offset``/``duration`` range and every sentence of
+    a long-form entry's ``segments`` lies inside its file (one header read per file that has either), and with
+    ``check_audio`` every file is readable audio. ``out`` may replace an earlier manifest but no other file (a
+    corpus's own TSV or transcript, say). Nothing is written when a check fails.
     """
     check_manifest_out(out)
     out = Path(out)
@@ -279,7 +279,7 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         more = f" and {len(missing) - MAX_MISSING_SHOWN} more" if len(missing) > MAX_MISSING_SHOWN else ""
         raise InputError(f"{len(missing)} audio file{'s' if len(missing) > 1 else ''} not found ({shown}{more})")
     _check_audio(chosen if check_audio else [e for e in chosen if e.get("offset") is not None
-                                            or e.get("duration") is not None])
+                                            or e.get("duration") is not None or e.get("segments")])
     folder = out.absolute().parent
     lines = []
     for entry in chosen:
@@ -325,7 +325,8 @@ def check_manifest_out(out: str | Path) -> None:
 
 
 def _check_audio(entries: list[dict]) -> None:
-    """Every audio file opens as audio; every segment range lies inside its file (InputError for the first not)."""
+    """Every audio file opens as audio; every segment range, and every sentence of a long-form entry's
+    ``segments`` (timed from the entry's offset), lies inside its file (InputError for the first not)."""
     import soundfile
 
     infos: dict[Path, object] = {}
@@ -344,6 +345,12 @@ def _check_audio(entries: list[dict]) -> None:
         if (entry.get("offset") or 0.0) >= length or end > length + 0.01:
             raise InputError(f'"{entry["id"]}": segment {entry.get("offset") or 0} s + {entry.get("duration")} s is '
                              f"not inside {path} ({length:.3f} s)")
+        start = entry.get("offset") or 0.0  # a long-form entry's sentences are timed from its own offset
+        length = entry["duration"] if entry.get("duration") is not None else length - start
+        for number, sentence in enumerate(entry.get("segments") or ()):
+            if sentence["offset"] >= length or sentence["offset"] + sentence["duration"] > length + 0.01:
+                raise InputError(f'"{entry["id"]}": sentence {number} of its segments, {sentence["offset"]} s + '
+                                 f'{sentence["duration"]} s, is not inside its audio ({length:.3f} s of {path})')
 
 
 class _RecipeParser(argparse.ArgumentParser):

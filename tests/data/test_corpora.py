@@ -298,6 +298,25 @@ def test_a_manifest_write_interrupted_before_its_rename_leaves_no_temporary_file
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_talk_sentences_past_the_end_of_the_wav_are_refused(mustc: Path, tmp_path: Path):
+    """--talks writes whole talks (no offset/duration of their own): their sentences are checked as segments are,
+    with or without --check-audio (it wrote a manifest that eval then refused)."""
+    yaml_path = mustc / "en-de/data/tst-COMMON/txt/tst-COMMON.yaml"
+    yaml_path.write_text(yaml_path.read_text().replace("offset: 0.1", "offset: 0.8"))  # 0.8 + 0.3 s of a 1.0 s talk
+    out = tmp_path / "talks.jsonl"
+    for check_audio in ((), ("--check-audio",)):
+        result = run_recipe("prepare_mustc.py", mustc, "--lang", "de", "--talks", "--out", out, *check_audio)
+        assert result.returncode == 2 and not out.exists()
+        assert result.stderr.startswith('speechstream: error: "ted_2": sentence 0 of its segments, 0.8 s + 0.3 s, '
+                                        "is not inside its audio (1.000 s of ") and result.stderr.count("\n") == 1
+    talk = {"id": "t", "audio": mustc / "en-de/data/tst-COMMON/wav/ted_1.wav", "offset": 0.5, "duration": 1.0,
+            "segments": [{"offset": 0.2, "duration": 0.7}]}  # timed from the talk's offset: inside
+    assert write_manifest([talk], out) == 1
+    with pytest.raises(InputError, match=r'"t": sentence 0 of its segments, 0.2 s \+ 0.9 s, is not inside its audio '
+                                         r"\(1.000 s of "):
+        write_manifest([talk | {"segments": [{"offset": 0.2, "duration": 0.9}]}], out)
+
+
 def test_eval_reads_only_the_segment(mustc: Path, tmp_path: Path, capsys):
     out = mustc / "tst-COMMON.jsonl"
     result = run_recipe("prepare_mustc.py", mustc, "--lang", "de", "--out", out, "--check-audio")
