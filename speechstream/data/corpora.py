@@ -309,15 +309,16 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
 
 def check_manifest_out(out: str | Path) -> None:
     """``--out`` names a file that is absent, empty or an earlier manifest (a JSON object with ``id`` and ``audio``
-    on its first line); a folder, a name ending in a separator or any other file is refused, before any work."""
+    on its first non-blank line, after any byte-order mark, as `read_manifest` reads it); a folder, a name ending in
+    a separator or any other file is refused, before any work."""
     text = str(out)
     path = Path(out)
     if not text or text.endswith(("/", os.sep)) or not path.name or path.is_dir():
         raise InputError(f"--out {text!r} must name a manifest file, not a folder")
     if path.is_file() and path.stat().st_size > 0:  # (an empty file holds nothing to lose)
         try:
-            with open(path, encoding="utf-8") as stream:
-                first = json.loads(stream.readline())
+            with open(path, encoding="utf-8-sig") as stream:
+                first = json.loads(next((line for line in stream if line.strip()), ""))
         except (OSError, UnicodeDecodeError, ValueError):
             first = None
         if not (isinstance(first, dict) and "id" in first and "audio" in first):

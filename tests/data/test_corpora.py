@@ -424,6 +424,19 @@ def test_out_never_replaces_a_file_that_is_not_a_manifest(common_voice: Path, tm
     assert result.returncode == 2 and "--lang must not be empty" in result.stderr
 
 
+def test_out_replaces_a_manifest_with_a_byte_order_mark_or_a_blank_first_line(common_voice: Path, tmp_path: Path):
+    """An earlier manifest that read_manifest reads (a BOM and blank lines are skipped) may be replaced; it was
+    refused as 'not a manifest'."""
+    out = tmp_path / "cv.jsonl"
+    for earlier in ('\ufeff{"id": "a", "audio": "a.wav"}\n', '\n  \n{"id": "a", "audio": "a.wav"}\n'):
+        out.write_text(earlier, encoding="utf-8")
+        result = run_recipe("prepare_common_voice.py", common_voice, "--out", out)
+        assert result.returncode == 0, result.stderr
+        assert [line["id"] for line in read_lines(out)] == ["common_voice_es_1", "common_voice_es_2"]
+    out.write_text("\n\nid\taudio\n", encoding="utf-8")  # still no manifest
+    assert run_recipe("prepare_common_voice.py", common_voice, "--out", out).returncode == 2
+
+
 def test_texts_with_line_separator_characters_round_trip(tmp_path: Path):
     tone(tmp_path / "a.wav", 0.2)
     source = tmp_path / "in.jsonl"
