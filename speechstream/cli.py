@@ -295,7 +295,7 @@ def model_task(name: str, languages: tuple[str | None, str | None], given: str |
     declared = None if source is None or target is None else "asr" if source == target else "translate"
     if given is not None and declared is not None and given != declared:
         raise InputError(f"--task {given}: {name} takes {source} speech to {target} text, task {declared} "
-                         f"(--task {declared}, or a {given} model)")
+                         f"(--task {declared}, or {'an' if given == 'asr' else 'a'} {given} model)")
     return given or declared or "asr"
 
 

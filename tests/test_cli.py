@@ -175,8 +175,11 @@ def test_the_task_is_the_models():
     assert model_task("m", ("es", "en"), None) == "translate" and model_task("m", ("en", "en"), None) == "asr"
     assert model_task("m", (None, None), None) == "asr" and model_task("m", (None, None), "translate") == "translate"
     assert model_task("m", ("es", "en"), "translate") == "translate"
-    with pytest.raises(InputError, match=r"--task asr: m takes es speech to en text, task translate"):
+    with pytest.raises(InputError, match=r"--task asr: m takes es speech to en text, task translate "
+                                         r"\(--task translate, or an asr model\)$"):
         model_task("m", ("es", "en"), "asr")
+    with pytest.raises(InputError, match=r"\(--task asr, or a translate model\)$"):
+        model_task("m", ("en", "en"), "translate")
 
 
 @pytest.mark.parametrize("argv, match", [
