@@ -251,9 +251,9 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
 
     Audio paths are written relative to the manifest's folder when the audio lies under it, else absolute
     (``absolute``: always absolute); ``limit`` keeps the first N entries. Checks: ids are unique, every audio file
-    exists (all missing ones counted, the first few named), every ``offset``/``duration`` range and every sentence of
-    a long-form entry's ``segments`` lies inside its file (one header read per file that has either), and with
-    ``check_audio`` every file is readable audio. ``out`` may replace an earlier manifest but no other file (a
+    exists (each missing file counted once, the first few named), every ``offset``/``duration`` range and every
+    sentence of a long-form entry's ``segments`` lies inside its file (one header read per file that has either),
+    and with ``check_audio`` every file is readable audio. ``out`` may replace an earlier manifest but no other file (a
     corpus's own TSV or transcript, say). Nothing is written when a check fails.
     """
     check_manifest_out(out)
@@ -262,7 +262,7 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         raise InputError(f"--limit must be at least 1, got {limit}")
     chosen: list[dict] = []
     seen: set[str] = set()
-    missing: list[str] = []
+    missing: dict[str, int] = {}  # audio file not found -> how many entries name it (a talk's segments share one)
     for entry in entries:
         if limit is not None and len(chosen) >= limit:
             break
@@ -270,14 +270,16 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
             raise InputError(f'duplicate id "{entry["id"]}" ({entry["audio"]})')
         seen.add(entry["id"])
         if not Path(entry["audio"]).is_file():
-            missing.append(str(entry["audio"]))
+            missing[str(entry["audio"])] = missing.get(str(entry["audio"]), 0) + 1
         chosen.append(entry)
     if not chosen:
         raise InputError("the corpus gave no utterances")
     if missing:
-        shown = ", ".join(missing[:MAX_MISSING_SHOWN])
+        shown = ", ".join(list(missing)[:MAX_MISSING_SHOWN])
         more = f" and {len(missing) - MAX_MISSING_SHOWN} more" if len(missing) > MAX_MISSING_SHOWN else ""
-        raise InputError(f"{len(missing)} audio file{'s' if len(missing) > 1 else ''} not found ({shown}{more})")
+        named = sum(missing.values())
+        by = f", named by {named} utterances" if named > len(missing) else ""
+        raise InputError(f"{len(missing)} audio file{'s' if len(missing) > 1 else ''} not found ({shown}{more}){by}")
     _check_audio(chosen if check_audio else [e for e in chosen if e.get("offset") is not None
                                             or e.get("duration") is not None or e.get("segments")])
     folder = out.absolute().parent

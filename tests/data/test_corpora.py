@@ -298,6 +298,20 @@ def test_a_manifest_write_interrupted_before_its_rename_leaves_no_temporary_file
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_a_missing_talk_is_one_missing_file(mustc: Path, tmp_path: Path):
+    """The segments of a talk share its wav: a missing talk is counted and named once (it was '2 audio files not
+    found (.../ted_1.wav, .../ted_1.wav)')."""
+    (mustc / "en-de/data/tst-COMMON/wav/ted_1.wav").unlink()
+    result = run_recipe("prepare_mustc.py", mustc, "--lang", "de", "--out", tmp_path / "m.jsonl")
+    wav = mustc / "en-de/data/tst-COMMON/wav/ted_1.wav"
+    assert result.returncode == 2 and not (tmp_path / "m.jsonl").exists()
+    assert result.stderr == f"speechstream: error: 1 audio file not found ({wav}), named by 2 utterances\n"
+    (mustc / "en-de/data/tst-COMMON/wav/ted_2.wav").unlink()
+    with pytest.raises(InputError, match=r"^2 audio files not found \([^,]*ted_1.wav, [^,]*ted_2.wav\), named by 3 "
+                                         r"utterances$"):
+        write_manifest(mustc_entries(mustc, "de"), tmp_path / "m.jsonl")
+
+
 def test_talk_sentences_past_the_end_of_the_wav_are_refused(mustc: Path, tmp_path: Path):
     """--talks writes whole talks (no offset/duration of their own): their sentences are checked as segments are,
     with or without --check-audio (it wrote a manifest that eval then refused)."""
