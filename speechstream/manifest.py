@@ -68,7 +68,7 @@ def read_manifest(path: str | Path) -> list[Utterance]:
 
     Checks, in order: the file can be read; each line is a JSON object with string ``id`` and ``audio`` and
     string-or-null optional fields; ids are unique; the manifest is not empty; every audio file exists (all
-    missing files are reported together, the first few by name).
+    missing files are reported together, each counted once, the first few by name and first line).
     """
     path = Path(path)
     if not path.is_file():
@@ -80,7 +80,7 @@ def read_manifest(path: str | Path) -> list[Utterance]:
 
     utterances: list[Utterance] = []
     first_line_of: dict[str, int] = {}  # id -> line number where it first appeared
-    missing: list[str] = []  # "line N: audio" for audio files that do not exist
+    missing: dict[Path, list[int]] = {}  # audio file that does not exist -> the lines naming it
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -90,16 +90,18 @@ def read_manifest(path: str | Path) -> list[Utterance]:
             raise InputError(f'{path}:{number}: duplicate id "{utterance.id}" (first on line {first})')
         first_line_of[utterance.id] = number
         if not utterance.audio.is_file():
-            missing.append(f"line {number}: {utterance.audio}")
+            missing.setdefault(utterance.audio, []).append(number)
         utterances.append(utterance)
 
     if not utterances:
         raise InputError(f"{path}: the manifest lists no utterances")
     if missing:
-        shown = ", ".join(missing[:MAX_MISSING_SHOWN])
+        shown = ", ".join(f"line {lines[0]}: {audio}" for audio, lines in list(missing.items())[:MAX_MISSING_SHOWN])
         more = f" and {len(missing) - MAX_MISSING_SHOWN} more" if len(missing) > MAX_MISSING_SHOWN else ""
         plural = "s" if len(missing) > 1 else ""
-        raise InputError(f"{path}: {len(missing)} audio file{plural} not found ({shown}{more})")
+        named = sum(len(lines) for lines in missing.values())
+        by = f", named on {named} lines" if named > len(missing) else ""  # (segments of one talk share its file)
+        raise InputError(f"{path}: {len(missing)} audio file{plural} not found ({shown}{more}){by}")
     return utterances
 
 

@@ -113,6 +113,18 @@ def test_missing_audio_files_reported_together(clips: Path):
     assert "missing3.wav" not in message and "and 2 more" in message
 
 
+def test_a_missing_file_named_on_several_lines_is_counted_once(clips: Path):
+    """Segments of one talk share its file: it is one missing file, named with its first line (it read '3 audio
+    files not found (line 1: talk.wav, line 2: talk.wav, line 3: talk.wav)')."""
+    entries = [{"id": f"t_{n}", "audio": "clips/talk.wav", "offset": n, "duration": 1} for n in range(3)]
+    manifest = write_lines(clips / "m.jsonl", [*entries, {"id": "b", "audio": "clips/other.wav"}])
+    with pytest.raises(InputError) as caught:
+        read_manifest(manifest)
+    talk, other = clips / "clips" / "talk.wav", clips / "clips" / "other.wav"
+    assert str(caught.value) == (f"{manifest}: 2 audio files not found (line 1: {talk}, line 4: {other}), "
+                                 "named on 4 lines")
+
+
 def test_missing_or_empty_manifest(tmp_path: Path):
     with pytest.raises(InputError, match="no such file"):
         read_manifest(tmp_path / "nope.jsonl")
