@@ -3,9 +3,10 @@
     {"id": "u1", "audio": "clips/u1.wav", "text": "reference transcript", "translation": "...",
      "source_lang": "en", "target_lang": "en", "offset": 12.5, "duration": 3.2}
 
-``id`` and ``audio`` are required; ``audio`` is absolute or relative to the manifest's folder. ``offset`` and
-``duration`` (seconds, optional) make the utterance a time range of the audio file (a segment of a long talk,
-as MuST-C gives them): only that range is read. ``segments`` (optional) makes it a long-form utterance, a whole
+``id`` and ``audio`` are required; ``audio`` is absolute or relative to the manifest's folder (for a manifest
+that is a symlink, the folder of the file it points to). ``offset`` and ``duration`` (seconds, optional) make
+the utterance a time range of the audio file (a segment of a long talk, as MuST-C gives them): only that range is
+read. ``segments`` (optional) makes it a long-form utterance, a whole
 talk decoded as one stream and scored per reference sentence: a list of ``{"offset", "duration", "text",
 "translation"}``, times in seconds from the start of the utterance, in order; a line without ``text``
 (``translation``) gets its sentences' joined by spaces when every sentence has one. Other fields
@@ -78,13 +79,14 @@ def read_manifest(path: str | Path) -> list[Utterance]:
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: cannot read the manifest ({error})") from None
 
+    folder = manifest_folder(path)
     utterances: list[Utterance] = []
     first_line_of: dict[str, int] = {}  # id -> line number where it first appeared
     missing: dict[Path, list[int]] = {}  # audio file that does not exist -> the lines naming it
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        utterance = _parse_line(line, path, number)
+        utterance = _parse_line(line, path, number, folder)
         if utterance.id in first_line_of:
             first = first_line_of[utterance.id]
             raise InputError(f'{path}:{number}: duplicate id "{utterance.id}" (first on line {first})')
@@ -105,8 +107,14 @@ def read_manifest(path: str | Path) -> list[Utterance]:
     return utterances
 
 
-def _parse_line(line: str, path: Path, number: int) -> Utterance:
-    """One non-blank manifest line -> Utterance, with the audio path resolved."""
+def manifest_folder(path: Path) -> Path:
+    """The folder a manifest's relative audio paths start from: its own, or for a symlink the folder of the file it
+    points to (where that manifest's clips are; training reads it so too)."""
+    return path.resolve().parent if path.is_symlink() else path.parent
+
+
+def _parse_line(line: str, path: Path, number: int, folder: Path) -> Utterance:
+    """One non-blank manifest line -> Utterance, with the audio path resolved against ``folder``."""
     where = f"{path}:{number}"
     try:
         entry = json.loads(line)
@@ -130,7 +138,7 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
             texts = [getattr(segment, key) for segment in segments]
             if optional[key] is None and all(text is not None for text in texts):
                 optional[key] = " ".join(texts)
-    return Utterance(id=entry["id"], audio=path.parent / Path(entry["audio"]).expanduser(), **optional)
+    return Utterance(id=entry["id"], audio=folder / Path(entry["audio"]).expanduser(), **optional)
 
 
 def _string(entry: dict, key: str, name: str) -> str | None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 
 from speechstream.errors import InputError
 from speechstream.manifest import Segment, Utterance, read_manifest
+from speechstream.train import read_examples
 
 
 def write_lines(path: Path, lines: list) -> Path:
@@ -66,6 +69,18 @@ def test_relative_to_the_manifest_folder_not_the_working_directory(clips: Path, 
     manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav"}])
     monkeypatch.chdir(clips / "clips")
     assert read_manifest(manifest)[0].audio.is_file()
+
+
+def test_a_symlinked_manifest_reads_audio_beside_the_file_it_points_to(clips: Path, tmp_path: Path):
+    """As training reads it (read_examples): a manifest linked into another folder keeps its clips (eval refused
+    it: '1 audio file not found (line 1: <link folder>/clips/a.wav)')."""
+    clip = clips / "clips" / "a.wav"
+    soundfile.write(clip, np.zeros(8000, dtype=np.float32), 16000)  # training reads its header
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav", "text": "a"}])
+    link = tmp_path / "elsewhere" / "m.jsonl"
+    link.parent.mkdir()
+    link.symlink_to(manifest)
+    assert read_manifest(link)[0].audio.resolve() == clip == read_examples(str(link))[0].audio.resolve()
 
 
 @pytest.mark.parametrize(
