@@ -249,12 +249,12 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
                    check_audio: bool = False) -> int:
     """Check ``entries`` and write them as a manifest at ``out``; return how many lines were written.
 
-    Audio paths are written relative to the manifest's folder when the audio lies under it, else absolute
-    (``absolute``: always absolute); ``limit`` keeps the first N entries. Checks: ids are unique, every audio file
-    exists (each missing file counted once, the first few named), every ``offset``/``duration`` range and every
-    sentence of a long-form entry's ``segments`` lies inside its file (one header read per file that has either),
-    and with ``check_audio`` every file is readable audio. ``out`` may replace an earlier manifest but no other file (a
-    corpus's own TSV or transcript, say). Nothing is written when a check fails.
+    Audio paths are written relative to the manifest's folder when the audio lies under it (never with a ".."),
+    else absolute (``absolute``: always absolute); ``limit`` keeps the first N entries. Checks: ids are unique,
+    every audio file exists (each missing file counted once, the first few named), every ``offset``/``duration``
+    range and every sentence of a long-form entry's ``segments`` lies inside its file (one header read per file
+    that has either), and with ``check_audio`` every file is readable audio. ``out`` may replace an earlier
+    manifest but no other file (a corpus's own TSV or transcript, say). Nothing is written when a check fails.
     """
     check_manifest_out(out)
     out = Path(out)
@@ -282,12 +282,12 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         raise InputError(f"{len(missing)} audio file{'s' if len(missing) > 1 else ''} not found ({shown}{more}){by}")
     _check_audio(chosen if check_audio else [e for e in chosen if e.get("offset") is not None
                                             or e.get("duration") is not None or e.get("segments")])
-    folder = out.absolute().parent
+    folder = _plain(out.absolute().parent)
     lines = []
     for entry in chosen:
-        audio = Path(entry["audio"]).absolute()
-        if not absolute and audio.is_relative_to(folder):
-            audio = audio.relative_to(folder)
+        audio = _plain(Path(entry["audio"]).absolute())
+        if not absolute and audio.is_relative_to(folder) and ".." not in audio.relative_to(folder).parts:
+            audio = audio.relative_to(folder)  # (a path that needs ".." would break when the folder moves)
         fields = {key: entry[key] for key in FIELD_ORDER if entry.get(key) is not None}
         fields["audio"] = audio.as_posix()
         fields |= {key: value for key, value in entry.items() if key not in FIELD_ORDER}
@@ -307,6 +307,16 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
     return len(lines)
+
+
+def _plain(path: Path) -> Path:
+    """An absolute ``path`` without "." and ".." steps when it names the same file or folder without them (a ".."
+    after a symlink names another one: the path is then kept as it is)."""
+    plain = Path(os.path.normpath(path))
+    try:
+        return plain if plain == path or os.path.samefile(plain, path) else path
+    except OSError:  # (a folder not made yet)
+        return path
 
 
 def check_manifest_out(out: str | Path) -> None:

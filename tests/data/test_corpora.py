@@ -374,6 +374,26 @@ def test_jsonl_is_checked_and_paths_normalised(tmp_path: Path):
     assert read_lines(tmp_path / "corpus" / "same.jsonl")[0]["audio"] == "clips/a.wav"
 
 
+def test_audio_paths_that_need_dot_dot_are_written_absolute(tmp_path: Path):
+    """A path is written relative only when the audio lies under the manifest's folder: one reached through ".."
+    (an input given as ../in.jsonl) was written as "../clips/a.wav", which breaks when the folder moves; "." and
+    ".." steps that name the same file are dropped ("LibriSpeech/../LibriSpeech/..." was written as it came)."""
+    clip = tone(tmp_path / "corpus" / "clips" / "a.wav", 0.2)
+    (tmp_path / "corpus" / "sub").mkdir()
+    out = tmp_path / "corpus" / "sub" / "out.jsonl"
+    write_manifest([{"id": "a", "audio": tmp_path / "corpus" / "sub" / ".." / "clips" / "a.wav"}], out)
+    assert read_lines(out)[0]["audio"] == str(clip)
+    write_manifest([{"id": "a", "audio": tmp_path / "corpus" / "sub" / ".." / "clips" / "a.wav"}],
+                   tmp_path / "corpus" / "sub" / ".." / "m.jsonl")
+    assert read_lines(tmp_path / "corpus" / "m.jsonl")[0]["audio"] == "clips/a.wav"
+    deep = tone(tmp_path / "corpus" / "deep" / "b.wav", 0.2)
+    (tmp_path / "corpus" / "link").symlink_to(tmp_path / "corpus" / "deep" / "inner", target_is_directory=True)
+    (tmp_path / "corpus" / "deep" / "inner").mkdir()  # link/.. is deep/, not corpus/: ".." is kept
+    write_manifest([{"id": "b", "audio": tmp_path / "corpus" / "link" / ".." / "b.wav"}], out)
+    assert read_lines(out)[0]["audio"] == str(tmp_path / "corpus" / "link" / ".." / "b.wav")
+    assert read_manifest(out)[0].audio.resolve() == deep
+
+
 def test_jsonl_manifests_combine_with_folder_prefixed_ids(tmp_path: Path):
     for name in ("a", "b"):
         tone(tmp_path / name / "x.wav", 0.2)
