@@ -404,7 +404,7 @@ def write_from_args(entries: Iterable[dict], args: argparse.Namespace, untransla
         shown = ", ".join(untranslated[:MAX_MISSING_SHOWN])
         more = f" and {len(untranslated) - MAX_MISSING_SHOWN} more" if len(untranslated) > MAX_MISSING_SHOWN else ""
         left_out = f" ({len(untranslated)} left out with an empty translation: {shown}{more})"
-    print(f"{args.out}: {count} utterances{left_out}")
+    print(f"{args.out}: {count} utterance{'s' if count > 1 else ''}{left_out}")
     return count
 
 

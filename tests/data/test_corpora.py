@@ -187,6 +187,7 @@ def test_covost_script_without_sentences(common_voice: Path, tmp_path: Path):
     out = tmp_path / "covost.jsonl"
     result = run_recipe("prepare_covost.py", tsv, "--clips", common_voice / "clips", "--split", "dev", "--out", out)
     assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{out}: 1 utterance\n"
     (line,) = read_lines(out)
     assert "text" not in line and line["translation"] == "Good morning" and line["target_lang"] == "en"
     result = run_recipe("prepare_covost.py", tsv, "--clips", common_voice / "clips", "--out", out)  # --split test
