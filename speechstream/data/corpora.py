@@ -78,16 +78,17 @@ def read_tsv(path: str | Path, escapechar: str | None = None) -> list[dict]:
     header = next(csv.reader(lines[:1], delimiter="\t", quoting=csv.QUOTE_NONE, escapechar=escapechar))
     rows = []
     reader = csv.reader(lines[1:], delimiter="\t", quoting=csv.QUOTE_NONE, escapechar=escapechar)
-    number = 1
+    start = 2  # the file line the next row starts on (a row spans lines where an escaped newline joins them)
     try:
-        for number, row in enumerate(reader, 2):
+        for row in reader:
+            number, start = start, reader.line_num + 2
             if not any(field.strip() for field in row):
                 continue
             if len(row) != len(header):
                 raise InputError(f"{path}:{number}: {len(row)} columns, the header has {len(header)}")
             rows.append(dict(zip(header, row)))
     except csv.Error as error:
-        raise InputError(f"{path}:{number + 1}: cannot read the row ({error})") from None
+        raise InputError(f"{path}:{start}: cannot read the row ({error})") from None
     return rows
 
 

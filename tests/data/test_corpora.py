@@ -143,6 +143,13 @@ def test_tsv_errors_name_the_line(tmp_path: Path):
     path = write_tsv(tmp_path / "bad.tsv", ["path", "sentence"], [["a.wav", "one"], ["b.wav"]])
     with pytest.raises(InputError, match=r"bad.tsv:3: 1 columns, the header has 2"):
         read_tsv(path)
+    path = tmp_path / "covost_v2.es_en.tsv"  # line 2's escaped newline joins lines 2 and 3 into one row
+    path.write_text("path\ttranslation\na.wav\tHe said\\\nhello\n\nb.wav\tok\nc.wav\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"covost_v2.es_en.tsv:6: 1 columns, the header has 2"):  # it said 5
+        read_tsv(path, escapechar="\\")
+    path.write_text("path\ttranslation\na.wav\tHe said\\\nhello\nb.wav\t" + "x" * 200_000 + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"covost_v2.es_en.tsv:4: cannot read the row"):  # it said 3
+        read_tsv(path, escapechar="\\")
     path = write_tsv(tmp_path / "x" / "test.tsv", ["file", "sentence"], [["a.wav", "one"]])
     with pytest.raises(InputError, match="no column 'path'"):
         list(common_voice_entries(path.parent))
