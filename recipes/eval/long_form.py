@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError("--id must be a non-empty name")
     out = Path(args.out)
     check_manifest_out(out)
+    if out.suffix.lower() == ".wav":  # the recording would be written there, then refused as not a manifest
+        raise InputError(f"--out {out} names the manifest to write (talk.jsonl, say); the recording goes beside it, "
+                         "with its name and .wav")
     check_recording_out(out.with_suffix(".wav"), out)
     line, seconds = join_utterances(args.manifest, out.with_suffix(".wav"), args.pause, args.id)
     write_manifest([line], out)

@@ -73,6 +73,15 @@ def test_a_file_at_the_recordings_path_is_not_overwritten(tmp_path: Path):
     assert result.returncode == 2 and "jfk.wav is audio of" in result.stderr and clip.read_bytes() == before
 
 
+def test_an_out_named_wav_is_refused_before_the_recording_is_written(tmp_path: Path):
+    """--out talk.wav wrote the recording at talk.wav, then refused to write the manifest over it ('the file exists
+    and is not a manifest'), and every rerun stopped there."""
+    result = run(ROOT / "samples" / "manifest.jsonl", "--out", tmp_path / "talk.wav")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "names the manifest to write (talk.jsonl, say)" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_empty_id_is_refused(tmp_path: Path):
     """--id "" wrote a manifest that eval refuses ('"id" must be a non-empty string')."""
     result = run(ROOT / "samples" / "manifest.jsonl", "--id", " ", "--out", tmp_path / "t.jsonl")
