@@ -101,7 +101,8 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool =
 
     defaults = DecodingConfig()
     parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml (default: the task's "
-                        "model, smollm2-whisper-base, or smollm2-whisper-base-es-en with --task translate)")
+                        "and languages' model, smollm2-whisper-base, or smollm2-whisper-base-es-en with --task "
+                        "translate or, without --task, --source-lang es)")
     parser.add_argument("--task", choices=("asr", "translate"), help="default: the model's (translate for a model "
                         "whose source_lang and target_lang differ, else asr)")
     parser.add_argument("--source-lang", default=None, help="language of the speech; refused unless the model "
@@ -299,15 +300,33 @@ def model_task(name: str, languages: tuple[str | None, str | None], given: str |
     return given or declared or "asr"
 
 
+def default_model(task: str | None, source_lang: str | None, target_lang: str | None) -> str:
+    """The model a run without ``--model`` decodes with, the default for the task and languages: ``task``'s; without
+    one, the first default (asr's, then translate's) that supports the languages given (``--source-lang es``: the
+    translation model), else asr's, whose refusal then names the languages it supports."""
+    from speechstream.baselines import model_languages
+    from speechstream.model import DEFAULT_MODELS
+
+    if task is not None:
+        return DEFAULT_MODELS[task]
+    given = [language.strip().lower() if isinstance(language, str) else language
+             for language in (source_lang, target_lang)]
+    for name in (DEFAULT_MODELS["asr"], DEFAULT_MODELS["translate"]):
+        if all(wanted is None or supported is None or wanted == supported
+               for wanted, supported in zip(given, model_languages("gpe", name))):
+            return name
+    return DEFAULT_MODELS["asr"]
+
+
 def _model_name(args: argparse.Namespace, decoding) -> str:
-    """The model to decode with (``--model`` or the task's default); the ``decoding`` options are checked against
-    the model's config first, before any weights load. ``--source-lang`` / ``--target-lang`` must be languages the
+    """The model to decode with (``--model`` or `default_model`); the ``decoding`` options are checked against the
+    model's config first, before any weights load. ``--source-lang`` / ``--target-lang`` must be languages the
     model supports (InputError naming them); ``args.task`` becomes the model's (``model_task``)."""
     from speechstream.baselines import model_languages, resolve_languages
     from speechstream.config import chunk_note, load_model_config, with_model_defaults
-    from speechstream.model import DEFAULT_MODELS, model_config_path
+    from speechstream.model import model_config_path
 
-    name = args.model or DEFAULT_MODELS[args.task or "asr"]
+    name = args.model or default_model(args.task, args.source_lang, args.target_lang)
     args.task = model_task(name, model_languages("gpe", name), args.task)
     config = load_model_config(model_config_path(name))
     with_model_defaults(decoding, config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -180,6 +181,30 @@ def test_the_task_is_the_models():
         model_task("m", ("es", "en"), "asr")
     with pytest.raises(InputError, match=r"\(--task asr, or a translate model\)$"):
         model_task("m", ("en", "en"), "translate")
+
+
+def test_without_model_or_task_the_languages_pick_the_default_model(monkeypatch):
+    """INTERFACES.md: with no --model, the default model for the task and languages is used. `transcribe
+    --source-lang es --target-lang en` took the English model and refused Spanish ('smollm2-whisper-base supports en
+    speech to en text')."""
+    from speechstream import model
+    from speechstream.cli import _model_name
+    from speechstream.config import DecodingConfig
+
+    asr, translate = "smollm2-whisper-base", "smollm2-whisper-base-es-en"
+    monkeypatch.setitem(model.DEFAULT_MODELS, "asr", asr)
+    monkeypatch.setitem(model.DEFAULT_MODELS, "translate", translate)
+    args = argparse.Namespace(model=None, task=None, source_lang="es", target_lang="en")
+    assert _model_name(args, DecodingConfig()) == translate and args.task == "translate"
+    with pytest.raises(InputError, match=r"--source-lang fr: smollm2-whisper-base supports en speech"):
+        _model_name(argparse.Namespace(model=None, task=None, source_lang="fr", target_lang=None), DecodingConfig())
+    from speechstream.cli import default_model
+
+    for task, source, target, expected in ((None, None, None, asr), (None, "en", "en", asr), (None, None, "en", asr),
+                                           (None, "es", None, translate), (None, " ES", "en", translate),
+                                           (None, "fr", None, asr), ("asr", "es", None, asr),
+                                           ("translate", None, None, translate)):
+        assert default_model(task, source, target) == expected, (task, source, target)
 
 
 @pytest.mark.parametrize("argv, match", [
