@@ -281,7 +281,19 @@ def load_model_config(path: Path) -> ModelConfig:
     if config.ctc_weight > 0 and not config.ctc_is_output:
         raise InputError(f"{path}: ctc_weight must be 0 when ctc_is_output is false")
     check_ctc_hop(config, str(path))
-    return config
+    return dataclasses.replace(config, **{key: language_code(getattr(config, key), f"{path}: {key}")
+                                          for key in ("source_lang", "target_lang")})
+
+
+def language_code(value: str | None, name: str) -> str | None:
+    """A model's declared language as the commands compare it (``--source-lang ES`` is taken as ``es``): stripped
+    and lower case; None stays None (not declared). An empty one is an InputError naming it as ``name``: a model
+    declaring "ES" or " en" refused every --source-lang / --target-lang given, even its own."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise InputError(f"{name} must be a language code such as en, or left out, not {value!r}")
+    return value.strip().lower()
 
 
 def check_sizes(config: ModelConfig, where: str) -> None:

@@ -1,9 +1,15 @@
 """The Spanish->English model config and the translate default."""
 
 import dataclasses
+import shutil
+
+import numpy as np
+import pytest
+import soundfile
 
 import speechstream.model as model_module
 from speechstream.config import load_model_config
+from speechstream.errors import InputError
 
 
 def test_translation_model_config_matches_the_english_architecture():
@@ -36,3 +42,22 @@ def test_each_task_defaults_to_its_model_once_trained_else_tiny_random():
         assert model_module.DEFAULT_MODELS[task] == expected
     assert model_module.DEFAULT_MODELS["asr"] == "smollm2-whisper-base"  # its checkpoint ships in models/
     assert model_module.DEFAULT_MODELS["translate"] == "smollm2-whisper-base-es-en"  # and so does this one's
+
+
+def test_a_model_declares_its_languages_as_the_commands_compare_them(tmp_path, capsys):
+    """A config with source_lang "ES" and target_lang " En" refused every --source-lang / --target-lang, its own
+    too ('--source-lang es: ... supports ES speech ... (--source-lang ES), not es speech')."""
+    from speechstream.cli import main
+
+    model = tmp_path / "model"
+    shutil.copytree(model_module.MODELS_DIR / "tiny-random", model)
+    config = model / "config.yaml"
+    base = config.read_text()
+    config.write_text(base + 'source_lang: ES\ntarget_lang: " En"\n')
+    assert load_model_config(config).source_lang == "es" and load_model_config(config).target_lang == "en"
+    clip = tmp_path / "clip.wav"
+    soundfile.write(clip, np.zeros(8000, dtype=np.float32), 16000)
+    assert main(["transcribe", str(clip), "--model", str(model), "--source-lang", "ES", "--target-lang", "en"]) == 0
+    config.write_text(base + 'source_lang: " "\n')
+    with pytest.raises(InputError, match=r"config.yaml: source_lang must be a language code such as en, or left out"):
+        load_model_config(config)
