@@ -179,8 +179,10 @@ def mustc_entries(root: str | Path, target: str, split: str = "tst-COMMON") -> I
         segments = yaml.load(_read_text(segments_path), Loader=loader)
     except yaml.YAMLError as error:
         raise InputError(f"{segments_path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    if not isinstance(segments, list) or not segments:
-        raise InputError(f"{segments_path}: expected a list of segments")
+    if segments is None or segments == []:  # (an empty file reads as None)
+        raise InputError(f"{segments_path}: holds no segments (an empty split)")
+    if not isinstance(segments, list):
+        raise InputError(f"{segments_path}: expected a list of segments, got {type(segments).__name__}")
     sources = _lines(txt / f"{split}.en")
     targets = _lines(txt / f"{split}.{target}")
     for path, lines in ((txt / f"{split}.en", sources), (txt / f"{split}.{target}", targets)):

@@ -271,6 +271,18 @@ def test_mustc_mismatched_lines_are_an_error(mustc: Path):
         list(mustc_entries(mustc, "fr"))
 
 
+def test_an_empty_mustc_split_says_so(mustc: Path):
+    """An empty split read 'expected a list of segments', as if the file were not MuST-C's."""
+    yaml_path = mustc / "en-de/data/tst-COMMON/txt/tst-COMMON.yaml"
+    for text in ("", "[]\n"):
+        yaml_path.write_text(text)
+        with pytest.raises(InputError, match=r"tst-COMMON.yaml: holds no segments \(an empty split\)$"):
+            list(mustc_entries(mustc, "de"))
+    yaml_path.write_text("duration: 1.0\n")
+    with pytest.raises(InputError, match=r"tst-COMMON.yaml: expected a list of segments, got dict$"):
+        list(mustc_entries(mustc, "de"))
+
+
 def test_mustc_talks_are_long_form_lines(mustc: Path):
     out = mustc / "talks.jsonl"
     result = run_recipe("prepare_mustc.py", mustc, "--lang", "de", "--talks", "--out", out)
