@@ -113,6 +113,11 @@ def manifest_folder(path: Path) -> Path:
     return path.resolve().parent if path.is_symlink() else path.parent
 
 
+def audio_path(folder: Path, value: str) -> Path:
+    """A manifest's ``audio`` value as a path: ``~`` expanded, a relative one taken from ``folder``."""
+    return folder / Path(value).expanduser()
+
+
 def _parse_line(line: str, path: Path, number: int, folder: Path) -> Utterance:
     """One non-blank manifest line -> Utterance, with the audio path resolved against ``folder``."""
     where = f"{path}:{number}"
@@ -138,7 +143,7 @@ def _parse_line(line: str, path: Path, number: int, folder: Path) -> Utterance:
             texts = [getattr(segment, key) for segment in segments]
             if optional[key] is None and all(text is not None for text in texts):
                 optional[key] = " ".join(texts)
-    return Utterance(id=entry["id"], audio=folder / Path(entry["audio"]).expanduser(), **optional)
+    return Utterance(id=entry["id"], audio=audio_path(folder, entry["audio"]), **optional)
 
 
 def _string(entry: dict, key: str, name: str) -> str | None:

@@ -50,7 +50,7 @@ from speechstream.config import _check_type, check_ctc_hop, from_dict, load_mode
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError
 from speechstream.interrupts import DeferredStop
-from speechstream.manifest import text_lines, time_field
+from speechstream.manifest import audio_path, text_lines, time_field
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
                                 trainable_state)
 from speechstream.schedule import ENCODER_FRAME_S
@@ -291,7 +291,7 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
             if task == "translate" and not (isinstance(translation, str) and translation.strip()):
                 raise ValueError("task translate needs a translation (a non-empty string) on every line")
             offset, duration = (time_field(row, key, key) for key in ("offset", "duration"))
-            example = Example(str(row["id"]), folder / row["audio"], str(row["text"]), words,
+            example = Example(str(row["id"]), audio_path(folder, row["audio"]), str(row["text"]), words,
                               None if translation is None else str(translation), float(offset or 0.0),
                               None if duration is None else float(duration))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, InputError) as error:

@@ -809,6 +809,26 @@ def test_manifest_lines_with_bad_text_or_word_times_are_refused(tmp_path, change
         read_examples(str(manifest))
 
 
+def test_a_home_relative_audio_path_is_read_as_eval_reads_it(tmp_path, monkeypatch):
+    """An ``audio`` of "~/clip.wav" is the clip in the home folder, for training as for eval's manifest reader (it
+    was taken as a folder named "~" beside the manifest: no such audio file)."""
+    import shutil
+
+    from speechstream.manifest import read_manifest
+    from speechstream.train import read_examples
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    row = json.loads((ROOT / "samples" / "manifest.jsonl").read_text().splitlines()[0])
+    (tmp_path / "home").mkdir()
+    shutil.copy(ROOT / "samples" / row["audio"], tmp_path / "home" / "clip.wav")
+    manifest = tmp_path / "data" / "m.jsonl"
+    manifest.parent.mkdir()
+    manifest.write_text(json.dumps({**row, "audio": "~/clip.wav"}) + "\n")
+    [example] = read_examples(str(manifest))
+    [utterance] = read_manifest(manifest)
+    assert example.audio == utterance.audio == tmp_path / "home" / "clip.wav"
+
+
 def test_manifest_segments_train_on_their_time_range_and_long_clips_are_skipped_by_their_length(tmp_path):
     """``offset``/``duration`` make an utterance a time range of its file (docs/manifest.md), in training as in eval:
     the cache encodes that range (each range its own entry); ``max_audio_s`` skips by the clip's length, read from
