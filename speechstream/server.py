@@ -807,6 +807,21 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def page_url(host: str, port: int) -> str:
+    """The URL of the page for a socket bound to ``host``: a wildcard address (``0.0.0.0``, ``::``) is named
+    ``localhost``, where browsers give the page the microphone (``http://0.0.0.0/`` is no secure context), and an
+    IPv6 address goes in brackets (``http://:::8765/`` was no URL)."""
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # (a name)
+        return f"http://{host}:{port}/"
+    if address.is_unspecified:
+        return f"http://localhost:{port}/"
+    return f"http://[{host}]:{port}/" if address.version == 6 else f"http://{host}:{port}/"
+
+
 async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[[str], None] | None = None) -> None:
     """Run ``server`` on a listening socket until cancelled."""
     from aiohttp import web
@@ -815,9 +830,8 @@ async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[
     await runner.setup()
     site = web.SockSite(runner, sock)
     await site.start()
-    host, port = sock.getsockname()[:2]
     if on_ready:
-        on_ready(f"http://{host}:{port}/")
+        on_ready(page_url(*sock.getsockname()[:2]))
     try:
         await asyncio.Event().wait()
     finally:

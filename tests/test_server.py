@@ -826,6 +826,38 @@ def test_health_and_the_page(tiny_model):
     assert "registerProcessor" in js and "new WebSocket" in app_js and "capture-worklet.js" in app_js
 
 
+def test_the_announced_url_is_one_a_browser_can_open_and_record_on():
+    """`serve` prints the page's URL: an IPv6 address goes in brackets (``http://:::8765/`` was printed), a wildcard
+    address is named localhost (``http://0.0.0.0:8765/`` opened a page without the microphone: no secure context)."""
+    from speechstream.server import page_url
+
+    assert page_url("127.0.0.1", 8765) == "http://127.0.0.1:8765/"
+    assert page_url("::1", 8765) == "http://[::1]:8765/"
+    assert page_url("fd00::2", 80) == "http://[fd00::2]:80/"
+    assert page_url("0.0.0.0", 8765) == page_url("::", 8765) == "http://localhost:8765/"
+    assert page_url("speech.example", 8765) == "http://speech.example:8765/"
+
+
+def test_a_server_on_every_interface_announces_a_localhost_url_that_answers(tiny_model):
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig())
+
+    async def scenario():
+        sock = listen_socket("0.0.0.0", 0)
+        urls, ready = [], asyncio.Event()
+        task = asyncio.create_task(serve_forever(server, sock, lambda url: (urls.append(url), ready.set())))
+        await ready.wait()
+        try:
+            async with aiohttp.ClientSession() as http:
+                return urls[0], sock.getsockname()[1], await health(http, urls[0])
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            sock.close()
+
+    url, port, state = asyncio.run(scenario())
+    assert url == f"http://localhost:{port}/" and state["status"] == "ok"
+
+
 def test_another_sites_page_cannot_open_a_stream(tiny_model):
     """A browser sends its page's origin: the server's own page (and clients outside browsers, which send none) may
     stream; a page of another site in the user's browser may not."""
