@@ -55,6 +55,9 @@ STREAM_FAILURE_MESSAGE = "the server failed to decode this stream; see its log" 
 UNREAD_MESSAGE = "the client has stopped reading its events"
 UNREAD_CLOSE_S = 5.0  # time the error event and the close frame get to reach a client that has stopped reading
 MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
+# the page's files are revalidated on each load (a 304 when unchanged): without it a browser kept a cached app.js
+# for days after an upgrade (heuristic freshness: a tenth of the file's age), talking its old protocol to the new server
+PAGE_CACHE_CONTROL = "no-cache"
 
 
 def same_origin(origin: str, host: str) -> bool:
@@ -538,13 +541,15 @@ class Server:
     async def _index(self, request):
         from aiohttp import web
 
-        return web.FileResponse(WEB_DIR / "index.html", headers={"Content-Type": "text/html; charset=utf-8"})
+        return web.FileResponse(WEB_DIR / "index.html", headers={"Content-Type": "text/html; charset=utf-8",
+                                                                 "Cache-Control": PAGE_CACHE_CONTROL})
 
     async def _static(self, request):
         from aiohttp import web
 
         name = request.path.lstrip("/")
-        return web.FileResponse(WEB_DIR / name, headers={"Content-Type": STATIC_FILES[name]})
+        return web.FileResponse(WEB_DIR / name, headers={"Content-Type": STATIC_FILES[name],
+                                                         "Cache-Control": PAGE_CACHE_CONTROL})
 
     async def _health(self, request):
         from aiohttp import web

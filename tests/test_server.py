@@ -826,6 +826,25 @@ def test_health_and_the_page(tiny_model):
     assert "registerProcessor" in js and "new WebSocket" in app_js and "capture-worklet.js" in app_js
 
 
+def test_the_page_and_its_scripts_are_revalidated_so_an_upgrade_reaches_the_browser(tiny_model):
+    """Without ``Cache-Control`` a browser's reload ran a cached app.js for days after an upgrade (heuristic freshness,
+    a tenth of the file's age; seen in Chromium): each load now asks, and an unchanged file costs a 304."""
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig())
+
+    async def scenario():
+        answers = {}
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            for name in ("", "app.js", "capture-worklet.js"):
+                async with http.get(url + name) as first:
+                    etag = first.headers["ETag"]
+                    control = first.headers.get("Cache-Control")
+                async with http.get(url + name, headers={"If-None-Match": etag}) as again:
+                    answers[name] = (control, again.status)
+        return answers
+
+    assert asyncio.run(scenario()) == {name: ("no-cache", 304) for name in ("", "app.js", "capture-worklet.js")}
+
+
 def test_the_announced_url_is_one_a_browser_can_open_and_record_on():
     """`serve` prints the page's URL: an IPv6 address goes in brackets (``http://:::8765/`` was printed), a wildcard
     address is named localhost (``http://0.0.0.0:8765/`` opened a page without the microphone: no secure context)."""
