@@ -119,6 +119,8 @@ class WebSocket {
 }
 Object.assign(WebSocket, { CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3 });
 
+// the server, as the page's fetches see it (setServer(false): stopped)
+let serverUp = true;
 const contexts = [];
 const nodes = [];
 const tracks = [];
@@ -127,7 +129,11 @@ class AudioContext {
     this.sampleRate = 48000;
     this.state = "running";
     this.destination = {};
-    this.audioWorklet = { addModule: async () => {} };
+    this.audioWorklet = {
+      addModule: async (url) => {
+        if (!serverUp) throw new Error(`Failed to load worklet module script: ${url} (Network error)`); // (Chromium)
+      },
+    };
     contexts.push(this);
   }
   async resume() {}
@@ -204,7 +210,10 @@ const sandbox = {
   },
   navigator: { mediaDevices: { getUserMedia: (constraints) => microphone(constraints) } },
   location: { href: "http://localhost:8765/", protocol: "http:", host: "localhost:8765", port: "8765" },
-  fetch: async () => ({ json: async () => ({ status: "ok", task: "asr" }) }),
+  fetch: async () => {
+    if (!serverUp) throw new TypeError("Failed to fetch");
+    return { json: async () => ({ status: "ok", task: "asr" }) };
+  },
   URL: FakeURL,
   Blob,
   WebSocket,
@@ -259,13 +268,18 @@ const record = async () => {
 const setMicrophone = (fn) => {
   microphone = fn;
 };
+const setServer = (up) => {
+  serverUp = up;
+};
 
 const body = new Function(
   "page", "click", "record", "settle", "advance", "sockets", "nodes", "contexts", "tracks", "downloads",
-  "setMicrophone", "elements",
+  "setMicrophone", "setServer", "elements",
   `return (async () => { ${scenario} })();`,
 );
-body(page, click, record, settle, advance, sockets, nodes, contexts, tracks, downloads, setMicrophone, elements)
+body(
+  page, click, record, settle, advance, sockets, nodes, contexts, tracks, downloads, setMicrophone, setServer, elements,
+)
   .then((result) => console.log(JSON.stringify(result === undefined ? null : result)))
   .catch((error) => {
     console.error(error && error.stack ? error.stack : String(error));

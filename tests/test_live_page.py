@@ -173,6 +173,24 @@ def test_a_refused_microphone_says_what_to_do(name, words):
     assert not result["page"]["toggleDisabled"] and result["sockets"] == 0
 
 
+def test_a_stopped_server_is_named_before_the_microphone_is_asked_for():
+    # the server was asked only after the microphone and the worklet module: a stopped server showed Chromium's
+    # "Failed to load worklet module script: ... (Network error)", after a microphone prompt for nothing
+    result = run_page("""
+        setServer(false);
+        await click("toggle");
+        const down = {page: page(), tracks: tracks.length, contexts: contexts.length, sockets: sockets.length};
+        setServer(true);
+        const one = await record();
+        return {down, again: page()};
+    """)
+    down = result["down"]
+    assert down["page"]["state"] == "error" and not down["page"]["toggleDisabled"]
+    assert down["page"]["error"] == "Cannot reach the server: is speechstream serve still running?"
+    assert down["tracks"] == down["contexts"] == down["sockets"] == 0
+    assert result["again"]["state"] == "recording" and result["again"]["error"] == ""
+
+
 def test_lag_is_shown_and_a_server_far_behind_stops_the_recording():
     shown = run_page("""
         const shown = [];

@@ -134,6 +134,11 @@ async function start() {
   window.speechstream.events = [];
   setState("connecting", "connecting");
   try {
+    // the server first: when it is down, say so (its worklet module would fail to load with a network error), and
+    // do not ask for the microphone
+    const health = await fetch("health").then((response) => response.json(), () => {
+      throw new Error("Cannot reach the server: is speechstream serve still running?");
+    });
     current.media = await navigator.mediaDevices.getUserMedia({
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
     }).catch((error) => {
@@ -143,9 +148,6 @@ async function start() {
     const context = (current.context = new AudioContext());
     if (context.state === "suspended") await context.resume();
     await context.audioWorklet.addModule("capture-worklet.js");
-    const health = await fetch("health").then((response) => response.json(), () => {
-      throw new Error("cannot reach the server");
-    });
     const socket = (current.socket = new WebSocket(socketURL()));
     socket.binaryType = "arraybuffer";
     await new Promise((resolve, reject) => {
