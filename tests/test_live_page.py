@@ -125,6 +125,35 @@ def test_a_timed_out_takes_close_does_not_end_the_next_take():
     assert result["contexts"] == ["closed", "running"]
 
 
+def test_after_stop_a_server_behind_the_microphone_gets_the_time_its_unread_audio_takes():
+    # the wait for the end event was 30 s plus twice the audio in bufferedAmount; measured in Chromium against a server
+    # decoding at half real time, 20 of 40 s sat unread in TCP buffers with bufferedAmount at 0, and the page gave up
+    # after 30 s while the server was still at work. The wait now counts the audio past the last event's source_s
+    result = run_page("""
+        const one = await record();
+        one.node.frame(40 * 16000);  // 40 s sent
+        one.socket.receive({type: "partial", text: " so far", source_s: 20.0});  // the server has read 20 s
+        await click("toggle");
+        one.node.port.onmessage({data: {type: "flushed"}});
+        await advance(60000);  // 30 s + twice the 20 s unread: still waiting
+        const waiting = page();
+        one.socket.receive({type: "partial", text: " later", source_s: 38.0});  // progress: the wait restarts
+        await advance(33000);
+        const stillWaiting = page();
+        one.socket.receive({type: "end", text: " so far later", source_s: 40.0, audio_s: 40.0});
+        const done = page();
+        const two = await record();
+        two.node.frame(10 * 16000);
+        await click("toggle");
+        two.node.port.onmessage({data: {type: "flushed"}});
+        await advance(50000 + 1);  // a server that never answers is still given up on: 30 s + twice 10 s unread
+        return {waiting, stillWaiting, done, gaveUp: page()};
+    """)
+    assert result["waiting"]["state"] == result["stillWaiting"]["state"] == "stopping"
+    assert result["done"]["state"] == "done" and result["done"]["error"] == ""
+    assert result["gaveUp"]["state"] == "error" and "did not finish the transcript" in result["gaveUp"]["error"]
+
+
 def test_a_server_error_turns_the_microphone_off_and_drops_the_uncommitted_tail():
     result = run_page("""
         const one = await record();

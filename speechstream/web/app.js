@@ -16,7 +16,10 @@ const KEEP_EVENTS = 2000; // events kept in window.speechstream.events (a long s
 const BYTES_PER_SECOND = 32000; // 16 kHz int16
 const LAG_SHOWN_S = 2; // audio waiting in the socket's send buffer before the page says the server is behind
 const LAG_LIMIT_S = 60; // ... and before it stops recording (the server cannot keep up)
-const STOP_TIMEOUT_S = 30; // after Stop, how long to wait for the server's end event (plus the audio still queued)
+// after Stop, how long to wait for the server's end event: this, plus twice the audio the server has not shown it has
+// read (the take's audio sent past the last event's source_s: up to ~20 s of it can sit in TCP buffers, which
+// bufferedAmount does not count), counted again from each event
+const STOP_TIMEOUT_S = 30;
 
 // the recording in progress (or the last one): its socket, audio graph and stop timer. Every handler a take installs
 // checks that its take is still this one, so a finished take's late events, close or frames never reach the next
@@ -42,6 +45,10 @@ function setState(state, text) {
 
 function onEvent(current, event) {
   if (current !== take) return; // a finished take's socket: its text is not this take's
+  if (event.source_s > current.heard) current.heard = event.source_s;
+  if (window.speechstream.state === "stopping" && (event.type === "final" || event.type === "partial")) {
+    armStopTimer(current); // the server is still at work on the take's audio
+  }
   const events = window.speechstream.events;
   events.push(event);
   if (events.length > KEEP_EVENTS) events.splice(0, events.length - KEEP_EVENTS);
@@ -127,7 +134,10 @@ function endTake(old) {
 
 async function start() {
   if (take) endTake(take);
-  const current = { socket: null, context: null, media: null, node: null, flushed: false, stopTimer: null };
+  const current = {
+    socket: null, context: null, media: null, node: null, flushed: false, stopTimer: null,
+    samples: 0, heard: 0, // samples sent, and the latest source_s of the server's events (seconds it has read)
+  };
   take = current;
   keepTake();
   ui.error.textContent = "";
@@ -177,6 +187,7 @@ async function start() {
           socket.send(message.data);
           window.speechstream.framesSent += 1;
           window.speechstream.samplesSent += message.data.byteLength / 2;
+          current.samples += message.data.byteLength / 2;
           showLag(current);
         }
       } else if (message.data.type === "flushed") {
@@ -221,20 +232,27 @@ function showLag(current) {
 
 function stop() {
   const current = take;
-  const socket = current.socket;
   setState("stopping", "finishing the transcript");
-  const queued = socket ? socket.bufferedAmount / BYTES_PER_SECOND : 0;
+  armStopTimer(current);
+  if (current.media) current.media.getTracks().forEach((track) => track.stop());
+  if (current.node) current.node.port.postMessage("flush");
+  else if (current.socket && current.socket.readyState === WebSocket.OPEN) {
+    current.socket.send(JSON.stringify({ type: "end" }));
+  }
+}
+
+function armStopTimer(current) {
+  // (re)starts the wait for the end event (STOP_TIMEOUT_S)
+  clearTimeout(current.stopTimer);
+  const unread = Math.max(0, current.samples / 16000 - current.heard);
   current.stopTimer = setTimeout(() => {
     if (take === current) {
       ui.error.textContent = "The server did not finish the transcript in time; the connection was closed.";
       setState("error", "error");
     }
     stopAudio(current);
-    if (socket) socket.close();
-  }, (STOP_TIMEOUT_S + 2 * queued) * 1000);
-  if (current.media) current.media.getTracks().forEach((track) => track.stop());
-  if (current.node) current.node.port.postMessage("flush");
-  else if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "end" }));
+    if (current.socket) current.socket.close();
+  }, (STOP_TIMEOUT_S + 2 * unread) * 1000);
 }
 
 function stopAudio(current) {
