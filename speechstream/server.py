@@ -54,6 +54,7 @@ SHUTDOWN_MESSAGE = "the server is shutting down"
 STREAM_FAILURE_MESSAGE = "the server failed to decode this stream; see its log"  # the rest goes on
 UNREAD_MESSAGE = "the client has stopped reading its events"
 UNREAD_CLOSE_S = 5.0  # time the error event and the close frame get to reach a client that has stopped reading
+REFUSED_ORIGINS_LOGGED = 100  # distinct refused origins the log names (the Origin header is the client's to choose)
 MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
 # the page's files are revalidated on each load (a 304 when unchanged): without it a browser kept a cached app.js
 # for days after an upgrade (heuristic freshness: a tenth of the file's age), talking its old protocol to the new server
@@ -503,6 +504,7 @@ class Server:
         self.started_streams = 0
         self._ids = itertools.count(1)
         self._open: dict[Any, Stream | None] = {}  # open connections (WebSocketResponse) and their streams
+        self._refused_origins: set[str] = set()  # origins whose WebSocket was refused (logged once each)
 
     def app(self):
         from aiohttp import web
@@ -575,7 +577,9 @@ class Server:
 
         origin = request.headers.get("Origin")
         if origin is not None and not same_origin(origin, request.host):
-            # another site's page in the user's browser (clients outside browsers send no Origin)
+            # another site's page in the user's browser (clients outside browsers send no Origin), or a proxy that
+            # rewrote the Host header
+            self._log_refused_origin(origin, request.host)
             return web.Response(status=403, text="cross-origin WebSocket refused: open the page this server serves")
         stream = sender = None
 
@@ -632,6 +636,15 @@ class Server:
             if not ws.closed:
                 await ws.close()
         return ws
+
+    def _log_refused_origin(self, origin: str, host: str) -> None:
+        """Say on the log which page was refused (the browser tells the page only that it could not connect): once
+        per origin, for the first ``REFUSED_ORIGINS_LOGGED``, so a page that retries does not fill the log."""
+        if origin in self._refused_origins or len(self._refused_origins) >= REFUSED_ORIGINS_LOGGED:
+            return
+        self._refused_origins.add(origin)
+        print(f"speechstream: refused a WebSocket from a page of {origin}: this request's Host is {host}; behind a "
+              "proxy, pass the Host header on (nginx: proxy_set_header Host $host)", file=sys.stderr)
 
     async def _end_unread(self, ws, stream: Stream) -> None:
         """End a stream whose client has stopped reading its events (its sends wait on a full socket): the error

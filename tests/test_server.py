@@ -826,6 +826,27 @@ def test_health_and_the_page(tiny_model):
     assert "registerProcessor" in js and "new WebSocket" in app_js and "capture-worklet.js" in app_js
 
 
+def test_a_refused_origin_is_named_on_the_log_once(tiny_model, capsys):
+    """The browser tells a refused page only that it could not connect, and the server said nothing: behind a proxy
+    that rewrites ``Host`` (nginx's default) the server's own page failed without a word anywhere."""
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig())
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            statuses = []
+            for _ in range(2):
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await http.ws_connect(url + "ws", headers={"Origin": "https://speech.example"})
+                statuses.append(refused.value.status)
+            return statuses, url.split("//")[1].rstrip("/")
+
+    statuses, host = asyncio.run(scenario())
+    lines = [line for line in capsys.readouterr().err.splitlines() if "refused" in line]
+    assert statuses == [403, 403]
+    assert lines == [f"speechstream: refused a WebSocket from a page of https://speech.example: this request's Host is "
+                     f"{host}; behind a proxy, pass the Host header on (nginx: proxy_set_header Host $host)"]
+
+
 def test_the_page_and_its_scripts_are_revalidated_so_an_upgrade_reaches_the_browser(tiny_model):
     """Without ``Cache-Control`` a browser's reload ran a cached app.js for days after an upgrade (heuristic freshness,
     a tenth of the file's age; seen in Chromium): each load now asks, and an unchanged file costs a 304."""
