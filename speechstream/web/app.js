@@ -17,7 +17,7 @@ const BYTES_PER_SECOND = 32000; // 16 kHz int16
 const LAG_SHOWN_S = 2; // audio waiting in the socket's send buffer before the page says the server is behind
 const LAG_LIMIT_S = 60; // ... and before it stops recording (the server cannot keep up)
 // after Stop, how long to wait for the server's end event: this, plus twice the audio the server has not shown it has
-// read (the take's audio sent past the last event's source_s: up to ~20 s of it can sit in TCP buffers, which
+// read (the take's audio sent past the last event's source_s: 20 s of it sat in TCP buffers over loopback, which
 // bufferedAmount does not count), counted again from each event
 const STOP_TIMEOUT_S = 30;
 
