@@ -119,7 +119,7 @@ class WebSocket {
 }
 Object.assign(WebSocket, { CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3 });
 
-// the server, as the page's fetches see it (setServer(false): stopped)
+// the server, as the page's fetches see it (setServer(false): stopped; setServer(502): stopped behind a proxy)
 let serverUp = true;
 const contexts = [];
 const nodes = [];
@@ -131,7 +131,7 @@ class AudioContext {
     this.destination = {};
     this.audioWorklet = {
       addModule: async (url) => {
-        if (!serverUp) throw new Error(`Failed to load worklet module script: ${url} (Network error)`); // (Chromium)
+        if (serverUp !== true) throw new Error(`Failed to load worklet module script: ${url} (Network error)`);
       },
     };
     contexts.push(this);
@@ -211,8 +211,11 @@ const sandbox = {
   navigator: { mediaDevices: { getUserMedia: (constraints) => microphone(constraints) } },
   location: { href: "http://localhost:8765/", protocol: "http:", host: "localhost:8765", port: "8765" },
   fetch: async () => {
-    if (!serverUp) throw new TypeError("Failed to fetch");
-    return { json: async () => ({ status: "ok", task: "asr" }) };
+    if (serverUp === false) throw new TypeError("Failed to fetch");
+    if (serverUp !== true) {
+      return { status: serverUp, json: async () => JSON.parse("<html>Bad Gateway</html>") }; // (a proxy's page)
+    }
+    return { status: 200, json: async () => ({ status: "ok", task: "asr" }) };
   },
   URL: FakeURL,
   Blob,

@@ -220,6 +220,18 @@ def test_a_stopped_server_is_named_before_the_microphone_is_asked_for():
     assert result["again"]["state"] == "recording" and result["again"]["error"] == ""
 
 
+def test_a_server_stopped_behind_a_proxy_is_named_too():
+    # the proxy answers /health with its own HTML error page: the page showed the JSON parser's "Unexpected token '<'"
+    result = run_page("""
+        setServer(502);
+        await click("toggle");
+        return {page: page(), tracks: tracks.length};
+    """)
+    assert result["page"]["state"] == "error" and result["tracks"] == 0
+    assert result["page"]["error"] == ("Cannot reach the server (/health answered HTTP 502): is speechstream serve "
+                                       "still running?")
+
+
 def test_lag_is_shown_and_a_server_far_behind_stops_the_recording():
     shown = run_page("""
         const shown = [];

@@ -146,9 +146,11 @@ async function start() {
   try {
     // the server first: when it is down, say so (its worklet module would fail to load with a network error), and
     // do not ask for the microphone
-    const health = await fetch("health").then((response) => response.json(), () => {
-      throw new Error("Cannot reach the server: is speechstream serve still running?");
-    });
+    const health = await fetch("health").then(
+      // (behind a proxy a stopped server is an HTML error page, not a failed fetch)
+      (response) => response.json().catch(() => serverDown(` (/health answered HTTP ${response.status})`)),
+      () => serverDown(""),
+    );
     current.media = await navigator.mediaDevices.getUserMedia({
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
     }).catch((error) => {
@@ -207,6 +209,10 @@ async function start() {
     stopAudio(current);
     if (current.socket) current.socket.close(); // the server would keep the session's slot until the tab closed
   }
+}
+
+function serverDown(detail) {
+  throw new Error(`Cannot reach the server${detail}: is speechstream serve still running?`);
 }
 
 function microphoneLost(current) {
