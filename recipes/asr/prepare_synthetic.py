@@ -49,7 +49,7 @@ from speechstream.data.render import (  # noqa: E402
     write_plan,
     write_stats,
 )
-from speechstream.data.corpora import run_main  # noqa: E402
+from speechstream.data.corpora import RecipeArgumentParser, run_main  # noqa: E402
 from speechstream.errors import InputError  # noqa: E402
 from speechstream.locks import hold_folder  # noqa: E402
 from speechstream.data.synthesize import (  # noqa: E402
@@ -69,7 +69,7 @@ BABBLE_CLIPS = 24  # clean clips that babble noise is mixed from
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = RecipeArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, seed_help="seed of the sentence order, voices and augmentation")
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help="comma-separated speech engines to use (piper, espeak, flite)")

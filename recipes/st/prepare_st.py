@@ -38,7 +38,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import run_main  # noqa: E402
+from speechstream.data.corpora import RecipeArgumentParser, run_main  # noqa: E402
 from speechstream.data.parallel_text import AlignConfig, Pair, build_parallel_corpus  # noqa: E402
 from speechstream.data.render import (  # noqa: E402
     SPLITS,
@@ -70,7 +70,7 @@ MANIFEST_FIELDS = ("id", "audio", "text", "translation", "words", "duration", "v
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = RecipeArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, seed_help="seed of the pair order, voices and augmentation")
     parser.add_argument("--text-only", action="store_true", help="stop after the text and plan stages")
     args = parser.parse_args(argv)

@@ -369,8 +369,11 @@ def _check_audio(entries: list[dict]) -> None:
                                  f'{sentence["duration"]} s, is not inside its audio ({length:.3f} s of {path})')
 
 
-class _RecipeParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (through run_main)
+class RecipeArgumentParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one-line InputErrors (exit 2 through `run_main`), as every
+    recipe script's are; argparse's own printed the usage lines too."""
+
+    def error(self, message: str) -> None:
         raise InputError(message)
 
 
@@ -379,7 +382,7 @@ def recipe_parser(doc: str) -> argparse.ArgumentParser:
 
     Usage errors are one-line InputErrors (exit 2 through `run_main`).
     """
-    command = _RecipeParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    command = RecipeArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     command.add_argument("--out", required=True, help="manifest to write (JSON lines)")
     command.add_argument("--absolute", action="store_true",
                          help="absolute audio paths (default: relative when the audio is under the manifest's folder)")

@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -120,8 +119,8 @@ def read_json(path: Path) -> dict | None:
 
 
 def read_plan(out: Path, settings: dict, hint: str = "") -> list[dict] | None:
-    """OUT/plan.jsonl when it exists (None when not); exits when it was planned with other ``settings``
-    (``hint`` is added to that message)."""
+    """OUT/plan.jsonl when it exists (None when not); refused (InputError) when it was planned with other
+    ``settings`` (``hint`` is added to that message)."""
     plan_path, settings_path = out / "plan.jsonl", out / "plan-settings.json"
     if not (plan_path.exists() and settings_path.exists()):
         return None
@@ -129,8 +128,7 @@ def read_plan(out: Path, settings: dict, hint: str = "") -> list[dict] | None:
     if recorded is None:
         raise InputError(f"{settings_path}: not readable JSON; delete it and {plan_path.name} to replan")
     if recorded != settings:
-        print(f"error: {out} was planned with {recorded}, not {settings}: use another --out{hint}", file=sys.stderr)
-        raise SystemExit(2)
+        raise InputError(f"{out} was planned with {recorded}, not {settings}: use another --out{hint}")
     items = []
     with plan_path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):

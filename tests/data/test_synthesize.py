@@ -183,7 +183,7 @@ def test_recipe_end_to_end_with_espeak(tmp_path, monkeypatch):
     assert stats["synthesis"]["speech"]["real_time_factor"] > 0
 
     check_resume_and_repeat(recipe.main, out, tmp_path / "again", arguments, _seed_text)
-    with pytest.raises(SystemExit):
+    with pytest.raises(InputError, match="was planned with .*: use another --out"):
         recipe.main(["--out", str(out), "--hours", "0.001", *arguments[2:]])  # another plan
     with pytest.raises(InputError, match="built with --seed 0, not 1"):  # text and plan of another seed
         recipe.main(["--out", str(out), *arguments, "--seed", "1"])
@@ -217,10 +217,8 @@ def test_recipe_refuses_text_built_with_another_seed(tmp_path, monkeypatch, caps
 
 def test_recipe_refuses_engines_without_heldout_voices(capsys):
     recipe = load_recipe(RECIPE)
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(InputError, match="held-out voices are espeak and flite"):
         recipe.parse_args(["--out", "unused", "--hours", "0.01", "--engines", "piper"])
-    assert stop.value.code == 2
-    assert "held-out voices are espeak and flite" in capsys.readouterr().err
     assert recipe.parse_args(["--out", "unused", "--hours", "0.01", "--engines", "piper,flite"]).engines == (
         "piper", "flite")
 
@@ -303,3 +301,18 @@ def test_ctrl_c_stops_a_synthesis_run_in_one_line_and_the_rerun_goes_on(tmp_path
             record = json.loads(line)
             assert soundfile.info(str(out / record["audio"])).frames / 16000 == pytest.approx(record["duration"],
                                                                                               abs=1e-3)
+
+
+@pytest.mark.parametrize("recipe_path", [RECIPE, RECIPE.parents[1] / "st" / "prepare_st.py"], ids=["asr", "st"])
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--hours", "1"], "the following arguments are required: --out"),
+    (["--out", "o", "--hours", "soon"], "argument --hours: invalid float value: 'soon'"),
+    (["--out", "o", "--hours", "0"], "--hours must be a number above 0"),
+])
+def test_a_synthesis_recipe_usage_error_is_one_line_and_exit_2(recipe_path, arguments, message, capsys):
+    """The synthesis recipes answer a bad command line as the data recipes do: one `speechstream: error:` line, exit
+    2 (argparse printed its usage lines and 'prepare_st.py: error: ...' first)."""
+    recipe = load_recipe(recipe_path)
+    assert run_main(recipe.main, arguments) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("speechstream: error: ") and message in err

@@ -19,7 +19,7 @@ from speechstream.data.synthesize import (
     synthesize,
 )
 from speechstream.data.corpora import run_main
-from speechstream.errors import SpeechstreamError
+from speechstream.errors import InputError, SpeechstreamError
 from speechstream.manifest import read_manifest
 from speechstream.train import read_examples
 from tests.helpers import check_resume_and_repeat, load_recipe
@@ -128,7 +128,7 @@ def test_recipe_end_to_end(tmp_path, monkeypatch):
     assert stats["utterances"]["train"] == len(train) and stats["synthesis"]["speech"]["real_time_factor"] > 0
 
     check_resume_and_repeat(recipe.main, out, tmp_path / "again", arguments, _seed_text)
-    with pytest.raises(SystemExit):
+    with pytest.raises(InputError, match="was planned with .*: use another --out"):
         recipe.main(["--out", str(out), "--hours", "0.002", "--workers", "1"])  # another plan is refused
 
 
