@@ -11,7 +11,6 @@ much of the words the speech tokens carry, apart from what the LLM makes of them
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
 from speechstream.audio import load_audio  # noqa: E402
+from speechstream.data.corpora import RecipeArgumentParser  # noqa: E402
 from speechstream.eval.quality import wer  # noqa: E402
 from speechstream.manifest import read_manifest  # noqa: E402
 from speechstream.model import load_model  # noqa: E402
@@ -38,7 +38,7 @@ def greedy_ctc(model, audio, chunk_ms: int, classes: torch.Tensor | None) -> str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = RecipeArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--manifest", required=True)
     parser.add_argument("--recipe", required=True, help="the training recipe (its ctc_vocab and train_manifest), "

@@ -23,18 +23,18 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
+from speechstream.data.corpora import RecipeArgumentParser  # noqa: E402
 from speechstream.errors import InputError  # noqa: E402
 from speechstream.model import CTC_CLASSES  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = RecipeArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="training output folder (holds trainable.safetensors)")
     parser.add_argument("model", type=Path, help="model folder under models/ (holds config.yaml)")
     parser.add_argument("--recipe", help="the run's training recipe: derive ctc_classes when the run lacks them")
-    args = parser.parse_args()
     try:
-        export(args)
+        export(parser.parse_args())
     except (InputError, OSError, ValueError, SafetensorError) as error:  # one line, exit 2; nothing half-written
         print(f"export: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -11,10 +11,14 @@ it was (``carried_sections``); hand edits inside Training or Results are not kep
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
+
+from speechstream.data.corpora import RecipeArgumentParser  # noqa: E402
+from speechstream.errors import InputError  # noqa: E402
 
 ROWS = [  # (eval folder, what it measures); {w}: the joint CTC weight the run decoded with
     ("real-640ms", "this model, streaming, 640 ms chunks, wait-2, default decoding (joint CTC, weight {w})"),
@@ -53,7 +57,7 @@ def fmt(scores: dict, key: str, digits: int = 1) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = RecipeArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument("--eval", type=Path, required=True)
@@ -61,7 +65,11 @@ def main() -> None:
                         default=[Path("data/synth-main"), Path("data/synth-c"), Path("data/synth-d")],
                         help="synthetic sets the last stage trained on; the first one's held-out set is the one "
                         "evaluated")
-    args = parser.parse_args()
+    try:
+        args = parser.parse_args()
+    except InputError as error:
+        print(f"model_card: error: {error}", file=sys.stderr)
+        sys.exit(2)
     # the card is rewritten whole: refuse, before touching it, inputs that would leave it with holes
     problems = [f"{path}: not found" for path in (args.run / "log.jsonl", args.eval,
                                                    Path("models") / args.model / "config.yaml") if not path.exists()]

@@ -23,17 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import check_manifest_out, run_main, write_manifest  # noqa: E402
+from speechstream.data.corpora import RecipeArgumentParser, check_manifest_out, run_main, write_manifest  # noqa: E402
 from speechstream.errors import InputError  # noqa: E402
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (through run_main)
-        raise InputError(message)
-
-
 def main(argv: list[str] | None = None) -> int:
-    command = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    command = RecipeArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     command.add_argument("manifest", help="utterances to join (JSON lines)")
     command.add_argument("--out", required=True, help="long-form manifest to write (the .wav goes beside it)")
     command.add_argument("--pause", type=float, default=0.8, help="seconds of silence between utterances "

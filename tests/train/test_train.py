@@ -1048,3 +1048,16 @@ def test_ctc_targets_longer_than_their_frames_count_as_zero_and_are_logged(tmp_p
           progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [row["ctc_unfit"] for row in rows] == [pytest.approx(4 / 6), pytest.approx(4 / 6)]
+
+
+@pytest.mark.parametrize(("script", "arguments", "message"), [
+    ("export.py", [], "export: error: the following arguments are required: run, model"),
+    ("model_card.py", ["--model", "m"], "model_card: error: the following arguments are required: --run, --eval"),
+    ("ctc_probe.py", ["--model", "m", "--chunk-ms", "x"], "ctc_probe: error: argument --chunk-ms: invalid int value"),
+])
+def test_a_recipe_tool_usage_error_is_one_line_and_exit_2(script, arguments, message):
+    """The ASR recipe's tools answer a bad command line in one line, exit 2, as their other errors (argparse printed
+    its usage lines and '<script>: error: ...' first)."""
+    done = subprocess.run([sys.executable, str(ROOT / "recipes" / "asr" / script), *arguments], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith(message), done.stderr
