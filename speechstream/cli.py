@@ -318,15 +318,16 @@ def default_model(task: str | None, source_lang: str | None, target_lang: str | 
     return DEFAULT_MODELS["asr"]
 
 
-def _model_name(args: argparse.Namespace, decoding) -> str:
-    """The model to decode with (``--model`` or `default_model`); the ``decoding`` options are checked against the
-    model's config first, before any weights load. ``--source-lang`` / ``--target-lang`` must be languages the
-    model supports (InputError naming them); ``args.task`` becomes the model's (``model_task``)."""
+def _model_name(args: argparse.Namespace, decoding, languages: tuple[str | None, str | None] = (None, None)) -> str:
+    """The model to decode with (``--model`` or `default_model`, which takes ``languages``, those a manifest
+    declares, where no flag gives them); the ``decoding`` options are checked against the model's config first,
+    before any weights load. ``--source-lang`` / ``--target-lang`` must be languages the model supports
+    (InputError naming them); ``args.task`` becomes the model's (``model_task``)."""
     from speechstream.baselines import model_languages, resolve_languages
     from speechstream.config import chunk_note, load_model_config, with_model_defaults
     from speechstream.model import model_config_path
 
-    name = args.model or default_model(args.task, args.source_lang, args.target_lang)
+    name = args.model or default_model(args.task, args.source_lang or languages[0], args.target_lang or languages[1])
     args.task = model_task(name, model_languages("gpe", name), args.task)
     config = load_model_config(model_config_path(name))
     with_model_defaults(decoding, config)
@@ -489,7 +490,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.baseline == "gpe":
         if args.baseline_model:
             raise InputError("--baseline-model is for baselines other than gpe (gpe's model is given by --model)")
-        name = _model_name(args, decoding)
+        languages = (None, None)
+        if not args.model and not args.task:  # the default model for the languages the manifest declares
+            from speechstream.manifest import declared_languages, read_manifest
+
+            languages = declared_languages(read_manifest(args.manifest), args.manifest)
+        name = _model_name(args, decoding, languages)
     else:
         if args.model:
             raise InputError(f"--model names a GPE model; give the {args.baseline} model with --baseline-model")

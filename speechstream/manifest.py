@@ -107,6 +107,25 @@ def read_manifest(path: str | Path) -> list[Utterance]:
     return utterances
 
 
+def declared_languages(utterances: list[Utterance], path: str | Path) -> tuple[str | None, str | None]:
+    """The languages the lines declare (``source_lang``, ``target_lang``, compared in lower case), None where no
+    line declares one; InputError when two lines declare different ones (a run decodes one language pair)."""
+    found = []
+    for key in ("source_lang", "target_lang"):
+        first = None  # (language, id of its first line)
+        for utterance in utterances:
+            value = (getattr(utterance, key) or "").strip().lower()
+            if not value:
+                continue
+            if first is None:
+                first = (value, utterance.id)
+            elif value != first[0]:
+                raise InputError(f'{path}: its lines declare {key} {first[0]} ("{first[1]}") and {value} '
+                                 f'("{utterance.id}"); a run decodes one language pair: split the manifest')
+        found.append(None if first is None else first[0])
+    return found[0], found[1]
+
+
 def manifest_folder(path: Path) -> Path:
     """The folder a manifest's relative audio paths start from: its own, or for a symlink the folder of the file it
     points to (where that manifest's clips are; training reads it so too)."""

@@ -253,6 +253,41 @@ def test_a_language_the_model_does_not_support_is_refused(capsys, tmp_path, clip
     assert not out and not (tmp_path / "out").exists()
 
 
+def test_eval_holds_the_run_to_the_languages_its_manifest_declares(capsys, tmp_path, clip, monkeypatch):
+    """A manifest's source_lang / target_lang (a record only until now: a French manifest was decoded by the English
+    model and scored without a word) must be the run's; two lines declaring different ones are refused; without
+    --model or --task they pick the default model as --source-lang / --target-lang do. All before any decoding."""
+    from speechstream import model
+
+    monkeypatch.setitem(model.DEFAULT_MODELS, "asr", "smollm2-whisper-base")
+    monkeypatch.setitem(model.DEFAULT_MODELS, "translate", "smollm2-whisper-base-es-en")
+    line = {"id": "a", "audio": str(clip), "text": "hi"}
+    cases = [([{**line, "source_lang": "fr"}], ["--model", "smollm2-whisper-base"],
+              r"m.jsonl: its lines declare source_lang fr, and this run decodes en with smollm2-whisper-base; "
+              r"give a model for fr \(--source-lang fr\)$"),
+             ([{**line, "source_lang": "en"}, {**line, "id": "b", "source_lang": "ES"}], [],
+              r'm.jsonl: its lines declare source_lang en \("a"\) and es \("b"\); a run decodes one language pair')]
+    for lines, options, match in cases:
+        manifest = tmp_path / "m.jsonl"
+        manifest.write_text("".join(json.dumps(row) + "\n" for row in lines))
+        code, out, err = run(capsys, "eval", manifest, "--out", tmp_path / "out", *options)
+        assert_one_error(code, err, match=match)
+        assert not (tmp_path / "out" / "instances.log").exists()
+    manifest.write_text(json.dumps({**line, "translation": "hi", "source_lang": " ES", "target_lang": "en"}) + "\n")
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "es")
+    config = json.loads((tmp_path / "es" / "config.json").read_text())
+    assert code == 0 and (config["model"], config["task"]) == ("smollm2-whisper-base-es-en", "translate"), err
+    manifest.write_text(json.dumps({**line, "source_lang": "fr", "target_lang": "de"}) + "\n")
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "tiny", "--model", "tiny-random")
+    assert code == 0, err  # a model that declares no languages takes any
+    from speechstream.eval.run import check_languages
+
+    # an ASR run scores a translation corpus's transcripts: its target_lang is no matter there
+    check_languages(("en", "de"), ("en", "en"), "asr", "m", manifest)
+    with pytest.raises(InputError, match="its lines declare target_lang de, and this run decodes en"):
+        check_languages(("en", "de"), ("en", "en"), "translate", "m", manifest)
+
+
 def test_eval_records_the_languages(capsys, tmp_path, clip):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hi"}) + "\n")

@@ -74,7 +74,7 @@ from speechstream.eval.latency import (
 )
 from speechstream.interrupts import Terminated, TerminateAsInterrupt
 from speechstream.locks import hold_folder
-from speechstream.manifest import Utterance, read_manifest
+from speechstream.manifest import Utterance, declared_languages, read_manifest
 
 # Files written into the output folder.
 CONFIG_FILE = "config.json"
@@ -144,6 +144,8 @@ def evaluate(
     source_lang, target_lang = resolve_languages(baseline, model, source_lang, target_lang)
     manifest_path, out_dir = Path(manifest_path), Path(out_dir)
     utterances = read_manifest(manifest_path)
+    check_languages(declared_languages(utterances, manifest_path), (source_lang, target_lang), task, model,
+                    manifest_path)
     references = manifest_references(utterances, task, manifest_path)
     sentences = sentence_references(utterances, task, manifest_path)
     if sentences[0] is not None and baseline == "gpe" and not decoding.vad:
@@ -188,6 +190,20 @@ def evaluate(
         _write_atomically(out_dir / SCORES_FILE, json.dumps(scores, indent=2) + "\n")
         _write_atomically(out_dir / SUMMARY_FILE, summary_text(scores, config))
     return scores
+
+
+def check_languages(declared: tuple[str | None, str | None], run: tuple[str | None, str | None], task: str,
+                    model: str, manifest_path: Path) -> None:
+    """Refuse a manifest whose lines declare another language than the run decodes (a French manifest decoded as
+    Spanish by the es-en model was scored without a word of warning). The target language counts for task
+    translate only: an ASR run scores the transcript (``text``) of a translation corpus's lines."""
+    for key, flag, said, used in zip(("source_lang", "target_lang"), ("--source-lang", "--target-lang"), declared,
+                                     run):
+        if key == "target_lang" and task != "translate":
+            continue
+        if said is not None and used is not None and said != used:
+            raise InputError(f"{manifest_path}: its lines declare {key} {said}, and this run decodes {used} with "
+                             f"{model}; give a model for {said} ({flag} {said})")
 
 
 def manifest_references(utterances: Sequence[Utterance], task: str, manifest_path: Path) -> list[str | None]:
