@@ -56,6 +56,13 @@ def _log_recursion(feed: np.ndarray, emit: np.ndarray) -> np.ndarray:
     return out
 
 
+def log_normalisers(logits: np.ndarray) -> np.ndarray:
+    """(m, C) float64 logits -> (m, 1) their log-sum-exp per row, through torch's vectorised logsumexp: numpy's
+    ``logaddexp.reduce`` over the ~20,000 classes of a row is a sequential scalar loop, eight times slower (about 7
+    against 0.9 ms for one 640 ms chunk's 16 frames, a tenth of the chunk's CTC work); both agree to ~1e-12."""
+    return torch.logsumexp(torch.from_numpy(logits), dim=1, keepdim=True).numpy()
+
+
 def extend_prefix(r_n: np.ndarray, r_b: np.ndarray, last: int | None, label: int, emit: np.ndarray,
                   blank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Forward variables of prefix ``g + label`` from those of ``g`` (``last``: g's last label, None if empty),
@@ -161,8 +168,7 @@ class CTCPrefixScorer:
         """Append (m, H) frame vectors of the head (a scorer built with a ``table``)."""
         vectors = np.asarray(vectors, dtype=np.float64)
         logits = self._products(vectors)
-        norm = np.logaddexp.reduce(logits, axis=1, keepdims=True) if len(logits) else np.zeros((0, 1))
-        self.add_frames(logits - norm, np.concatenate([vectors, norm], axis=1))
+        self.add_frames(logits - (norm := log_normalisers(logits)), np.concatenate([vectors, norm], axis=1))
 
     def add_frames(self, lp: np.ndarray, kept: np.ndarray | None = None) -> None:
         """Append (m, C + 1) frame log-probabilities; all prefixes of the hypothesis move forward together.

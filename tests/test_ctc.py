@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from speechstream.ctc import CTCPrefixScorer, fuse
+from speechstream.ctc import CTCPrefixScorer, fuse, log_normalisers
 
 
 def random_lp(frames: int, classes: int, seed: int) -> np.ndarray:
@@ -505,3 +505,15 @@ def test_joint_wait_k_edges_no_audio_less_than_a_chunk_more_chunks_waited_for_th
     assert session.finish() == [] and end.type == "end" and end.audio_s == pytest.approx(samples / 16000, abs=1e-6)
     assert session.target_ids == whole.target_ids and len(session.target_ids) > len(tiny_model.header_ids)
     assert session._units_read == samples // 5120 + 1 and session.joint.scorer.frames == whole.joint.scorer.frames
+
+
+def test_log_normalisers_match_numpy_and_keep_empty_shapes():
+    """The vectorised normaliser of ``add_vectors`` (torch's logsumexp) equals numpy's sequential logaddexp
+    reduction to float64 rounding, over a vocabulary-sized row and at far-apart scales, and keeps a (0, 1) shape."""
+    rng = np.random.default_rng(11)
+    logits = np.concatenate([8 * rng.standard_normal((3, 20054)), 8 * rng.standard_normal((1, 20054)) - 900.0])
+    expected = np.logaddexp.reduce(logits, axis=1, keepdims=True)
+    got = log_normalisers(logits)
+    assert got.shape == (4, 1) and got.dtype == np.float64
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
+    assert log_normalisers(np.zeros((0, 7))).shape == (0, 1)
