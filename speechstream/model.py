@@ -337,23 +337,22 @@ def model_config_path(name_or_path: str) -> Path:
 def build_model(config: ModelConfig, base_dir: Path | None = None, for_training: bool = False) -> SpeechLLM:
     """Build a model from its config; load the Whisper encoder and trained checkpoint where given.
 
-    For inference the LoRA adapters are merged into the base weights (same function, less work per token).
+    For inference the checkpoint's LoRA adapters are merged into the base weights (same function, less work per
+    token) as they load (``load_trainable(..., merge=...)``), without building peft modules first.
     """
     tokenizer = build_tokenizer(config, base_dir)
     model = SpeechLLM(config, tokenizer, build_llm(config, tokenizer, base_dir))
     if config.encoder.weights:
         load_pretrained(config, "encoder.weights", config.encoder.weights,
                         lambda path: load_whisper_encoder(model.encoder, path), base_dir)
-    if config.llm.lora_rank:
+    if config.llm.lora_rank and for_training:
         add_lora(model.decoder.llm, config.llm)
     if config.checkpoint:
         path = (base_dir or Path.cwd()) / config.checkpoint
-        loaded = load_trainable(model, path)
+        loaded = load_trainable(model, path, merge=None if for_training else config.llm)
         if model.ctc_head is not None and not for_training and not any(n.startswith("ctc_head.") for n in loaded):
             raise InputError(f"{path}: the config asks for a fine CTC head (ctc_hop {config.ctc_hop}) that the "
                              "checkpoint does not have")
-    if config.llm.lora_rank and not for_training:
-        merge_lora(model.decoder.llm)
     return model.eval()
 
 
@@ -405,9 +404,10 @@ def trainable_state(model: SpeechLLM) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_trainable(model: SpeechLLM, path: Path) -> list[str]:
+def load_trainable(model: SpeechLLM, path: Path, merge: LLMConfig | None = None) -> list[str]:
     """Load a ``trainable_state`` checkpoint (safetensors); every tensor must find its place. Returns the names
-    of the tensors loaded."""
+    of the tensors loaded. With ``merge`` (the LLM config of a model built without adapters, for inference) its
+    LoRA pairs are added into their base weights (``merge_lora_pairs``) instead of loaded into peft adapters."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -424,13 +424,54 @@ def load_trainable(model: SpeechLLM, path: Path) -> list[str]:
                 or int(classes.min()) < 0:
             raise InputError(f"{path}: {CTC_CLASSES} is not a list of token ids of this LLM")
         model.ctc_classes = classes.long()
+    lora = {name: state.pop(name) for name in list(state) if "lora_" in name} if merge is not None else {}
+    pairs, unknown, wrong = lora_pairs(model.decoder.llm, lora, merge) if lora else ({}, [], [])
     own = model.state_dict()
-    unknown = [name for name in state if name not in own]
-    wrong = [name for name in state if name in own and own[name].shape != state[name].shape]
+    unknown += [name for name in state if name not in own]
+    wrong += [name for name in state if name in own and own[name].shape != state[name].shape]
     if unknown or wrong:
         raise InputError(f"{path}: checkpoint does not fit the model (unknown {unknown[:3]}, wrong shape {wrong[:3]})")
     model.load_state_dict(state, strict=False)
-    return sorted(state)
+    merge_lora_pairs(model.decoder.llm, pairs, merge.lora_alpha / merge.lora_rank if lora else 1.0)
+    return sorted([*state, *lora])
+
+
+LORA_ENTRY = re.compile(r"decoder\.llm\.(.+)\.lora_([AB])\.default\.weight")  # a peft adapter's checkpoint entry
+
+
+def lora_pairs(llm: nn.Module, lora: dict[str, torch.Tensor], config: LLMConfig
+               ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], list[str], list[str]]:
+    """A checkpoint's LoRA entries as ``{linear layer: (A, B)}`` for an LLM without adapters, with the entries that
+    would not fit the adapters ``add_lora`` makes (unknown: not an A/B of a target layer, or without its other
+    half; wrong: not (rank, in) and (out, rank))."""
+    targets = set(lora_target_modules(llm.config.model_type, config.lora_targets))
+    modules = dict(llm.named_modules())
+    halves: dict[str, dict[str, torch.Tensor]] = {}
+    unknown, wrong = [], []
+    for name, tensor in lora.items():
+        match = LORA_ENTRY.fullmatch(name)
+        layer = modules.get(match.group(1)) if match else None
+        if layer is None or not isinstance(layer, nn.Linear) or match.group(1).rpartition(".")[2] not in targets:
+            unknown.append(name)
+            continue
+        shape = (config.lora_rank, layer.in_features) if match.group(2) == "A" else (layer.out_features,
+                                                                                    config.lora_rank)
+        if tuple(tensor.shape) != shape:
+            wrong.append(name)
+        halves.setdefault(match.group(1), {})[match.group(2)] = tensor
+    unknown += [f"{layer}.lora_{'B' if 'A' in half else 'A'} (missing)" for layer, half in halves.items()
+                if len(half) == 1]
+    pairs = {layer: (half["A"], half["B"]) for layer, half in halves.items() if len(half) == 2}
+    return pairs, unknown, wrong
+
+
+@torch.no_grad()
+def merge_lora_pairs(llm: nn.Module, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], scaling: float) -> None:
+    """Add each layer's ``(B @ A) * scaling`` into its weight, as peft's ``merge`` does (the same operations, so
+    the same weights to the bit)."""
+    for name, (a, b) in pairs.items():
+        weight = llm.get_submodule(name).weight
+        weight.data += (b.to(weight) @ a.to(weight)) * scaling
 
 
 def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str | Path) -> None:

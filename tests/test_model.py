@@ -212,3 +212,33 @@ def test_the_training_side_source_runs_in_the_models_dtype(tiny_model):
     source = model.source_batch([audio], 320)
     assert source.embeds.dtype == torch.bfloat16
     assert source.speech_lengths.tolist() == tiny_model.source_batch([audio], 320).speech_lengths.tolist()
+
+
+def test_inference_build_merges_checkpoint_lora_without_peft_to_the_bit(lora_model, tmp_path, monkeypatch):
+    """An inference build adds a checkpoint's LoRA pairs straight into the base weights (no peft adapters are made:
+    injecting 210 of them only to merge them cost the shipped model's load a third of its CPU time); the weights
+    equal peft's merge exactly, and a pair that is half missing or the wrong shape does not fit."""
+    import speechstream.model as model_module
+
+    config = from_dict(ModelConfig, {**TINY_LORA, "llm": {**TINY_LORA["llm"], "lora_targets": "all"}})
+    trained = build_model(config, for_training=True)
+    torch.manual_seed(5)
+    for name, param in trained.named_parameters():
+        if "lora_" in name:
+            param.data.normal_(0, 0.3)
+    save_file(trainable_state(trained), str(tmp_path / "ckpt.safetensors"))
+    merge_lora(trained.decoder.llm)
+    monkeypatch.setattr(model_module, "add_lora", lambda *args: pytest.fail("an inference build made peft adapters"))
+    with_checkpoint = from_dict(ModelConfig, {**TINY_LORA, "llm": {**TINY_LORA["llm"], "lora_targets": "all"},
+                                              "checkpoint": "ckpt.safetensors"})
+    merged = build_model(with_checkpoint, base_dir=tmp_path)
+    expected = trained.state_dict()
+    assert merged.state_dict().keys() == expected.keys()
+    for name, value in merged.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+    state = trainable_state(lora_model)  # (attention adapters only: fits an "all" model, as peft's loading does)
+    a_name = "decoder.llm.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    for broken in ({k: v for k, v in state.items() if k != a_name}, {**state, a_name: torch.zeros(3, 64)}):
+        save_file(broken, str(tmp_path / "ckpt.safetensors"))
+        with pytest.raises(InputError, match="does not fit"):
+            build_model(with_checkpoint, base_dir=tmp_path)
