@@ -349,7 +349,7 @@ def build_model(config: ModelConfig, base_dir: Path | None = None, for_training:
         add_lora(model.decoder.llm, config.llm)
     if config.checkpoint:
         path = (base_dir or Path.cwd()) / config.checkpoint
-        loaded = load_trainable(model, path, merge=None if for_training else config.llm)
+        loaded = load_trainable(model, path, merge=config.llm if config.llm.lora_rank and not for_training else None)
         if model.ctc_head is not None and not for_training and not any(n.startswith("ctc_head.") for n in loaded):
             raise InputError(f"{path}: the config asks for a fine CTC head (ctc_hop {config.ctc_hop}) that the "
                              "checkpoint does not have")

@@ -242,3 +242,8 @@ def test_inference_build_merges_checkpoint_lora_without_peft_to_the_bit(lora_mod
         save_file(broken, str(tmp_path / "ckpt.safetensors"))
         with pytest.raises(InputError, match="does not fit"):
             build_model(with_checkpoint, base_dir=tmp_path)
+    save_file(state, str(tmp_path / "ckpt.safetensors"))
+    without_lora = from_dict(ModelConfig, {**TINY_LORA, "llm": {**TINY_LORA["llm"], "lora_rank": 0},
+                                           "checkpoint": "ckpt.safetensors"})
+    with pytest.raises(InputError, match="does not fit"):  # adapters for a model that has none
+        build_model(without_lora, base_dir=tmp_path)
