@@ -166,6 +166,15 @@ def test_atd_by_hand():
     assert atd(HAND_DELAYS) == pytest.approx((700 + 400 + 1100 + 2000) / 4)
 
 
+def test_atd_target_chunk_after_a_revisited_delay_sees_the_whole_source():
+    # Non-monotone delays: five writes but two distinct delays, so source chunks 0-300 (one token ending at 300)
+    # and 300-1000 (tokens ending at 600, 900, 1000). Target chunks 3 to 5 lie past the last source chunk: all
+    # 4 source tokens count as read before them, so no surplus shifts their pairing. T = 300, 1000, 1000, 1000,
+    # 1000 pair with source tokens 1, 2, 3, 4, 4: delays 0, 400, 100, 0, 0 (SimulEval 1.1.4 gives the same).
+    # Kills the mutation that counts only the source chunks before the last one as read there (mean 320).
+    assert atd([300, 1000, 300, 1000, 300]) == pytest.approx(100.0)
+
+
 def test_atd_ca_adds_compute_growth():
     elapsed = [1100, 1100, 2300, 3300]  # 100 ms of compute before the first write, 300 ms from the second on
     assert atd_compute_times(HAND_DELAYS, elapsed) == [100, 0, 200, 0]
@@ -248,6 +257,7 @@ EDGE_CASES = {
     "sample-exact source length": [record([320, 640, 1234.5625], 1234.5625)],
     "delays beyond the source": [record([200, 900, 1700], 1000)],
     "repeated non-adjacent delays": [record([600, 300, 600, 300], 900)],
+    "delays revisited past the last source chunk": [record([300, 1000, 300, 1000, 300], 2000)],
     "reference with extra spaces": [record([300, 600], 900, reference=" a  b ")],
     "empty reference": [record([300, 600], 900, reference="")],
     "null reference": [record([300, 600], 900, reference=None)],
