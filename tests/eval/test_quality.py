@@ -88,6 +88,13 @@ NORMALIZER_CASES = {
     "1900s 2000s 2010s 10s": "nineteen hundreds two thousands twenty tens tens",
     "180s 1,990s": "one hundred eighty s one thousand nine hundred ninety s",
     "  \t\n ": "",
+    # the left single quote is an apostrophe too: it is deleted inside a word and ends a decade ("1990‘s")
+    "the 1990‘s, rock‘n‘roll": "the nineteen nineties rocknroll",
+    # 18 digits are still one cardinal; 19 are read digit by digit
+    "123456789012345678": "one hundred twenty three quadrillion four hundred fifty six trillion seven hundred eighty "
+                          "nine billion twelve million three hundred forty five thousand six hundred seventy eight",
+    "1234567890123456789": "one two three four five six seven eight nine zero one two three four five six seven eight "
+                           "nine",
 }
 
 
@@ -169,4 +176,5 @@ def test_references_that_normalise_to_nothing_leave_the_normalised_rates_out():
     scores = transcription_scores(["hello", ""], ["...", "!"])  # raw references exist, normalised ones do not
     assert set(scores) == {"WER", "CER"} and scores["WER"] == 100.0
     assert transcription_scores(["a"], [""]) == {}  # no reference at all: nothing to score
+    assert transcription_scores(["a"], ["  "]) == {}  # a reference of spaces only is no reference either
     assert set(transcription_scores(["a b"], ["...", ])) == {"WER", "CER"}
