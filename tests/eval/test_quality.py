@@ -95,6 +95,13 @@ NORMALIZER_CASES = {
                           "nine billion twelve million three hundred forty five thousand six hundred seventy eight",
     "1234567890123456789": "one two three four five six seven eight nine zero one two three four five six seven eight "
                            "nine",
+    # ... also before an ordinal suffix (19 digits are no ordinal: number_to_words would fail on them)
+    "1234567890123456789th": "one two three four five six seven eight nine zero one two three four five six seven "
+                             "eight nine th",
+    # a grouped number right after a comma is no grouped number (the comma before it is punctuation)
+    "1,2,000": "one two zero zero zero",
+    # a space may follow the currency sign
+    "$ 5 and £ 2.50": "five dollars and two pounds fifty pence",
 }
 
 
@@ -153,6 +160,15 @@ def test_bleu_and_chrf_match_sacrebleu():
     assert chrf(HYPOTHESES, REFERENCES) == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
     assert bleu(REFERENCES, REFERENCES) == pytest.approx(100.0)
     assert 0 < bleu(HYPOTHESES, REFERENCES) < 100
+
+
+def test_bleu_uses_the_tokenizer_it_is_given():
+    # 13a splits the final point off; "none" keeps "mat." one token, so the last words no longer match
+    hypothesis, reference = ["the cat sat on the mat."], ["the cat sat on the mat ."]
+    assert bleu(hypothesis, reference) == pytest.approx(100.0)
+    assert bleu(hypothesis, reference, tokenize="none") == pytest.approx(
+        sacrebleu.corpus_bleu(hypothesis, [reference], tokenize="none").score)
+    assert bleu(hypothesis, reference, tokenize="none") < 100
 
 
 def test_bleu_matches_simuleval():
