@@ -48,8 +48,9 @@ def test_wer_empty_reference_and_errors():
         wer(["a"], ["a", "b"])
     with pytest.raises(ValueError):
         wer([], [])
-    with pytest.raises(TypeError):
-        wer("a", "a")
+    for hypotheses, references in (("a", "a"), (["a"], "a"), ("ab", ["a", "b"])):  # a string on either side
+        with pytest.raises(TypeError):
+            wer(hypotheses, references)
 
 
 def test_cer():
