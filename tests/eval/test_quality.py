@@ -88,6 +88,7 @@ NORMALIZER_CASES = {
     "the 1990s, the '80s and 1960's": "the nineteen nineties the eighties and nineteen sixties",
     "1900s 2000s 2010s 10s": "nineteen hundreds two thousands twenty tens tens",
     "180s 1,990s": "one hundred eighty s one thousand nine hundred ninety s",
+    "it took 2.80s": "it took two point eight zero s",  # digits after a point are no decade
     "  \t\n ": "",
     # the left single quote is an apostrophe too: it is deleted inside a word and ends a decade ("1990‘s")
     "the 1990‘s, rock‘n‘roll": "the nineteen nineties rocknroll",
