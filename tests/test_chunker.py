@@ -92,7 +92,8 @@ def test_push_accepts_other_dtypes_and_shapes():
 
 
 @pytest.mark.parametrize("chunk_ms, samples", [(40, 640), (41, 656), (80, 1280), (640, 10240), (1000, 16000),
-                                               (MAX_CHUNK_MS, 480_000), (np.int64(320), 5120), (200.0, 3200)])
+                                               (MAX_CHUNK_MS, 480_000), (np.int64(320), 5120), (200.0, 3200),
+                                               (np.float32(640), 10240)])  # not a float subclass
 def test_chunk_samples(chunk_ms, samples):
     assert chunk_samples(chunk_ms) == samples
     assert type(chunk_samples(chunk_ms)) is int
