@@ -59,9 +59,9 @@ def unseen_words(hypothesis: Sequence[Word], committed: Sequence[Word]) -> list[
     """The words of a hypothesis of the buffer that come after the committed words.
 
     The buffer still holds the audio of words committed since its last trim, so each hypothesis repeats them:
-    words starting before the last committed end (less `OVERLAP_TOLERANCE_S`) are dropped, then a head of up
-    to `MAX_OVERLAP_NGRAM` words that repeats the committed tail (compared without case and punctuation) is
-    dropped, when it starts close to that end.
+    words starting no later than the last committed end less `OVERLAP_TOLERANCE_S` are dropped, then the longest
+    head of up to `MAX_OVERLAP_NGRAM` words that repeats the committed tail (compared without case and punctuation)
+    is dropped, when it starts less than `NGRAM_WINDOW_S` from that end.
     """
     if not committed:
         return list(hypothesis)

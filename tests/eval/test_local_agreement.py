@@ -11,6 +11,8 @@ import soundfile
 from speechstream.audio import SAMPLE_RATE
 from speechstream.baselines import WhisperLocalAgreement, hypothesis_words
 from speechstream.local_agreement import (
+    NGRAM_WINDOW_S,
+    OVERLAP_TOLERANCE_S,
     PROMPT_CHARS,
     LocalAgreement,
     Word,
@@ -104,6 +106,29 @@ def test_unseen_words_drop_a_repeated_head_by_text():
     assert unseen_words(hypothesis, []) == hypothesis
 
 
+def test_unseen_words_bounds_are_strict():
+    committed = words("can do for", start=5.0)  # ends at 6.5
+    # a word starting exactly the tolerance before the committed end is not after it: dropped, whatever its text
+    edge = [Word("fore", 6.5 - OVERLAP_TOLERANCE_S, 6.6), Word("you", 6.6, 6.9)]
+    assert texts(unseen_words(edge, committed)) == ["you"]
+    # a head starting exactly NGRAM_WINDOW_S after the committed end is outside the window: new speech
+    later = [Word("for", 6.5 + NGRAM_WINDOW_S, 7.8), Word("you", 7.8, 8.1)]
+    assert texts(unseen_words(later, committed)) == ["for", "you"]
+
+
+def test_unseen_words_drop_the_longest_repeated_head():
+    committed = words("no no", start=5.0)  # ends at 6.0
+    hypothesis = [Word("no", 6.0, 6.3), Word("no", 6.3, 6.6), Word("yes", 6.6, 7.0)]
+    assert texts(unseen_words(hypothesis, committed)) == ["yes"]  # both "no" are the committed ones again
+
+
+def test_insert_agrees_on_exact_text_only():
+    agreement = LocalAgreement()
+    agreement.insert(words("Hello, world"))
+    assert agreement.insert(words("hello world again")) == []  # case and punctuation differ: no agreement
+    assert texts(agreement.pending) == ["hello", "world", "again"]
+
+
 # -- the prompt -----------------------------------------------------------------------------------------
 
 
@@ -137,6 +162,18 @@ def test_long_buffers_are_trimmed_at_the_last_committed_sentence_or_segment_end(
     assert trim_point(segment, 0.0, 16.0, trim_s=15.0) == 4.0  # a Whisper segment ends later
     assert trim_point(committed, 2.0, 18.0, trim_s=15.0) is None  # "not." is before the buffer: nothing to cut at
     assert trim_point(words("no sentence ends here"), 0.0, 16.0, trim_s=15.0) is None
+
+
+def test_trim_bounds_and_sentence_ends_with_closing_marks():
+    committed = [Word("Ask", 1.0, 1.4), Word("not.", 1.4, 2.0), Word("Ask", 3.0, 3.5)]
+    assert trim_point(committed, 0.0, 15.0, trim_s=15.0) is None  # exactly trim_s long: not longer, kept
+    quoted = [Word("Ask", 1.0, 1.4), Word('"not."', 1.4, 2.0), Word("Ask", 3.0, 3.5), Word("(why?)", 3.5, 4.0)]
+    assert trim_point(quoted[:3], 0.0, 16.0, trim_s=15.0) == 2.0  # a quote after the point still ends the sentence
+    assert trim_point(quoted, 0.0, 16.0, trim_s=15.0) == 4.0  # ... and so does a bracket
+    # a committed word whose timestamp runs past the buffer's end cuts at the buffer's end
+    past = [Word("Ask", 14.0, 15.0), Word("not.", 15.0, 16.3)]
+    assert trim_point(past, 0.0, 16.0, trim_s=15.0) == 16.0
+    assert forced_trim_point(past, 0.0, 16.0) == 16.0
 
 
 def test_forced_trim_cuts_at_the_last_committed_word():
