@@ -51,6 +51,7 @@ def test_alignment_is_monotonic_and_costs_the_minimum():
 def test_words_compare_without_case_or_punctuation():
     assert comparison_form("Hello,") == comparison_form("hello") == "hello"
     assert comparison_form("don't") == "dont"
+    assert comparison_form("£5,") == comparison_form("+5") == "5"  # symbols go too, not only punctuation
     assert align(["Hello,", "World."], ["hello", "world"]) == [0, 1]
 
 
@@ -67,6 +68,8 @@ def test_errors_and_insertions_go_to_the_nearest_aligned_word():
         ["one", "too", "three", "extra"], ["four", "fife", "six"]]
     # words before the first aligned word join its sentence
     assert assign_words(sentences, "uh um one two three four five six")[0][:3] == ["uh", "um", "one"]
+    # ... also when that word is in a later sentence (the first has no words: nothing was said there)
+    assert assign_words(["", "four five"], "uh four five") == [[], ["uh", "four", "five"]]
     # a sentence the hypothesis skipped gets nothing
     assert assign_words(["alpha beta", "gamma delta", "epsilon zeta"], "alpha beta epsilon zeta") == [
         ["alpha", "beta"], [], ["epsilon", "zeta"]]
@@ -136,4 +139,7 @@ def test_words_compare_in_one_unicode_form():
     composed, combining = "caf\u00e9", "cafe\u0301"
     assert comparison_form(composed) == comparison_form(combining) == comparison_form("CAF\u00c9!")
     assert comparison_form("\ufb01ne") == "fine"  # the ligature fi
+    # case folding can undo a composition: capital iota with dialytika + acute folds to a decomposed form that
+    # matches the precomposed small letter only once normalised again
+    assert comparison_form("\u03aa\u0301") == comparison_form("\u0390")
     assert assign_words(["un caf\u00e9", "noir"], "un cafe\u0301 noir") == [["un", "cafe\u0301"], ["noir"]]
