@@ -204,6 +204,14 @@ def test_a_cue_never_starts_before_its_segment():
     assert outputs.json_document("a.wav", events, [0.5, 20.0])["segments"][1]["start"] == 20.0
     at_cut = stream(final("one", 2.0), final(" two", 3.0), final(" three", 9.0))
     assert cues(at_cut, [0.0, 3.0]) == [Cue(0.0, 3.0, "one two"), Cue(3.0, 9.0, "three")]
+    # ... also when it starts a new cue: that cue starts where the previous one ended, not at the cut (zero length)
+    new_cue_at_cut = stream(final("x" * 40, 2.0), final(" there", 5.0))
+    assert cues(new_cue_at_cut, [0.0, 5.0]) == [Cue(0.0, 2.0, "x" * 40), Cue(2.0, 5.0, "there")]
+
+
+def test_a_piece_of_whitespace_alone_is_no_cue_and_ends_none():
+    # the text after it joins it whatever the limits, so the cue starts where the previous cue ended (none: 0.0)
+    assert cues(stream(final(" ", 5.0), final("x" * 43, 6.0))) == [Cue(0.0, 6.0, "x" * 43)]
 
 
 @pytest.mark.parametrize("seconds, stamp", [(359999.999, "99:59:59,999"), (360000.0, "100:00:00,000"),
@@ -238,6 +246,13 @@ def test_a_short_word_cue_is_held_on_until_the_next_cue_or_the_end_of_the_audio(
         (0.5, 1.0), (1.0, 1.3), (1.3, 2.3)]  # each held on until the next starts; the last for MIN_SHOW_SECONDS
     assert outputs.word_cues(words, [0.0, 0.8, 1.2], until=1.5)[-1].end == 1.5  # not past the audio
     assert outputs.word_cues(words[:1], until=0.55)[0].end == 0.6  # never cut before its word's end
+
+
+def test_word_cue_limits_are_inclusive():
+    exact = [Word("x" * (MAX_CUE_CHARS - 4), 0.0, 0.5), Word("abc", 0.6, 0.9)]  # 42 characters with the space
+    assert [c.text for c in outputs.word_cues(exact)] == [exact[0].text + " abc"]
+    longer = [exact[0], Word("abcd", 0.6, 0.9)]  # 43
+    assert [c.text for c in outputs.word_cues(longer)] == [exact[0].text, "abcd"]
 
 
 def test_word_cues_keep_the_limits_and_never_overlap_or_have_zero_length():
