@@ -246,6 +246,9 @@ def test_a_short_word_cue_is_held_on_until_the_next_cue_or_the_end_of_the_audio(
         (0.5, 1.0), (1.0, 1.3), (1.3, 2.3)]  # each held on until the next starts; the last for MIN_SHOW_SECONDS
     assert outputs.word_cues(words, [0.0, 0.8, 1.2], until=1.5)[-1].end == 1.5  # not past the audio
     assert outputs.word_cues(words[:1], until=0.55)[0].end == 0.6  # never cut before its word's end
+    # cues() holds the last cue on no later than the end of the audio its events report (EVENTS: 10 s)
+    late = [*WORDS[:-2], Word("end", 9.8, 9.9)]
+    assert cues(EVENTS, [0.0, 5.0], late)[-1] == Cue(9.8, 10.0, "end", (late[-1],))
 
 
 def test_word_cue_limits_are_inclusive():
@@ -285,6 +288,9 @@ def test_json_words_are_left_out_where_they_could_not_be_aligned():
     assert [segment.get("words") is None for segment in document["segments"]] == [False, False, True]
     assert document["segments"][2]["text"] == "and then"
     assert outputs.json_document("a.wav", EVENTS, [0.0, 5.0], WORDS)["segments"][2]["words"]
+    # without segment starts the aligned "dog again" and the emitted "and then" share a cue: no words for it
+    mixed = outputs.json_document("a.wav", EVENTS, (), [*WORDS[:-2], *emitted])["segments"][-1]
+    assert mixed["text"] == "dog again and then" and "words" not in mixed
 
 
 def test_json_srt_and_vtt_with_word_times():
