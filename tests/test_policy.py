@@ -22,6 +22,12 @@ def test_reads_k_units_before_the_header():
     assert policy.decide(view(units_read=1, pending=None, source_done=True)) == Write()
 
 
+def test_wait_k_needs_k_of_at_least_one():
+    with pytest.raises(ValueError, match="k >= 1"):
+        WaitK(0)
+    assert WaitK(1).k == 1
+
+
 def test_end_of_chunk_reads_then_feeds_the_marker():
     policy = WaitK(1)
     assert policy.decide(view(pending=EOC)) == Read()
