@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from speechstream.align import (Word, align_words, emission_words, frames_needed, segment_words, token_frames,
-                                token_pieces, words_of)
+from speechstream.align import (MAX_ALIGN_CELLS, Word, align_words, alignable, emission_words, frames_needed,
+                                segment_words, token_frames, token_pieces, words_of)
 from speechstream.text import TextAssembler
 from tests.conftest import text_favouring_chooser
 from tests.helpers import fine_head_model
@@ -74,6 +74,29 @@ def test_a_character_split_over_byte_tokens_is_whole_in_its_word(tiny_model):
     assembler.commit_all(force=True)
     words = words_of(token_pieces(tiny_model.tokenizer, ids))
     assert " ".join(w for w, _, _ in words) == " ".join(assembler.committed.split()) and words[-1] == ("b", 9, 10)
+
+
+def test_word_times_take_the_frame_offset_and_stop_at_the_audio_end():
+    lp = frames(A, BLANK, B)
+    words = align_words(lp, [A, B], [" a", " b"], frame_s=0.04, origin_s=1.0, offset_s=0.01)
+    assert [(w.start_s, w.end_s) for w in words] == [pytest.approx((1.01, 1.05)), pytest.approx((1.09, 1.13))]
+    # a word in frames past the end of the segment's audio starts (and ends) there, never after it ends
+    assert align_words(lp, [A, B], [" a", " b"], frame_s=0.04, end_s=0.05)[1] == Word("b", 0.05, 0.05)
+
+
+def test_alignable_counts_classed_labels_up_to_the_limit():
+    assert alignable(1000, [A] * (MAX_ALIGN_CELLS // 1000) + [None] * 5)  # exactly the limit: aligned
+    assert not alignable(1000, [A] * (MAX_ALIGN_CELLS // 1000 + 1))
+
+
+def test_more_bytes_of_a_punctuation_character_move_no_word_time(tiny_model):
+    # "…" split over tokens: its extra bytes ("") join the word but, like the point itself, are not spoken
+    assert words_of([" Hi", "\u2026", ""]) == [("Hi\u2026", 0, 1)]
+    # stray continuation bytes: at most MAX_CHAR_TOKENS tokens are waited on for one character
+    assert [bool(piece) for piece in token_pieces(tiny_model.tokenizer, [0x80] * 6)] == [1, 0, 0, 0, 1, 0]
+    # a character cut off by the end of the text still reads as the transcript reads it (U+FFFD), not as nothing
+    ids = tiny_model.tokenizer.encode(" Zo\u00eb", add_special_tokens=False)[:-1]
+    assert "".join(token_pieces(tiny_model.tokenizer, ids)) == " Zo\ufffd"
 
 
 def test_no_text_no_words_and_a_text_too_long_falls_back_to_emission_times():
