@@ -413,6 +413,9 @@ def test_at_the_end_of_the_audio_a_text_well_short_of_what_the_ctc_hears_does_no
     # within the margin of the head's path, the LLM's end of chunk stands at the end of the audio too
     near = scorer_with([0, 1, 2][: 3 - SHORT_MARGIN + 1])
     assert fuse(wants_to_wait, allowed, near, class_of, 0.5, 3, 0, 1, source_done=True) == 0
+    # exactly SHORT_MARGIN short is short: a run of end-of-chunk tokens gives way to the next label heard (class 1)
+    at_margin = scorer_with([0, 1, 2][: 3 - SHORT_MARGIN])
+    assert fuse(wants_to_wait, allowed, at_margin, class_of, 0.5, 3, 0, 1, source_done=True, eoc_run=EOC_RUN - 1) == 3
 
 
 @pytest.mark.parametrize("eoc_run", [1, 2, 3])
