@@ -243,7 +243,9 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
     impossible (psi(g) = 0: more labels than the frames can emit): whatever followed would be a loop or invention.
     While the text is ``SHORT_MARGIN`` or more labels short of that path, the best fused text token overrides the
     LLM's end-of-text, and its end-of-chunk when that would make ``EOC_RUN`` in a row (``eoc_run``: end-of-chunk
-    tokens at the end of the text so far). Weight 0 is the LLM's greedy choice, as a session without joint decoding.
+    tokens at the end of the text so far). Weight 0 is the LLM's greedy choice, as a session without joint decoding;
+    so is every choice while the head has nothing to score with: before the segment's first frame, and mid-stream
+    once the text ran ahead of the frames read (psi(g) = 0).
     """
     logp = torch.log_softmax(llm_logits.float(), dim=-1).masked_fill(~allowed, NEG)
     top = int(torch.argmax(logp))

@@ -348,6 +348,10 @@ def test_best_path_length_merges_repeats_and_drops_blanks():
     assert scorer.best_path_length() == 1
     scorer.add_frames(lp[3:])
     assert scorer.best_path_length() == 3
+    split_in_a_run = CTCPrefixScorer(2)  # frames 0 and 1 both emit label 0: one label across the two reads
+    split_in_a_run.add_frames(lp[:1])
+    split_in_a_run.add_frames(lp[1:])
+    assert split_in_a_run.best_path_length() == 3
 
 
 def _scorer(lp: np.ndarray, labels: list[int]) -> CTCPrefixScorer:
@@ -416,6 +420,36 @@ def test_at_the_end_of_the_audio_a_text_well_short_of_what_the_ctc_hears_does_no
     # exactly SHORT_MARGIN short is short: a run of end-of-chunk tokens gives way to the next label heard (class 1)
     at_margin = scorer_with([0, 1, 2][: 3 - SHORT_MARGIN])
     assert fuse(wants_to_wait, allowed, at_margin, class_of, 0.5, 3, 0, 1, source_done=True, eoc_run=EOC_RUN - 1) == 3
+    # short: the text goes on even where end-of-text would win the fused comparison (the LLM is sure it is done)
+    sure_to_end = torch.tensor([0.0, 30.0, 1.0, 1.0, 1.0])
+    assert fuse(sure_to_end, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=True) == 2
+    # mid-stream no text is short: a run of end-of-chunk tokens stands
+    assert fuse(wants_to_wait, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=False, eoc_run=EOC_RUN - 1) == 0
+
+
+def test_at_the_end_of_the_audio_end_of_text_competes_by_its_fused_score():
+    lp, class_of, allowed = _three_labels_heard()
+    scorer = _scorer(lp, [0, 1])  # one label short of what the head hears: not short by SHORT_MARGIN
+    llm, weight = torch.tensor([0.0, 2.0, 1.5, 1.5, 1.5]), 0.1
+    logp = torch.log_softmax(llm, -1)
+    end = (1 - weight) * float(logp[1]) + weight * scorer.end_score()
+    fused = (1 - weight) * logp[2:].double().numpy() + weight * scorer.scores(np.array([0, 1, 2]))
+    assert end > fused.max() > float(logp[1]) + weight * scorer.end_score()  # (1 - weight) scales the LLM side
+    assert fuse(llm, allowed, scorer, class_of, weight, 3, 0, 1, source_done=True) == 1
+
+
+def test_without_frames_the_llm_decides():
+    """No frame read in the segment yet: the CTC head has nothing to say, so the LLM's choice stands (even a token
+    that is no CTC class) and the tail rule does not end a text the empty frames cannot emit."""
+    class_of = torch.tensor([-1, -1, 0, 1, -1])  # token 4: text that is no class
+    allowed = torch.ones(5, dtype=torch.bool)
+    llm = torch.tensor([0.0, 0.0, 1.0, 1.0, 3.0])
+    empty = CTCPrefixScorer(2)
+    assert fuse(llm, allowed, empty, class_of, 0.5, 3, 0, 1, source_done=False) == 4
+    written = CTCPrefixScorer(2)
+    written.append(0)  # a label over no frames: psi = 0
+    assert not np.isfinite(written.psi)
+    assert fuse(llm, allowed, written, class_of, 0.5, 3, 0, 1, source_done=True) == 4
 
 
 @pytest.mark.parametrize("eoc_run", [1, 2, 3])
@@ -464,6 +498,21 @@ def test_a_scorer_with_a_class_table_keeps_vectors_and_scores_as_the_dense_one()
     assert compact.best_path_length() == dense.best_path_length()
     with pytest.raises(ValueError, match="vectors"):
         compact.add_frames(dense.lp)
+
+
+def test_a_scorer_with_a_class_table_clips_log_probabilities_as_the_dense_one():
+    from speechstream.ctc import FLOOR
+
+    table = np.array([[1.0], [-1.0], [0.0]], dtype=np.float32)  # 2 classes and the blank, vectors of width 1
+    vectors = np.array([[0.5], [2e4], [0.5]], dtype=np.float32)  # the middle frame: class 1 at about -4e4
+    logits = (vectors @ table.T).astype(np.float64)
+    dense, compact = CTCPrefixScorer(2), CTCPrefixScorer(2, table)
+    dense.add_frames(logits - np.logaddexp.reduce(logits, axis=1, keepdims=True))
+    compact.add_vectors(vectors)
+    assert compact.lp.min() == dense.lp.min() == FLOOR
+    compact.append(1)
+    dense.append(1)
+    np.testing.assert_allclose(compact.scores(np.arange(2)), dense.scores(np.arange(2)), rtol=1e-6, atol=1e-6)
 
 
 def test_more_candidates_than_tokens_and_an_impossible_text():
