@@ -172,7 +172,8 @@ def _money_to_words(match: re.Match) -> str:
 
 
 def _percent_to_words(match: re.Match) -> str:
-    """Step 3 of the normaliser: "5%" -> "five percent" (decimals are read by step 6)."""
+    """Step 3 of the normaliser: "5%" -> "five percent"; a decimal is read here as step 7 reads one ("12.5%" ->
+    "twelve point five percent")."""
     number = match.group(1).replace(",", "")
     if "." in number:
         number = _decimal_to_words(*number.split("."))
