@@ -92,6 +92,8 @@ def test_alignable_counts_classed_labels_up_to_the_limit():
 def test_more_bytes_of_a_punctuation_character_move_no_word_time(tiny_model):
     # "…" split over tokens: its extra bytes ("") join the word but, like the point itself, are not spoken
     assert words_of([" Hi", "\u2026", ""]) == [("Hi\u2026", 0, 1)]
+    # ... and the extra bytes of a space (U+00A0 is two bytes) join no word, not even a word of punctuation alone
+    assert words_of([" ...", "\u00a0", "", "ok"]) == [("...", 0, 1), ("ok", 3, 4)]
     # stray continuation bytes: at most MAX_CHAR_TOKENS tokens are waited on for one character
     assert [bool(piece) for piece in token_pieces(tiny_model.tokenizer, [0x80] * 6)] == [1, 0, 0, 0, 1, 0]
     # a character cut off by the end of the text still reads as the transcript reads it (U+FFFD), not as nothing
