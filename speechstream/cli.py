@@ -142,6 +142,10 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool =
                         f"(default: {'on' if vad else 'off'})")
     parser.add_argument("--vad-min-silence-ms", type=int, default=defaults.vad_min_silence_ms,
                         help="with --vad: the pause that ends a segment (ms; default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: $OMP_NUM_THREADS where set, else 1: each LLM step is "
+                        "bound by reading the weights, so more threads gain little, and they stall whenever another "
+                        "program holds a core; see README.md, Threads)")
 
 
 def _serve_args(parser: argparse.ArgumentParser) -> None:
@@ -280,12 +284,25 @@ def build_parser() -> argparse.ArgumentParser:
 def _decoding_config(args: argparse.Namespace):
     from speechstream.config import DecodingConfig
 
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be at least 1, got {args.threads}")
     return DecodingConfig(  # validates its values (the policy's name too, and --vad-min-silence-ms only with --vad)
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
         device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
         ctc_weight=args.ctc_weight, ctc_candidates=args.ctc_candidates, vad=args.vad,
         vad_min_silence_ms=args.vad_min_silence_ms,
     )
+
+
+def use_threads(threads: int | None) -> int:
+    """Set torch's CPU threads for this process (every session and the server's decode thread): ``threads``
+    (``--threads``), else $OMP_NUM_THREADS where set (torch read it at import), else 1. Returns the number."""
+    import torch
+
+    if threads is None and os.environ.get("OMP_NUM_THREADS", "").strip():
+        return torch.get_num_threads()
+    torch.set_num_threads(threads or 1)
+    return threads or 1
 
 
 def model_task(name: str, languages: tuple[str | None, str | None], given: str | None) -> str:
@@ -369,6 +386,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
     from speechstream.model import load_model
 
+    use_threads(args.threads)
     model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
         print(TINY_NOTE, file=sys.stderr)
@@ -511,6 +529,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 raise InputError(f"{flag} applies to the gpe system, not to {args.baseline}")
         name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
         args.task = args.task or "asr"
+    use_threads(args.threads)
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline,
              source_lang=args.source_lang, target_lang=args.target_lang)
     sys.stdout.write((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
@@ -557,6 +576,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           send_timeout_s=args.send_timeout_s, record_dir=args.record_dir).validate()
     decoding = _decoding_config(args)
     name = _model_name(args, decoding)  # (sets args.task)
+    use_threads(args.threads)
     return run(config, decoding, name, args.task)
 
 
@@ -587,6 +607,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     from speechstream.model import load_model
     from speechstream.session import StreamingSession
 
+    use_threads(args.threads)
     model = load_model(name, decoding.device, int8=decoding.int8)
     if name == "tiny-random":
         print(TINY_NOTE, file=sys.stderr)

@@ -71,8 +71,17 @@ def load_vad_model():
     about 3.8 ms, with the same probabilities (to 5e-6). Called as ``model(window, 16000)`` on a
     (512,) float tensor it returns a (1, 1) speech probability; ``reset_states()`` clears its
     recurrent state, which it keeps between calls, so each stream needs its own instance.
+
+    Importing ``silero_vad`` sets torch's CPU threads to 1 for the whole process (its ``model.py`` does so at
+    import); the number is put back as it was, so that ``--threads`` holds with the VAD on too.
     """
-    from silero_vad import load_silero_vad
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        from silero_vad import load_silero_vad
+    finally:
+        torch.set_num_threads(threads)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -1037,3 +1037,28 @@ def test_a_file_name_that_is_not_utf8_is_read_and_shown_escaped(capsys, tmp_path
     assert json.loads(out)["audio"].endswith("clip\\xff.wav")
     code, out, err = run(capsys, "transcribe", odd, clip)
     assert code == 0, err
+
+
+def test_threads_default_to_one_unless_the_environment_or_the_flag_says(capsys, clip, monkeypatch):
+    """--threads sets torch's CPU threads for the run; left out, $OMP_NUM_THREADS where set (torch's own reading of
+    it), else 1 (torch's default, one per core, made eval on this 2-core machine 5-10 times slower whenever another
+    program ran); below 1 is a usage error."""
+    import torch
+
+    from speechstream.cli import use_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(2)
+        assert use_threads(None) == 1 == torch.get_num_threads()
+        assert use_threads(3) == 3 == torch.get_num_threads()
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert use_threads(None) == 3 == torch.get_num_threads()  # torch applied the variable at import: kept
+        code, _, err = run(capsys, "transcribe", clip, "--threads", "2")
+        assert code == 0 and torch.get_num_threads() == 2, err
+    finally:
+        torch.set_num_threads(before)
+    for command in (["transcribe", clip], ["eval", clip, "--out", "o"], ["serve"], ["live"]):
+        code, _, err = run(capsys, *command, "--threads", "0")
+        assert_one_error(code, err, match="--threads must be at least 1, got 0")

@@ -497,3 +497,17 @@ def test_a_gap_ends_the_segment_and_keeps_the_timeline(tiny_model, monkeypatch, 
             StreamingSession(tiny_model, decoding, choose=choose).gap(bad)
     with pytest.raises(InputError, match="finished"):
         ended.gap(1)
+
+
+def test_loading_the_vad_keeps_torchs_threads():
+    """silero_vad sets torch's CPU threads to 1 at import: every command with the VAD on (transcribe, live, serve)
+    ran on one thread whatever it asked for. A fresh process, as the import happens once."""
+    import pathlib
+    import subprocess
+    import sys
+
+    code = ("import torch; torch.set_num_threads(2); from speechstream.vad import load_vad_model; "
+            "load_vad_model(); print(torch.get_num_threads())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and done.stdout.strip() == "2", done.stderr
