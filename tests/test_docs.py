@@ -11,6 +11,7 @@ defaults and limits are the constants the code uses.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import inspect
 import re
@@ -201,7 +202,10 @@ def stated_numbers() -> list[tuple[str, str]]:
     from speechstream.config import DecodingConfig
     from speechstream.server import ServerConfig
     from speechstream.vad import VADConfig
+    from speechstream.bench import BenchConfig
+    from speechstream.train import TrainConfig
 
+    train_threads = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "threads")
     decoding, vad, serving = DecodingConfig(), VADConfig(), ServerConfig()
     lag = re.search(r"LAG_LIMIT_S = (\d+)", (ROOT / "speechstream/web/app.js").read_text(encoding="utf-8")).group(1)
     words = dict(enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")))
@@ -235,6 +239,8 @@ def stated_numbers() -> list[tuple[str, str]]:
         ("docs/websocket.md", f"or one event has waited {serving.send_timeout_s:g} s"),
         ("docs/websocket.md", f'"message": "{server.UNREAD_MESSAGE}"'),
         ("README.md", f"({serving.max_unread_events} waiting, or one for {serving.send_timeout_s:g} s)"),
+        ("README.md", f"`bench` has its own `threads` ({BenchConfig().threads} by default)"),
+        ("README.md", f"`train` takes the recipe's `threads` ({train_threads} by default: torch's own"),
     ]
 
 
