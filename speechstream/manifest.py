@@ -107,11 +107,17 @@ def read_manifest(path: str | Path) -> list[Utterance]:
     return utterances
 
 
-def declared_languages(utterances: list[Utterance], path: str | Path) -> tuple[str | None, str | None]:
+def declared_languages(utterances: list[Utterance], path: str | Path,
+                       task: str | None = None) -> tuple[str | None, str | None]:
     """The languages the lines declare (``source_lang``, ``target_lang``, compared in lower case), None where no
-    line declares one; InputError when two lines declare different ones (a run decodes one language pair)."""
+    line declares one; InputError when two lines declare different ones (a run decodes one language pair). For
+    ``task`` "asr" the target language is not read (None): an ASR run scores the transcripts (``text``), whatever
+    languages the lines were translated into."""
     found = []
     for key in ("source_lang", "target_lang"):
+        if key == "target_lang" and task == "asr":
+            found.append(None)
+            continue
         first = None  # (language, id of its first line)
         for utterance in utterances:
             value = (getattr(utterance, key) or "").strip().lower()
@@ -120,8 +126,10 @@ def declared_languages(utterances: list[Utterance], path: str | Path) -> tuple[s
             if first is None:
                 first = (value, utterance.id)
             elif value != first[0]:
+                either = key == "target_lang" and task is None  # (an ASR run would not read them)
+                asr = " (or give --task asr: it scores the transcripts)" if either else ""
                 raise InputError(f'{path}: its lines declare {key} {first[0]} ("{first[1]}") and {value} '
-                                 f'("{utterance.id}"); a run decodes one language pair: split the manifest')
+                                 f'("{utterance.id}"); a run decodes one language pair: split the manifest{asr}')
         found.append(None if first is None else first[0])
     return found[0], found[1]
 

@@ -288,6 +288,23 @@ def test_eval_holds_the_run_to_the_languages_its_manifest_declares(capsys, tmp_p
         check_languages(("en", "de"), ("en", "en"), "translate", "m", manifest)
 
 
+def test_an_asr_eval_takes_a_manifest_whose_lines_translate_into_several_languages(capsys, tmp_path, clip):
+    """The lines of an English manifest made of two translation corpora (MuST-C en-de and en-fr) declare two target
+    languages; an ASR run scores only their transcripts, but eval refused it ('a run decodes one language pair')."""
+    line = {"audio": str(clip), "text": "hi", "source_lang": "en"}
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({**line, "id": name, "target_lang": target}) + "\n"
+                                for name, target in (("a", "de"), ("b", "fr"))))
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "asr", "--model", "tiny-random", "--task", "asr")
+    assert code == 0, err
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "st", "--model", "tiny-random",
+                       "--task", "translate")
+    assert_one_error(code, err, match=r'its lines declare target_lang de \("a"\) and fr \("b"\); a run decodes one '
+                     r"language pair: split the manifest$")
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "default")  # the task is not known yet
+    assert_one_error(code, err, match=r"split the manifest \(or give --task asr: it scores the transcripts\)$")
+
+
 def test_eval_records_the_languages(capsys, tmp_path, clip):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hi"}) + "\n")

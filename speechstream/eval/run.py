@@ -144,7 +144,7 @@ def evaluate(
     source_lang, target_lang = resolve_languages(baseline, model, source_lang, target_lang)
     manifest_path, out_dir = Path(manifest_path), Path(out_dir)
     utterances = read_manifest(manifest_path)
-    check_languages(declared_languages(utterances, manifest_path), (source_lang, target_lang), task, model,
+    check_languages(declared_languages(utterances, manifest_path, task), (source_lang, target_lang), task, model,
                     manifest_path)
     references = manifest_references(utterances, task, manifest_path)
     sentences = sentence_references(utterances, task, manifest_path)
