@@ -305,6 +305,18 @@ def test_an_asr_eval_takes_a_manifest_whose_lines_translate_into_several_languag
     assert_one_error(code, err, match=r"split the manifest \(or give --task asr: it scores the transcripts\)$")
 
 
+def test_a_whisper_baseline_refusing_a_manifests_language_does_not_point_at_a_flag_it_refuses_too(capsys, tmp_path,
+                                                                                                  clip):
+    """A Spanish manifest under --baseline whisper-offline was refused with 'give a model for es (--source-lang
+    es)', and --source-lang es then with 'whisper-base supports en speech to en text'."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hola", "source_lang": "es"}) + "\n")
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "out", "--baseline", "whisper-offline")
+    assert_one_error(code, err, match=r"its lines declare source_lang es, and this run decodes en with whisper-base; "
+                     r"the whisper-offline baseline decodes en only$")
+    assert not (tmp_path / "out" / "instances.log").exists()
+
+
 def test_eval_records_the_languages(capsys, tmp_path, clip):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hi"}) + "\n")

@@ -145,7 +145,7 @@ def evaluate(
     manifest_path, out_dir = Path(manifest_path), Path(out_dir)
     utterances = read_manifest(manifest_path)
     check_languages(declared_languages(utterances, manifest_path, task), (source_lang, target_lang), task, model,
-                    manifest_path)
+                    manifest_path, baseline)
     references = manifest_references(utterances, task, manifest_path)
     sentences = sentence_references(utterances, task, manifest_path)
     if sentences[0] is not None and baseline == "gpe" and not decoding.vad:
@@ -193,17 +193,20 @@ def evaluate(
 
 
 def check_languages(declared: tuple[str | None, str | None], run: tuple[str | None, str | None], task: str,
-                    model: str, manifest_path: Path) -> None:
+                    model: str, manifest_path: Path, baseline: str = "gpe") -> None:
     """Refuse a manifest whose lines declare another language than the run decodes (a French manifest decoded as
     Spanish by the es-en model was scored without a word of warning). The target language counts for task
-    translate only: an ASR run scores the transcript (``text``) of a translation corpus's lines."""
+    translate only: an ASR run scores the transcript (``text``) of a translation corpus's lines. The refusal names
+    what would decode them: a GPE model for that language (``baseline`` gpe); a Whisper baseline takes English only."""
     for key, flag, said, used in zip(("source_lang", "target_lang"), ("--source-lang", "--target-lang"), declared,
                                      run):
         if key == "target_lang" and task != "translate":
             continue
         if said is not None and used is not None and said != used:
+            hint = (f"give a model for {said} ({flag} {said})" if baseline == "gpe"
+                    else f"the {baseline} baseline decodes {used} only")
             raise InputError(f"{manifest_path}: its lines declare {key} {said}, and this run decodes {used} with "
-                             f"{model}; give a model for {said} ({flag} {said})")
+                             f"{model}; {hint}")
 
 
 def manifest_references(utterances: Sequence[Utterance], task: str, manifest_path: Path) -> list[str | None]:
