@@ -153,6 +153,10 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
 
     defaults = ServerConfig()
     parser.add_argument("--host", default=defaults.host, help="interface to listen on (default: localhost only)")
+    parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
+                        help="one more host name the server answers to (the Host header a proxy in front passes on; "
+                        "repeatable). Without it: loopback names on a loopback --host; else IP addresses, localhost "
+                        "and --host itself. Requests for other names (DNS rebinding) get 403")
     parser.add_argument("--port", type=int, default=defaults.port,
                         help="TCP port (0: any free port; default: %(default)s)")
     _decoding_args(parser, vad=True, ablations=False)
@@ -573,7 +577,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           max_frame_bytes=args.max_frame_bytes, max_session_s=args.max_session_s,
                           queue_frames=args.queue_frames, idle_timeout_s=args.idle_timeout_s,
                           start_timeout_s=args.start_timeout_s, max_unread_events=args.max_unread_events,
-                          send_timeout_s=args.send_timeout_s, record_dir=args.record_dir).validate()
+                          send_timeout_s=args.send_timeout_s, record_dir=args.record_dir,
+                          allowed_hosts=tuple(args.allowed_hosts)).validate()
     decoding = _decoding_config(args)
     name = _model_name(args, decoding)  # (sets args.task)
     use_threads(args.threads)

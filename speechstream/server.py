@@ -55,6 +55,7 @@ STREAM_FAILURE_MESSAGE = "the server failed to decode this stream; see its log" 
 UNREAD_MESSAGE = "the client has stopped reading its events"
 UNREAD_CLOSE_S = 5.0  # time the error event and the close frame get to reach a client that has stopped reading
 REFUSED_ORIGINS_LOGGED = 100  # distinct refused origins the log names (the Origin header is the client's to choose)
+REFUSED_HOSTS_LOGGED = 100  # distinct refused Host names the log names (as for origins: the client's to choose)
 MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
 # the page's files are revalidated on each load (a 304 when unchanged): without it a browser kept a cached app.js
 # for days after an upgrade (heuristic freshness: a tenth of the file's age), talking its old protocol to the new server
@@ -72,6 +73,57 @@ def same_origin(origin: str, host: str) -> bool:
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
 
 
+def host_name(host: str) -> str | None:
+    """The name in a ``Host`` header or an ``--allowed-host`` value, lower case, without port, brackets or a final
+    dot (``[::1]:8765`` -> ``::1``); None when it is not a host (empty, or a scheme, path or bad port in it)."""
+    from urllib.parse import urlsplit
+
+    if not host or any(c in host for c in "/?#@\\ "):
+        return None
+    try:
+        parts = urlsplit("//" + host)
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number
+    except ValueError:
+        return None
+    name = (parts.hostname or "").removesuffix(".")
+    return name or None
+
+
+def _ip(name: str) -> Any:
+    """``name`` as an ``ipaddress`` address; None when it is no IP address."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def is_loopback(name: str) -> bool:
+    """Whether a host name (as ``host_name`` gives it) is this machine's loopback: ``localhost``, 127.x, ``::1``."""
+    address = _ip(name)
+    return name == "localhost" if address is None else address.is_loopback
+
+
+def host_allowed(host: str | None, listen_host: str, allowed_hosts: frozenset[str] = frozenset()) -> bool:
+    """Whether a request's ``Host`` header may reach a server listening on ``listen_host`` (``--host``). A page of
+    another site whose name its owner has pointed at this machine (DNS rebinding) sends that name: refused. On a
+    loopback address the server answers loopback names alone; on another address, any IP address, ``localhost``
+    and ``--host`` itself when it is a name (no one can rebind an address). ``allowed_hosts`` (``--allowed-host``,
+    as ``host_name`` gives them): more names, e.g. a proxy's public one. No header (no browser): allowed."""
+    if host is None:
+        return True
+    name = host_name(host)
+    if name is None:
+        return False
+    if name in allowed_hosts:
+        return True
+    listen = listen_host.lower().strip("[]").removesuffix(".")  # (--host: an IPv6 address without brackets)
+    if is_loopback(listen):
+        return is_loopback(name)
+    return name == "localhost" or _ip(name) is not None or name == listen
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Where the server listens and the limits every stream is held to (one field per ``serve`` flag)."""
@@ -87,6 +139,7 @@ class ServerConfig:
     max_unread_events: int = 1000  # events waiting for a client that does not read them before its stream is ended
     send_timeout_s: float = 60.0  # the longest one event may wait for the client to read (a full socket)
     record_dir: str | None = None  # debug: write each stream's received audio (16 kHz WAV) and sent events here
+    allowed_hosts: tuple[str, ...] = ()  # more Host names the server answers to (a proxy's public name)
 
     def validate(self) -> "ServerConfig":
         """Raise ``InputError`` on values no server could run with."""
@@ -104,6 +157,10 @@ class ServerConfig:
             raise InputError(f"--idle-timeout-s must be 0 or more (0 or inf: no limit), got {self.idle_timeout_s}")
         if self.record_dir and Path(self.record_dir).exists() and not Path(self.record_dir).is_dir():
             raise InputError(f"--record-dir {self.record_dir} exists and is not a folder")
+        for value in self.allowed_hosts:
+            if host_name(value) is None or ":" in value.rpartition("]")[2]:
+                raise InputError(f"--allowed-host takes a host name as a browser's Host header names it, without "
+                                 f"scheme, port or path (e.g. speech.example), got {value!r}")
         return self
 
     @property
@@ -505,11 +562,14 @@ class Server:
         self._ids = itertools.count(1)
         self._open: dict[Any, Stream | None] = {}  # open connections (WebSocketResponse) and their streams
         self._refused_origins: set[str] = set()  # origins whose WebSocket was refused (logged once each)
+        self._refused_hosts: set[str] = set()  # Host headers refused (logged once each)
+        self.allowed_hosts = frozenset(host_name(name) for name in self.config.allowed_hosts)
 
     def app(self):
         from aiohttp import web
 
-        app = web.Application()
+        check_host = web.middleware(lambda request, handler: self._check_host(request, handler))
+        app = web.Application(middlewares=[check_host])
         app.router.add_get("/", self._index)
         app.router.add_get("/health", self._health)
         app.router.add_get("/ws", self._websocket)
@@ -539,6 +599,17 @@ class Server:
         await asyncio.get_running_loop().run_in_executor(None, self.worker.stop)
 
     # -- HTTP ---------------------------------------------------------------------------------------
+
+    async def _check_host(self, request, handler):
+        """Middleware: a request whose ``Host`` names none of this server's names gets a 403 (a WebSocket: a refused
+        handshake) and one line on the log, before any page, status or stream (``host_allowed``)."""
+        from aiohttp import web
+
+        host = request.headers.get("Host")
+        if host_allowed(host, self.config.host, self.allowed_hosts):
+            return await handler(request)
+        self._log_refused_host(host)
+        return web.Response(status=403, text=f"this server does not answer to the host name {host!r}")
 
     async def _index(self, request):
         from aiohttp import web
@@ -645,6 +716,16 @@ class Server:
         self._refused_origins.add(origin)
         print(f"speechstream: refused a WebSocket from a page of {origin}: this request's Host is {host}; behind a "
               "proxy, pass the Host header on (nginx: proxy_set_header Host $host)", file=sys.stderr)
+
+    def _log_refused_host(self, host: str) -> None:
+        """Say on the log which ``Host`` was refused: once per name, for the first ``REFUSED_HOSTS_LOGGED``."""
+        if host in self._refused_hosts or len(self._refused_hosts) >= REFUSED_HOSTS_LOGGED:
+            return
+        self._refused_hosts.add(host)
+        name = host_name(host)
+        hint = f"to serve under that name (a proxy's), pass --allowed-host {name}" if name else "it names no host"
+        print(f"speechstream: refused a request for Host {host}: not a name of this server (another site's page can "
+              f"point its own name at this machine); {hint}", file=sys.stderr)
 
     async def _end_unread(self, ws, stream: Stream) -> None:
         """End a stream whose client has stopped reading its events (its sends wait on a full socket): the error

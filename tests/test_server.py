@@ -923,6 +923,60 @@ def test_another_sites_page_cannot_open_a_stream(tiny_model):
     assert status == 403 and events[-1]["type"] == "end"
 
 
+def test_a_page_of_another_name_for_this_machine_reaches_nothing(tiny_model, capsys):
+    """DNS rebinding: a page of evil.example whose name its owner points at 127.0.0.1 is same-origin with the server
+    in the browser's eyes (its Origin matches its Host), and it read the page and /health and opened a stream. Every
+    request is now held to the server's names: loopback ones on a loopback --host, plus --allowed-host."""
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(allowed_hosts=("Speech.Example",)))
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            port = url.rstrip("/").rsplit(":", 1)[1]
+            statuses = {}
+            for host in (f"evil.example:{port}", "evil.example", f"localhost.evil.example:{port}", f"localhost:{port}",
+                         "localhost", f"127.0.0.1:{port}", f"[::1]:{port}", f"LOCALHOST.:{port}", "speech.example"):
+                for path in ("", "health", "app.js"):
+                    async with http.get(url + path, headers={"Host": host}) as response:
+                        statuses[host, path] = response.status
+            rebound = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(url + "ws", headers=rebound)
+            proxied = {"Host": "speech.example", "Origin": "https://speech.example"}
+            async with http.ws_connect(url + "ws", headers=proxied) as ws:
+                await ws.send_str(json.dumps({"type": "start", "sample_rate": 16000}))
+                await ws.send_str(json.dumps({"type": "end"}))
+                events = await receive_all(ws)
+            return statuses, refused.value.status, events, port
+
+    statuses, ws_status, events, port = asyncio.run(scenario())
+    refused = {host for (host, _), status in statuses.items() if status == 403}
+    assert refused == {f"evil.example:{port}", "evil.example", f"localhost.evil.example:{port}"}
+    assert {status for (host, _), status in statuses.items() if host not in refused} == {200}
+    assert ws_status == 403 and events[-1]["type"] == "end"
+    lines = [line for line in capsys.readouterr().err.splitlines() if "refused" in line]
+    assert lines[0] == (f"speechstream: refused a request for Host evil.example:{port}: not a name of this server "
+                        "(another site's page can point its own name at this machine); to serve under that name (a "
+                        "proxy's), pass --allowed-host evil.example")
+    assert len(lines) == 3  # once per refused Host, however often it comes
+
+
+def test_a_server_on_another_address_answers_to_addresses_localhost_and_its_own_name():
+    from speechstream.server import host_allowed
+
+    for listen in ("0.0.0.0", "::", "192.168.1.5", "speech.lan"):
+        for host in ("192.168.1.5:8765", "10.0.0.2", "[fd00::2]:80", "localhost:8765", "127.0.0.1"):
+            assert host_allowed(host, listen), (host, listen)
+        assert not host_allowed("evil.example:8765", listen)
+        assert host_allowed("evil.example:8765", listen, frozenset({"evil.example"}))
+    assert host_allowed("Speech.LAN:8765", "speech.lan") and not host_allowed("speech.lan", "0.0.0.0")
+    for listen in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        assert host_allowed("127.0.0.9:1", listen) and host_allowed("[::1]", listen)
+        assert not host_allowed("192.168.1.5", listen) and not host_allowed("speech.lan", listen)
+    assert host_allowed(None, "127.0.0.1")  # no Host header: not a browser
+    for broken in ("", "localhost:port", "localhost/x", "user@localhost", "[::1"):
+        assert not host_allowed(broken, "127.0.0.1"), broken
+
+
 # -- command line ---------------------------------------------------------------------------------------
 
 
@@ -945,6 +999,8 @@ def test_bad_serve_options_give_one_error_line_and_exit_2(capsys):
             (["serve", "--start-timeout-s", "0"], "--start-timeout-s must be positive"),
             (["serve", "--send-timeout-s", "nan"], "--send-timeout-s must be positive"),
             (["serve", "--max-unread-events", "0"], "--max-unread-events must be at least 1"),
+            (["serve", "--allowed-host", "https://speech.example"], "--allowed-host takes a host name"),
+            (["serve", "--allowed-host", "speech.example:443"], "--allowed-host takes a host name"),
         ):
             assert main(argv) == 2, argv
             err = capsys.readouterr().err.strip().splitlines()
