@@ -509,6 +509,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.baseline not in BASELINES:
         raise InputError(f"unknown baseline {args.baseline!r} (known: {', '.join(BASELINES)})")
     decoding = _decoding_config(args)
+    utterances = None  # the manifest, where it is read before evaluate
     if args.baseline == "gpe":
         if args.baseline_model:
             raise InputError("--baseline-model is for baselines other than gpe (gpe's model is given by --model)")
@@ -516,7 +517,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not args.model and not args.task:  # the default model for the languages the manifest declares
             from speechstream.manifest import declared_languages, read_manifest
 
-            languages = declared_languages(read_manifest(args.manifest), args.manifest)
+            utterances = read_manifest(args.manifest)  # (read once: evaluate takes it)
+            languages = declared_languages(utterances, args.manifest)
         name = _model_name(args, decoding, languages)
     else:
         if args.model:
@@ -535,7 +537,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.task = args.task or "asr"
     use_threads(args.threads)
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline,
-             source_lang=args.source_lang, target_lang=args.target_lang)
+             source_lang=args.source_lang, target_lang=args.target_lang, utterances=utterances)
     sys.stdout.write((Path(args.out) / SUMMARY_FILE).read_text(encoding="utf-8"))
     if name == "tiny-random":
         print(TINY_NOTE, file=sys.stderr)

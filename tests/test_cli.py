@@ -317,6 +317,26 @@ def test_a_whisper_baseline_refusing_a_manifests_language_does_not_point_at_a_fl
     assert not (tmp_path / "out" / "instances.log").exists()
 
 
+def test_eval_without_a_model_reads_its_manifest_once(capsys, tmp_path, clip, monkeypatch):
+    """Without --model, eval read the manifest (every line parsed, every audio file looked up) to choose the default
+    model for its declared languages, then read it again to evaluate: twice the time on a large manifest, and the
+    model was chosen for one version of a file that could change before the second read."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hi", "source_lang": "en"}) + "\n")
+    reads = []
+    read_text = Path.read_text
+
+    def counting_read_text(path, *args, **kwargs):
+        if path == manifest:
+            reads.append(path)
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting_read_text)
+    code, out, err = run(capsys, "eval", manifest, "--out", tmp_path / "out")
+    assert code == 0 and "WER" in out, err
+    assert len(reads) == 1
+
+
 def test_eval_records_the_languages(capsys, tmp_path, clip):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hi"}) + "\n")

@@ -124,13 +124,15 @@ def evaluate(
     baseline: str = "gpe",
     source_lang: str | None = None,
     target_lang: str | None = None,
+    utterances: Sequence[Utterance] | None = None,
 ) -> dict[str, float]:
     """Decode every utterance of the manifest not yet in ``out_dir/instances.log``, then score the whole log.
 
     ``model`` is the model of the ``baseline`` system: a GPE model name or directory (as for ``--model``)
     for "gpe", a Whisper asset name or directory for "whisper-offline"; it is loaded only when something is
     left to decode. ``source_lang`` / ``target_lang`` (``--source-lang`` / ``--target-lang``; None: the model's)
-    must be languages the model supports; the resolved ones are recorded in config.json. Returns the scores also
+    must be languages the model supports; the resolved ones are recorded in config.json. ``utterances``: the
+    manifest as ``read_manifest`` gave it to a caller that read it already (None: read here). Returns the scores also
     written to ``scores.json``. Raises InputError for a bad manifest, an unknown task or baseline, a language the
     model does not support, an output folder holding a run with other options, or audio that cannot be read (its
     header and segment range are checked for every utterance left to decode before the model loads; a file that
@@ -143,7 +145,7 @@ def evaluate(
     check_baseline(baseline, task)
     source_lang, target_lang = resolve_languages(baseline, model, source_lang, target_lang)
     manifest_path, out_dir = Path(manifest_path), Path(out_dir)
-    utterances = read_manifest(manifest_path)
+    utterances = read_manifest(manifest_path) if utterances is None else list(utterances)
     check_languages(declared_languages(utterances, manifest_path, task), (source_lang, target_lang), task, model,
                     manifest_path, baseline)
     references = manifest_references(utterances, task, manifest_path)
