@@ -151,15 +151,15 @@ def words_of(pieces: Sequence[str]) -> list[tuple[str, int, int]]:
 
 
 def align_words(log_probs: np.ndarray, labels: Sequence[int | None], pieces: Sequence[str], frame_s: float,
-                origin_s: float = 0.0, offset_s: float = 0.0, end_s: float = np.inf) -> list[Word] | None:
+                origin_s: float = 0.0, end_s: float = np.inf) -> list[Word] | None:
     """The words of a segment's text with the times they were spoken; None when the text cannot be aligned
     (``token_frames``), [] for a text of no words.
 
     ``labels`` and ``pieces``: each text token's CTC class and text; ``frame_s``: seconds per CTC frame;
-    ``origin_s``: where the segment's audio starts on the stream's timeline; ``offset_s``: where in its frame
-    a frame's audio lies; ``end_s``: where the segment's audio ends (the last frames' windows reach past it, into
-    zero padding: no time is later). A word runs from the first frame of its first spoken token to the last frame of
-    its last (``words_of``)."""
+    ``origin_s``: where the segment's audio starts on the stream's timeline (frame t starts ``t * frame_s`` after
+    it); ``end_s``: where the segment's audio ends (the last frames' windows reach past it, into zero padding: no
+    time is later). A word runs from the first frame of its first spoken token to the last frame of its last
+    (``words_of``)."""
     words = words_of(pieces)
     if not words:
         return []
@@ -169,8 +169,7 @@ def align_words(log_probs: np.ndarray, labels: Sequence[int | None], pieces: Seq
     times = []
     for text, first, stop in words:
         start, end = frames[first][0], max(frames[first][0], frames[stop - 1][1])
-        times.append(Word(text, min(origin_s + offset_s + start * frame_s, end_s),
-                          min(origin_s + offset_s + end * frame_s, end_s)))
+        times.append(Word(text, min(origin_s + start * frame_s, end_s), min(origin_s + end * frame_s, end_s)))
     return times
 
 

@@ -76,10 +76,10 @@ def test_a_character_split_over_byte_tokens_is_whole_in_its_word(tiny_model):
     assert " ".join(w for w, _, _ in words) == " ".join(assembler.committed.split()) and words[-1] == ("b", 9, 10)
 
 
-def test_word_times_take_the_frame_offset_and_stop_at_the_audio_end():
+def test_word_times_start_at_the_segment_origin_and_stop_at_the_audio_end():
     lp = frames(A, BLANK, B)
-    words = align_words(lp, [A, B], [" a", " b"], frame_s=0.04, origin_s=1.0, offset_s=0.01)
-    assert [(w.start_s, w.end_s) for w in words] == [pytest.approx((1.01, 1.05)), pytest.approx((1.09, 1.13))]
+    words = align_words(lp, [A, B], [" a", " b"], frame_s=0.04, origin_s=1.0)
+    assert [(w.start_s, w.end_s) for w in words] == [pytest.approx((1.0, 1.04)), pytest.approx((1.08, 1.12))]
     # a word in frames past the end of the segment's audio starts (and ends) there, never after it ends
     assert align_words(lp, [A, B], [" a", " b"], frame_s=0.04, end_s=0.05)[1] == Word("b", 0.05, 0.05)
 
