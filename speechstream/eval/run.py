@@ -15,9 +15,9 @@ same way. What lands in the output folder:
   `reference`, `delays`, `elapsed`, `source_length`) plus `audio_s` and `compute_s`, so that RTF can be
   recomputed from the log alone, and the audio it decoded: `audio` (the resolved path), `offset` and `duration`
   (seconds; `duration` null: to the end of the file). A rerun checks every logged record against the manifest
-  (id, position, reference, audio, offset and duration) and refuses a changed one, or one without a delay and an
-  elapsed time per word of its prediction; a record logged before
-  these three keys existed is checked by its `audio_s` against the length of the manifest's segment. Each line
+  (id, position, reference, audio file name, offset, duration, and its `audio_s` against the length of the
+  manifest's segment) and refuses a changed one, or one without a delay and an elapsed time per word of its
+  prediction; a record logged before the audio keys existed is checked by its `audio_s` alone. Each line
   is flushed and fsynced when its utterance finishes: a killed run loses at most the utterance in progress, and
   a rerun skips the ids already logged. Ctrl-C or SIGTERM stops a run with one line (exit 130 / 143) saying how
   many utterances are logged and which one was lost with the time spent on it; a stream's state cannot be saved
@@ -520,8 +520,9 @@ def _check_record(record, path: Path, number: int, position: dict, references: S
 
 def _check_source(record: dict, where: str, utterance: Utterance) -> None:
     """The record decoded the audio the manifest names now: same file name (its folder may have moved), offset and
-    duration; a record from before these were logged, audio of the segment's length (the most that can be
-    checked)."""
+    duration, and audio of the segment's length (a file of that name in another folder that is not the same audio:
+    a symlinked manifest's clips were read beside the link before they were read beside its target); a record from
+    before the audio fields were logged, audio of the segment's length (the most that can be checked)."""
     expected = source_fields(utterance)
     if any(field in record for field in SOURCE_FIELDS):
         numeric = (int, float)
@@ -535,7 +536,6 @@ def _check_source(record: dict, where: str, utterance: Utterance) -> None:
         if changed:
             raise InputError(f'{where}: "{record["id"]}" was decoded from other audio than the manifest names now '
                              f'({"; ".join(changed)}); use another --out')
-        return
     import soundfile
 
     try:

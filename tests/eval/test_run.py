@@ -422,6 +422,30 @@ def test_a_run_resumes_after_its_data_folder_moved(finished_run, tmp_path, word_
     assert deterministic(scores) == deterministic(finished_scores) and not word_sessions
 
 
+def test_a_symlinked_manifests_run_logged_beside_the_link_resumes_only_on_the_same_audio(finished_run, tmp_path,
+                                                                                         word_sessions):
+    """A symlinked manifest's relative clips were read beside the link, and are now read beside the file it points
+    to: its records name the link's folder. The same clips there resume (a folder moved); a file of the same name
+    but other audio (another length) is refused: its record was accepted by its name alone, scoring other audio."""
+    _, finished_out, finished_scores = finished_run
+    target = write_manifest(tmp_path / "target", list(DURATIONS))  # the same clips, references and ids
+    link = tmp_path / "link" / "manifest.jsonl"
+    link.parent.mkdir()
+    link.symlink_to(target)
+
+    def beside_the_link(record):
+        record["audio"] = str(link.parent / Path(record["audio"]).name)
+
+    _copy_run(finished_out, tmp_path / "out", beside_the_link)
+    scores = evaluate(link, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert deterministic(scores) == deterministic(finished_scores) and not word_sessions
+    _copy_run(finished_out, tmp_path / "out2", beside_the_link)
+    (tmp_path / "target" / "clip0.wav").write_bytes((tmp_path / "target" / "clip1.wav").read_bytes())  # 2.0 s
+    with pytest.raises(InputError, match='"clip-0" decoded 1.500 s of audio but the manifest\'s segment is 2.000 s'):
+        evaluate(link, tmp_path / "out2", "tiny-random", DECODING, "asr", progress=False)
+    assert not word_sessions
+
+
 def test_a_log_from_before_the_audio_fields_is_checked_by_its_length(finished_run, tmp_path, word_sessions):
     manifest, finished_out, finished_scores = finished_run
 
