@@ -415,7 +415,7 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
     """Transcribe every input in turn, writing text, jsonl, srt and vtt to ``out`` as they come and appending the json
     documents to ``documents``; a file that fails is reported and skipped. Returns the last such error, if any."""
     from speechstream import outputs
-    from speechstream.session import transcribe_file, transcribe_pcm
+    from speechstream.session import StreamInterrupted, transcribe_file, transcribe_pcm
 
     failed = None
     for path in args.audio:
@@ -434,6 +434,7 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
                 out.flush()
                 wrote_text = wrote_text or bool(event.text)
 
+        interrupted = None
         try:
             if path == "-":
                 events = transcribe_pcm(model, decoding, sys.stdin.buffer, args.input_rate, on_event,
@@ -441,6 +442,8 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
             else:
                 events = transcribe_file(model, decoding, path, on_event, partials=args.format == "jsonl",
                                          segment_starts=starts, words=words)
+        except StreamInterrupted as stop:  # Ctrl-C: the text committed so far is written, as for a finished file
+            events, interrupted = stop.events, stop
         except InputError as error:  # report, keep what was done, go on with the other files
             print(f"speechstream: error: {error}", file=sys.stderr)
             failed = error
@@ -467,7 +470,15 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
             out.write(outputs.srt(events, starts, words))
         elif args.format == "vtt":
             out.write(outputs.vtt(events, starts, words))
+        if interrupted is not None:
+            end = events[-1]
+            raise TranscribeInterrupted(f"interrupted {end.audio_s:.1f} s into {'stdin' if path == '-' else path}: "
+                                        "the text committed until then is in the output")
     return failed
+
+
+class TranscribeInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped ``transcribe`` inside a file, whose text so far was written; the message says how far it got."""
 
 
 def _write_json(args: argparse.Namespace, out, documents: list[dict]) -> None:
@@ -677,8 +688,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"speechstream: error: {one_line(error)}", file=sys.stderr)
         return error.exit_code
-    except KeyboardInterrupt:
-        print("speechstream: error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as stop:
+        print(f"speechstream: error: {stop if isinstance(stop, TranscribeInterrupted) else 'interrupted'}",
+              file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of stdout went away (| head): stop quietly, as a shell tool does
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -843,17 +843,42 @@ class StreamingSession:
         return Event(kind, text, round(self._source_s, 3), round(self._wall(), 3))
 
 
+class StreamInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a file's or a pipe's stream before its end: ``events`` are the stream's events up to then,
+    ending with those of ``StreamingSession.close`` (the text committed so far, and an "end" event), so that what was
+    transcribed can still be written; the segment starts and words lists given were extended as at a normal end."""
+
+    def __init__(self, events: list[Event]):
+        super().__init__()
+        self.events = events
+
+
 def _finish_stream(session: StreamingSession, events: list[Event], on_event: Callable[[Event], None],
-                   segment_starts: list[float] | None, words: list[Word] | None) -> list[Event]:
-    """End a file or pipe stream: its last events, then the segment starts and words the caller asked for."""
-    for event in session.finish():
-        events.append(event)
-        on_event(event)
+                   segment_starts: list[float] | None, words: list[Word] | None, close: bool = False) -> list[Event]:
+    """End a file or pipe stream: its last events (``session.finish``, or with ``close`` ``session.close``: no more
+    model work), then the segment starts and words the caller asked for."""
+    ending = session.close() if close else session.finish()
     if segment_starts is not None:
         segment_starts += session.segment_start_times
     if words is not None:
         words += session.words
+    events += ending
+    for event in ending:
+        on_event(event)
     return events
+
+
+@contextlib.contextmanager
+def _closed_on_interrupt(session: StreamingSession, events: list[Event], on_event: Callable[[Event], None],
+                         segment_starts: list[float] | None, words: list[Word] | None):
+    """Ctrl-C inside the block (a feed, the end of the stream) closes the session, which keeps the text committed so
+    far, and raises `StreamInterrupted` with the stream's events: a long file stopped near its end keeps its text."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not session.finished:
+            _finish_stream(session, events, on_event, segment_starts, words, close=True)
+        raise StreamInterrupted(events) from None
 
 
 def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_event: Callable[[Event], None],
@@ -865,7 +890,8 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
     ``duration_s`` stream only that time range of the file (a manifest's segment of a long recording). A
     ``segment_starts`` list is extended with the session's ``segment_start_times``, a ``words`` list with its
     ``words`` (both for ``outputs.cues``).
-    The file is read a block at a time (``audio.stream_audio``): memory does not grow with its length.
+    The file is read a block at a time (``audio.stream_audio``): memory does not grow with its length. Ctrl-C
+    closes the session and raises `StreamInterrupted` with the events so far (the text committed up to then).
     """
     from speechstream.audio import stream_audio
     from speechstream.chunker import chunk_samples
@@ -881,15 +907,16 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
             events.append(event)
             on_event(event)
 
-    for block in itertools.chain([first], blocks):  # fed in chunks of the chunk grid, as a live source would
-        held = np.concatenate([held, block]) if held.size else block
-        whole = held.size - held.size % step
-        for start in range(0, whole, step):
-            feed(held[start : start + step])
-        held = held[whole:]
-    if held.size:
-        feed(held)
-    return _finish_stream(session, events, on_event, segment_starts, words)
+    with _closed_on_interrupt(session, events, on_event, segment_starts, words):
+        for block in itertools.chain([first], blocks):  # fed in chunks of the chunk grid, as a live source would
+            held = np.concatenate([held, block]) if held.size else block
+            whole = held.size - held.size % step
+            for start in range(0, whole, step):
+                feed(held[start : start + step])
+            held = held[whole:]
+        if held.size:
+            feed(held)
+        return _finish_stream(session, events, on_event, segment_starts, words)
 
 
 def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO, sample_rate: int,
@@ -902,8 +929,9 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
     mono) and its data chunk alone. The end of the input, or Ctrl-C, finishes the stream (its tail is read and
     written); a Ctrl-C while the session works on a buffer takes effect once that buffer is done (an interrupted step
     would leave its caches half-updated), one while the pipe is waited on at once. A last incomplete sample is
-    dropped. The audio a file would hold gives the events that file gives.
-    ``segment_starts``, ``words``: as in ``transcribe_file``."""
+    dropped. The audio a file would hold gives the events that file gives. A second Ctrl-C while the stream ends
+    closes it as in ``transcribe_file`` (`StreamInterrupted`). ``segment_starts``, ``words``: as in
+    ``transcribe_file``."""
     from speechstream.audio import StreamResampler, pcm_frames_to_float, stream_layout
 
     if isinstance(stream, io.TextIOBase) or not callable(getattr(stream, "read", None)):
@@ -958,5 +986,6 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
             feed(resampler.push(pcm_frames_to_float(pcm, layout.channels)))
     if received < 2:
         raise InputError("stdin: no audio (raw little-endian int16 mono PCM or a 16-bit WAV stream was expected)")
-    feed(resampler.flush())
-    return _finish_stream(session, events, on_event, segment_starts, words)
+    with _closed_on_interrupt(session, events, on_event, segment_starts, words):  # (a second Ctrl-C, while it ends)
+        feed(resampler.flush())
+        return _finish_stream(session, events, on_event, segment_starts, words)

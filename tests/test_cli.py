@@ -598,6 +598,40 @@ def test_ctrl_c_keeps_the_files_already_transcribed(capsys, monkeypatch, tmp_pat
         assert [json.loads(line)["type"] for line in text.splitlines()].count("end") == 2
 
 
+class InterruptedSession(TextSession):
+    """A wordy session that Ctrl-C stops at its 12th feed (640 ms chunks: 7.68 s into the audio)."""
+
+    def feed(self, samples):
+        self.feeds = getattr(self, "feeds", 0) + 1
+        if self.feeds == 12:
+            raise KeyboardInterrupt
+        return super().feed(samples)
+
+
+@pytest.mark.parametrize("fmt", ["json", "srt", "vtt", "text", "jsonl"])
+def test_ctrl_c_inside_a_long_file_keeps_its_text_so_far(capsys, monkeypatch, tmp_path, fmt):
+    """Ctrl-C 7.7 s into a 20 s file: exit 130 with one line saying how far it got, and the text committed until then
+    is in the output in every format (json, srt and vtt wrote nothing of it: minutes of a long file were lost)."""
+    monkeypatch.setattr(session_module, "StreamingSession", InterruptedSession)
+    audio = write_wav(tmp_path / "long.wav", seconds=20.0)
+    output = tmp_path / f"out.{'txt' if fmt == 'text' else fmt}"
+    code, out, err = run(capsys, "transcribe", audio, "--format", fmt, "--output", output)
+    assert_one_error(code, err, 130, r"interrupted 7\.0 s into .*long\.wav: the text committed until then is in the output")
+    text = output.read_text(encoding="utf-8")
+    if fmt == "json":
+        document = json.loads(text)
+        assert len(document["text"].split()) >= 5 and document["audio_s"] == 7.04
+        assert " ".join(segment["text"] for segment in document["segments"]).split() == document["text"].split()
+    elif fmt in ("srt", "vtt"):
+        assert len(re.findall(r" --> ", text)) >= 1 and len(text.split()) >= 8
+    elif fmt == "text":
+        assert text.endswith("\n") and len(text.split()) >= 5
+    else:
+        events = [json.loads(line) for line in text.splitlines()]
+        assert events[-1]["type"] == "end" and len(events[-1]["text"].split()) >= 5
+        assert "".join(event["text"] for event in events if event["type"] == "final") == events[-1]["text"]
+
+
 def test_verify(capsys):
     code, out, err = run(capsys, "verify", "--k", "1")
     assert code == 0, err
