@@ -72,7 +72,7 @@ class WindowStats:
     median_ms: float  # median compute time of one chunk
     p95_ms: float  # 95th percentile
     llm_cache: int  # LLM cache slots at the window's end
-    max_llm_cache: int  # largest LLM cache seen in the window
+    max_llm_cache: int  # largest LLM cache in the window (after any LLM step, a segment's tail before its reset too)
     segment: int  # VAD segment index at the window's end
 
 
@@ -124,12 +124,13 @@ def rss_mb(status: Path = Path("/proc/self/status"), platform: str = sys.platfor
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 * 1024 if platform == "darwin" else 1024)
 
 
-def window_stats(start_min: float, end_min: float, latencies_s: list[float], caches: list[int],
+def window_stats(start_min: float, end_min: float, latencies_s: list[float], caches: list[tuple[int, int]],
                  segment: int) -> WindowStats:
-    """Summarise one window (pure, apart from reading the memory)."""
+    """Summarise one window (pure, apart from reading the memory); ``caches``: per chunk, the LLM cache's length after
+    its feed and the most it held during it."""
     ms = np.asarray(latencies_s) * 1000
     return WindowStats(start_min, end_min, rss_mb(), float(np.median(ms)), float(np.percentile(ms, 95)),
-                       caches[-1], max(caches), segment)
+                       caches[-1][0], max(peak for _, peak in caches), segment)
 
 
 def minute_decimals(window_minutes: float) -> int:
@@ -201,7 +202,7 @@ def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
     emit(format_header(decimals))
     windows: list[WindowStats] = []
     latencies: list[float] = []
-    caches: list[int] = []
+    caches: list[tuple[int, int]] = []  # per chunk: the LLM cache after its feed, and the most during it
     fed = 0
 
     def close_window() -> None:
@@ -218,9 +219,9 @@ def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
             start = time.perf_counter()
             session.feed(chunk)
             sync()
-            elapsed, cache = time.perf_counter() - start, session.llm_cache_length or 0
+            elapsed = time.perf_counter() - start
             latencies.append(elapsed)
-            caches.append(cache)
+            caches.append((session.llm_cache_length or 0, session.take_llm_cache_peak() or 0))
             fed += chunk.size
             if fed >= (len(windows) + 1) * window or fed >= total:
                 close_window()

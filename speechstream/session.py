@@ -206,6 +206,7 @@ class StreamingSession:
         self.projector = ProjectorStream(model.projector)
         self.ctc_windows = self._new_ctc_windows()
         self.llm = self._new_llm_state() if own_llm else None
+        self._llm_cache_peak = 0  # the most slots self.llm held after a step since ``take_llm_cache_peak``
         self.text = TextAssembler(model.tokenizer)
         self.units: deque[_Unit] = deque()  # units computed but not yet read by the LLM
         self.stats: list[UnitStats] = []  # per unit, in order
@@ -581,6 +582,15 @@ class StreamingSession:
         """Slots in this session's own LLM cache (None with an outside driver)."""
         return None if self.llm is None else int(self.llm.kinds.shape[1])
 
+    def take_llm_cache_peak(self) -> int | None:
+        """The most slots this session's own LLM cache held since the previous call (or the start), and start counting
+        afresh (None with an outside driver). ``llm_cache_length`` read between feeds never sees a segment's largest
+        cache: the segment end that writes its tail also resets the cache, inside the same feed."""
+        if self.llm is None:
+            return None
+        peak, self._llm_cache_peak = max(self._llm_cache_peak, self.llm_cache_length), 0
+        return peak
+
     # -- source side --------------------------------------------------------------------------
 
     def _new_ctc_windows(self) -> CTCWindowStream | None:
@@ -810,6 +820,7 @@ class StreamingSession:
             kinds = request.kinds[None]
             keep = last_rows(kinds, [self.logit_rows(request)])  # the output layer runs for these rows only
             logits = self.model.decoder.step(self.llm, request.embeds[None], kinds, keep=keep)
+            self._llm_cache_peak = max(self._llm_cache_peak, int(self.llm.kinds.shape[1]))
             events += self.apply(request, logits)
         return events + self._partial()
 

@@ -117,3 +117,23 @@ def test_device_work_is_waited_for_before_a_chunk_is_timed(monkeypatch):
     assert waited == []
     bench.device_sync("cuda:1")()
     assert waited == ["cuda:1"]
+
+
+def test_the_largest_llm_cache_counts_a_segments_tail_before_its_reset(capsys, monkeypatch):
+    """The "max cache" column took the cache's length between feeds, so it never saw a segment's largest cache: the
+    feed that ends a segment writes its tail (tiny-random: max_tail_tokens, 200) and resets the cache. 173 slots was
+    reported where the cache held more than 200. Now it is the largest after any LLM step of the window."""
+    from speechstream.decoder import GPEDecoder
+
+    step, largest = GPEDecoder.step, []
+
+    def watching_step(self, state, *args, **kwargs):
+        logits = step(self, state, *args, **kwargs)
+        largest.append(int(state.kinds.shape[1]))
+        return logits
+
+    monkeypatch.setattr(GPEDecoder, "step", watching_step)
+    assert main(["bench", "--minutes", "0.2", "--window-minutes", "0.2", "--vad"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[2]
+    end_cache, max_cache, segment = (int(x) for x in row.split()[-3:])
+    assert segment >= 1 and max_cache == max(largest) > 200 > end_cache
