@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from speechstream.errors import InputError, SpeechstreamError
+from speechstream.interrupts import Terminated, TerminateAsInterrupt
 
 TINY_NOTE = "speechstream: note: tiny-random is an untrained test model: it writes little or no text, none of it " \
     "meaningful"
@@ -397,8 +398,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     out = LazyOutput(args.output) if args.output else sys.stdout
     documents: list[dict] = []  # json: one per file transcribed, written at the end
     try:
-        failed = _transcribe_each(args, model, decoding, out, documents)
-    except KeyboardInterrupt:  # Ctrl-C: stop, but still write the json documents of the files already done
+        with TerminateAsInterrupt():  # SIGTERM (`timeout`, a service manager) keeps the text as Ctrl-C does
+            failed = _transcribe_each(args, model, decoding, out, documents)
+    except (KeyboardInterrupt, TranscribeInterrupted):  # stop, but still write the json documents of the files done
         if documents:
             _write_json(args, out, documents)
         raise
@@ -471,14 +473,19 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
         elif args.format == "vtt":
             out.write(outputs.vtt(events, starts, words))
         if interrupted is not None:
-            end = events[-1]
-            raise TranscribeInterrupted(f"interrupted {end.audio_s:.1f} s into {'stdin' if path == '-' else path}: "
-                                        "the text committed until then is in the output")
+            how = "terminated (SIGTERM)" if interrupted.terminated else "interrupted"
+            raise TranscribeInterrupted(f"{how} {events[-1].audio_s:.1f} s into {'stdin' if path == '-' else path}: "
+                                        "the text committed until then is in the output", interrupted.terminated)
     return failed
 
 
-class TranscribeInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped ``transcribe`` inside a file, whose text so far was written; the message says how far it got."""
+class TranscribeInterrupted(SpeechstreamError):
+    """Ctrl-C (exit 130) or SIGTERM (exit 143) stopped ``transcribe`` inside a file, whose text so far was written;
+    the message says how far it got."""
+
+    def __init__(self, message: str, terminated: bool):
+        super().__init__(message)
+        self.exit_code = 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
 def _write_json(args: argparse.Namespace, out, documents: list[dict]) -> None:
@@ -689,8 +696,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speechstream: error: {one_line(error)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt as stop:
-        print(f"speechstream: error: {stop if isinstance(stop, TranscribeInterrupted) else 'interrupted'}",
-              file=sys.stderr)
+        if isinstance(stop, Terminated):  # SIGTERM where a command unwinds it as Ctrl-C, outside any file
+            print("speechstream: error: terminated (SIGTERM)", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        print("speechstream: error: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of stdout went away (| head): stop quietly, as a shell tool does
         devnull = os.open(os.devnull, os.O_WRONLY)

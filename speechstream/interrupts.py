@@ -4,7 +4,8 @@
 thread (signals are only delivered there; elsewhere nothing is installed) and puts the previous handlers back on
 exit. `SigintHandler` takes Ctrl-C (SIGINT): `speechstream.live.StopFlag` (stop recording, then skip, then
 interrupt) and `HeldInterrupts` (``transcribe -``) are its uses. `DeferredStop` (``train``) also takes SIGTERM: the
-step in progress finishes and is saved. `TerminateAsInterrupt` (``eval``, the sweep) unwinds SIGTERM as Ctrl-C.
+step in progress finishes and is saved. `TerminateAsInterrupt` (``eval``, ``transcribe``, the sweep) unwinds SIGTERM
+as Ctrl-C.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ class DeferredStop(SignalHandler):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM where `TerminateAsInterrupt` is in force (``eval``'s decoding, the sweep's loop): it unwinds as
-    Ctrl-C."""
+    """SIGTERM where `TerminateAsInterrupt` is in force (``eval``'s decoding, ``transcribe``, the sweep's loop): it
+    unwinds as Ctrl-C."""
 
 
 class TerminateAsInterrupt(SignalHandler):

@@ -66,7 +66,7 @@ from speechstream.decoder import last_rows
 from speechstream.encoder import EncoderStream
 from speechstream.errors import InputError
 from speechstream.features import LogMelStream
-from speechstream.interrupts import HeldInterrupts
+from speechstream.interrupts import HeldInterrupts, Terminated
 from speechstream.model import SpeechLLM
 from speechstream.policy import POLICIES, Action, Policy, Read, Stop, StreamView, Write
 from speechstream.projector import ProjectorStream
@@ -855,13 +855,15 @@ class StreamingSession:
 
 
 class StreamInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a file's or a pipe's stream before its end: ``events`` are the stream's events up to then,
-    ending with those of ``StreamingSession.close`` (the text committed so far, and an "end" event), so that what was
-    transcribed can still be written; the segment starts and words lists given were extended as at a normal end."""
+    """Ctrl-C (or SIGTERM, ``terminated``, where `TerminateAsInterrupt` is in force) stopped a file's or a pipe's
+    stream before its end: ``events`` are the stream's events up to then, ending with those of
+    ``StreamingSession.close`` (the text committed so far, and an "end" event), so that what was transcribed can still
+    be written; the segment starts and words lists given were extended as at a normal end."""
 
-    def __init__(self, events: list[Event]):
+    def __init__(self, events: list[Event], terminated: bool = False):
         super().__init__()
         self.events = events
+        self.terminated = terminated
 
 
 def _finish_stream(session: StreamingSession, events: list[Event], on_event: Callable[[Event], None],
@@ -886,10 +888,12 @@ def _closed_on_interrupt(session: StreamingSession, events: list[Event], on_even
     far, and raises `StreamInterrupted` with the stream's events: a long file stopped near its end keeps its text."""
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        if isinstance(stop, StreamInterrupted):  # (an inner block's)
+            raise
         if not session.finished:
             _finish_stream(session, events, on_event, segment_starts, words, close=True)
-        raise StreamInterrupted(events) from None
+        raise StreamInterrupted(events, isinstance(stop, Terminated)) from None
 
 
 def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_event: Callable[[Event], None],
@@ -978,7 +982,7 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
         carry = data[whole:]
         return data[:whole]
 
-    with HeldInterrupts() as interrupts:
+    with _closed_on_interrupt(session, events, on_event, segment_starts, words), HeldInterrupts() as interrupts:
         try:
             while data := read(block_bytes):
                 pcm = take(data)
@@ -988,8 +992,10 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
                         feed(resampler.push(pcm_frames_to_float(pcm, layout.channels)))
                 if interrupts.pending:
                     break
-        except KeyboardInterrupt:
-            pass  # Ctrl-C: finish with what has arrived
+        except KeyboardInterrupt as stop:
+            if isinstance(stop, Terminated) or session._failure is not None:  # SIGTERM (`TerminateAsInterrupt`),
+                raise  # or a stop inside a step (the session is half-updated): close it, no more work
+            # Ctrl-C at the pipe: finish with what has arrived
     if layout is None:  # the stream ended inside what could still have been a WAV header
         pcm = take(b"", ended=True)
         received += len(pcm)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -616,7 +617,8 @@ def test_ctrl_c_inside_a_long_file_keeps_its_text_so_far(capsys, monkeypatch, tm
     audio = write_wav(tmp_path / "long.wav", seconds=20.0)
     output = tmp_path / f"out.{'txt' if fmt == 'text' else fmt}"
     code, out, err = run(capsys, "transcribe", audio, "--format", fmt, "--output", output)
-    assert_one_error(code, err, 130, r"interrupted 7\.0 s into .*long\.wav: the text committed until then is in the output")
+    assert_one_error(code, err, 130, r"interrupted 7\.0 s into .*long\.wav: the text committed until then is in the "
+                                     "output")
     text = output.read_text(encoding="utf-8")
     if fmt == "json":
         document = json.loads(text)
@@ -630,6 +632,37 @@ def test_ctrl_c_inside_a_long_file_keeps_its_text_so_far(capsys, monkeypatch, tm
         events = [json.loads(line) for line in text.splitlines()]
         assert events[-1]["type"] == "end" and len(events[-1]["text"].split()) >= 5
         assert "".join(event["text"] for event in events if event["type"] == "final") == events[-1]["text"]
+
+
+class TerminatedSession(TextSession):
+    """A wordy session whose process gets SIGTERM at its 12th feed (7.04 s into the audio)."""
+
+    def feed(self, samples):
+        self.feeds = getattr(self, "feeds", 0) + 1
+        if self.feeds == 12:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().feed(samples)
+
+
+def test_sigterm_inside_a_long_file_keeps_its_text_so_far(capsys, monkeypatch, tmp_path):
+    """SIGTERM (``timeout``, a service manager) ended transcribe at once, with no message and nothing of a file's
+    srt/json written; now it stops as Ctrl-C does, with exit 143, and the text so far is in the output."""
+
+    def default_action(signum, frame):
+        raise AssertionError("SIGTERM reached the process's own handler: transcribe would have died, writing nothing")
+
+    monkeypatch.setattr(session_module, "StreamingSession", TerminatedSession)
+    previous = signal.signal(signal.SIGTERM, default_action)
+    try:
+        audio = write_wav(tmp_path / "long.wav", seconds=20.0)
+        output = tmp_path / "out.srt"
+        code, out, err = run(capsys, "transcribe", audio, "--output", output)
+        assert signal.getsignal(signal.SIGTERM) is default_action  # put back afterwards
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert_one_error(code, err, 143, r"terminated \(SIGTERM\) 7\.0 s into .*long\.wav: the text committed until "
+                                     "then is in the output")
+    assert len(re.findall(r" --> ", output.read_text(encoding="utf-8"))) >= 1
 
 
 def test_verify(capsys):

@@ -621,3 +621,39 @@ def test_decoding_caps_past_the_llms_positions_are_named_in_the_error(tiny_model
     """(context tokens past them were blamed on --max-tokens-per-chunk 24 and the tail)"""
     with pytest.raises(InputError, match=f"target positions .* too few for the .*{named}"):
         StreamingSession(tiny_model, DecodingConfig(vad=True, **{field: value}))
+
+
+@pytest.mark.parametrize("stop", ["KeyboardInterrupt", "Terminated"])
+def test_a_stop_inside_a_step_keeps_the_streams_text(tiny_model, monkeypatch, stop):
+    """Ctrl-C inside a file's step, or SIGTERM inside a pipe's (Ctrl-C is held there until the buffer is done, SIGTERM
+    is not), left a half-updated session: the file's events were lost, and the pipe went on to finish the stream,
+    which the session refused (an InputError). Now the session is closed and `StreamInterrupted` carries every event,
+    the text committed before the stop and the "end" event included."""
+    from speechstream.interrupts import Terminated
+    from speechstream.session import StreamInterrupted, transcribe_file, transcribe_pcm
+
+    audio = load_audio("samples/jfk.wav")[: 8 * SAMPLE_RATE]
+    pcm = (audio * 32767).astype("<i2").tobytes()
+    step, calls = tiny_model.decoder.step, []
+
+    def stopping_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 12:
+            raise {"KeyboardInterrupt": KeyboardInterrupt, "Terminated": Terminated}[stop]
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_model.decoder, "step", stopping_step)
+    decoding = DecodingConfig(ctc_weight=0.0, max_tokens_per_chunk=4)
+    for source in ("file", "pipe"):
+        calls.clear()
+        seen = []
+        with pytest.raises(StreamInterrupted) as raised:
+            if source == "file":
+                transcribe_file(tiny_model, decoding, "samples/jfk.wav", seen.append, duration_s=8.0)
+            else:
+                transcribe_pcm(tiny_model, decoding, io.BytesIO(pcm), SAMPLE_RATE, seen.append)
+        events = raised.value.events
+        assert raised.value.terminated == (stop == "Terminated")
+        assert events == seen and events[-1].type == "end" and [e.type for e in events].count("end") == 1
+        assert "".join(e.text for e in events if e.type == "final") == events[-1].text
+        assert 0 < events[-1].audio_s < 8.0
