@@ -855,15 +855,23 @@ class StreamingSession:
 
 
 class StreamInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or SIGTERM, ``terminated``, where `TerminateAsInterrupt` is in force) stopped a file's or a pipe's
-    stream before its end: ``events`` are the stream's events up to then, ending with those of
-    ``StreamingSession.close`` (the text committed so far, and an "end" event), so that what was transcribed can still
-    be written; the segment starts and words lists given were extended as at a normal end."""
+    """Ctrl-C stopped a file's or a pipe's stream before its end: ``events`` are the stream's events up to then,
+    ending with those of ``StreamingSession.close`` (the text committed so far, and an "end" event), so that what was
+    transcribed can still be written; the segment starts and words lists given were extended as at a normal end."""
 
-    def __init__(self, events: list[Event], terminated: bool = False):
+    def __init__(self, events: list[Event]):
         super().__init__()
         self.events = events
-        self.terminated = terminated
+
+    @property
+    def terminated(self) -> bool:
+        """SIGTERM stopped it (`StreamTerminated`), not Ctrl-C."""
+        return isinstance(self, Terminated)
+
+
+class StreamTerminated(StreamInterrupted, Terminated):
+    """`StreamInterrupted` by SIGTERM where `TerminateAsInterrupt` is in force: still a `Terminated` to its callers
+    (``eval`` reports exit 143 for it)."""
 
 
 def _finish_stream(session: StreamingSession, events: list[Event], on_event: Callable[[Event], None],
@@ -893,7 +901,7 @@ def _closed_on_interrupt(session: StreamingSession, events: list[Event], on_even
             raise
         if not session.finished:
             _finish_stream(session, events, on_event, segment_starts, words, close=True)
-        raise StreamInterrupted(events, isinstance(stop, Terminated)) from None
+        raise (StreamTerminated if isinstance(stop, Terminated) else StreamInterrupted)(events) from None
 
 
 def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_event: Callable[[Event], None],
