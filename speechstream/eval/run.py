@@ -522,7 +522,8 @@ def _check_source(record: dict, where: str, utterance: Utterance) -> None:
     """The record decoded the audio the manifest names now: same file name (its folder may have moved), offset and
     duration, and audio of the segment's length (a file of that name in another folder that is not the same audio:
     a symlinked manifest's clips were read beside the link before they were read beside its target); a record from
-    before the audio fields were logged, audio of the segment's length (the most that can be checked)."""
+    before the audio fields were logged, audio of the segment's length (the most that can be checked). The length
+    is the header's, or the samples counted where that disagrees (an MP3's header may only guess it)."""
     expected = source_fields(utterance)
     if any(field in record for field in SOURCE_FIELDS):
         numeric = (int, float)
@@ -540,7 +541,9 @@ def _check_source(record: dict, where: str, utterance: Utterance) -> None:
 
     try:
         length = _utterance_length(utterance)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError, OSError) as error:
+        if abs(record["audio_s"] - length) > LENGTH_TOLERANCE_S:  # a header's length may be a guess: count samples
+            length = _decoded_length(utterance)
+    except (InputError, soundfile.LibsndfileError, RuntimeError, TypeError, ValueError, OSError) as error:
         raise InputError(f'{where}: cannot check "{record["id"]}" against {utterance.audio} '
                          f"({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
     if abs(record["audio_s"] - length) > LENGTH_TOLERANCE_S:
@@ -572,6 +575,15 @@ def _utterance_length(utterance: Utterance) -> float:
         return utterance.duration
     info = soundfile.info(str(utterance.audio))
     return info.frames / info.samplerate - (utterance.offset or 0.0)
+
+
+def _decoded_length(utterance: Utterance) -> float:
+    """Seconds of audio decoding the utterance gives, its samples counted: an MP3 without its info frame has a length
+    in its header that libsndfile guesses from its first frame's bitrate (too long where the audio starts quiet)."""
+    from speechstream.audio import SAMPLE_RATE, stream_audio
+
+    blocks = stream_audio(utterance.audio, utterance.offset or 0.0, utterance.duration)
+    return sum(len(block) for block in blocks) / SAMPLE_RATE
 
 
 def _check_sentence_times(utterance: Utterance, length_s: float) -> None:
