@@ -161,6 +161,9 @@ class ServerConfig:
             if host_name(value) is None or ":" in value.rpartition("]")[2]:
                 raise InputError(f"--allowed-host takes a host name as a browser's Host header names it, without "
                                  f"scheme, port or path (e.g. speech.example), got {value!r}")
+            if not value.isascii():  # browsers send an international name's ASCII form: bücher.example never came
+                raise InputError(f"--allowed-host takes a name in the ASCII form browsers send in the Host header "
+                                 f"(xn--...; the server's log names a refused one), got {value!r}")
         return self
 
     @property

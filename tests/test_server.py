@@ -1001,6 +1001,8 @@ def test_bad_serve_options_give_one_error_line_and_exit_2(capsys):
             (["serve", "--max-unread-events", "0"], "--max-unread-events must be at least 1"),
             (["serve", "--allowed-host", "https://speech.example"], "--allowed-host takes a host name"),
             (["serve", "--allowed-host", "speech.example:443"], "--allowed-host takes a host name"),
+            (["serve", "--allowed-host", "bücher.example", "--port", str(port)],  # (browsers send xn--bcher-kva...)
+             "--allowed-host takes a name in the ASCII form browsers send"),
         ):
             assert main(argv) == 2, argv
             err = capsys.readouterr().err.strip().splitlines()
