@@ -94,7 +94,7 @@ class CaptureProcessor extends AudioWorkletProcessor {
 
   outputSample(n) {
     // output sample n from the precomputed taps of its phase (the same sum as sampleAt, in the same order)
-    const at = n * sampleRate; // an exact integer (below 2^53 for centuries of audio)
+    const at = n * sampleRate; // exact below 2^53: 8 days of audio at 768 kHz, 135 at 48 kHz
     const r = at % OUT_RATE;
     const index = r / this.phaseStep;
     const { lo, taps } = this.phases[index] || (this.phases[index] = this.makePhase(index));
