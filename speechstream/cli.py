@@ -563,13 +563,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from speechstream.train import load_train_config, train
+    from accelerate import PartialState
+
+    from speechstream.train import TrainingStopped, load_train_config, train
 
     if args.stop_after is not None and args.stop_after < 1:
         raise InputError("--stop-after must be at least 1")
     config = load_train_config(args.recipe, args.overrides)
-    path = train(config, stop_after=args.stop_after)
-    print(f"trainable weights: {path}")
+    try:
+        path = train(config, stop_after=args.stop_after)
+    except TrainingStopped as stopped:  # (with several processes the main one says it, once for all)
+        if PartialState().is_main_process:
+            raise
+        return stopped.exit_code
+    if PartialState().is_main_process:
+        print(f"trainable weights: {path}")
     return 0
 
 

@@ -48,7 +48,7 @@ from torch import nn
 from speechstream.audio import SAMPLE_RATE, check_audio, load_audio
 from speechstream.config import _check_type, check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
 from speechstream.ctc_head import ctc_windows
-from speechstream.errors import InputError
+from speechstream.errors import InputError, SpeechstreamError
 from speechstream.interrupts import DeferredStop
 from speechstream.manifest import audio_path, text_lines, time_field
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
@@ -923,12 +923,29 @@ def save_step(accelerator, objective: nn.Module, out_dir: Path, step: int, windo
         write_file_durably(out_dir / "progress.json", json.dumps({"step": step}))
 
 
+class TrainingStopped(SpeechstreamError):
+    """Ctrl-C or SIGTERM stopped the run after saving its step (exit 130); the message says where, and that the
+    same command resumes."""
+
+    exit_code = 130
+
+
+def agreed_signal(requested: str | None, reduce_max: typing.Callable[[torch.Tensor], torch.Tensor]) -> str | None:
+    """The signal that stops every rank after this step: this rank's (``requested``), else one another rank got
+    (``reduce_max``: the largest of a tensor over the ranks), else None."""
+    code = DeferredStop.SIGNALS.index(requested) + 1 if requested else 0
+    agreed = int(reduce_max(torch.tensor([code])).item())
+    return requested or (DeferredStop.SIGNALS[agreed - 1] if agreed else None)
+
+
 def stop_requested(stop: DeferredStop, accelerator) -> bool:
-    """Whether a signal asked any rank's run to stop (the ranks agree: each stops after the same step)."""
-    asked = stop.requested is not None
-    if accelerator.num_processes == 1:
-        return asked
-    return bool(accelerator.reduce(torch.tensor([float(asked)], device=accelerator.device), "sum").item())
+    """Whether a signal asked any rank's run to stop (the ranks agree: each stops after the same step). A rank
+    that got none takes the signal another one got as its own (``stop.requested``): its dev evaluation stops and
+    its message names that signal."""
+    if accelerator.num_processes > 1:
+        stop.requested = agreed_signal(
+            stop.requested, lambda t: accelerator.reduce(t.to(accelerator.device), "max").cpu())
+    return stop.requested is not None
 
 
 def train(config: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path:
@@ -936,8 +953,9 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
 
     ``stop_after`` ends this run after that many steps (a checkpoint is saved), as an
     interruption would; the schedule still follows ``config.steps``. Ctrl-C (SIGINT) or SIGTERM during the steps
-    finishes the step in progress, saves it and raises KeyboardInterrupt (a second Ctrl-C raises it at once); during
-    a dev evaluation it stops the evaluation at the next utterance (no dev row is logged), saves the step and raises.
+    finishes the step in progress, saves it and raises `TrainingStopped` (a second Ctrl-C raises KeyboardInterrupt at
+    once); during a dev evaluation it stops the evaluation at the next utterance (no dev row is logged), saves the
+    step and raises. With several processes a signal to any of them stops all after the same step.
     A run resumed at an evaluation step without its dev row scores it first.
     """
     from accelerate import Accelerator
@@ -1108,12 +1126,10 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
                 plot_losses(log_path, out_dir / "loss.png")
             if stopping or cut:
                 bar.close()
-                if accelerator.is_main_process:
-                    when = "during the dev evaluation after" if cut else "after"
-                    left = "its dev evaluation is left out; " if cut and score is None else ""
-                    print(f"speechstream: note: {stop.requested} {when} step {done} of {config.steps}: {left}its "
-                          f"checkpoint is saved in {out_dir}; the same command resumes", file=sys.stderr)
-                raise KeyboardInterrupt
+                when = "during the dev evaluation after" if cut else "after"
+                left = "its dev evaluation is left out; " if cut and score is None else ""
+                raise TrainingStopped(f"{stop.requested} {when} step {done} of {config.steps}: {left}its checkpoint "
+                                      f"is saved in {out_dir}; the same command resumes")
     bar.close()
     accelerator.wait_for_everyone()
     return out_dir / "trainable.safetensors"

@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "recipes").glob("*/README.md"),
                *(ROOT / "models").glob("*/MODEL_CARD.md"), ROOT / "samples/README.md"])
 COMMANDS = ("transcribe", "verify", "eval", "train", "serve", "live", "bench", "fetch")
-# options of other tools that the docs mention (pip's, for how simuleval is installed)
-FOREIGN_OPTIONS = {"--no-deps"}
+# options of other tools that the docs mention (pip's, for how simuleval is installed; those of torchrun and accelerate
+# launch, which start a multi-process training run)
+FOREIGN_OPTIONS = {"--no-deps", "--nproc_per_node", "--multi_gpu", "--num_processes", "--cpu"}
 PATH_ROOTS = ("speechstream/", "recipes/", "tests/", "models/", "docs/", "samples/")
 
 
@@ -56,7 +57,7 @@ def script_options() -> set[str]:
 
 
 def named_options(text: str) -> set[str]:
-    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*", text))
 
 
 def command_uses(path: Path) -> list[tuple[str, str]]:
