@@ -458,13 +458,9 @@ class FeatureCache:
                 removed += 1
         return removed
 
-    def fill(self, examples: list[Example], batch_size: int, progress: bool = False) -> int:
-        """Encode every example not cached yet (or cached from another audio file), ``batch_size`` utterances of
-        similar length per encoder pass (the block-causal mask keeps each item's frames those of a pass of its
-        own); returns how many. A killed fill loses only the pass it was in (each entry is renamed into place
-        once whole)."""
+    def missing(self, examples: list[Example]) -> list[Example]:
+        """The examples not cached yet (or cached from another audio file), once each, shortest file first."""
         from safetensors import SafetensorError, safe_open
-        from tqdm import tqdm
 
         def current(example: Example) -> bool:
             try:
@@ -475,6 +471,16 @@ class FeatureCache:
 
         missing = list({e.id: e for e in examples if not current(e)}.values())
         missing.sort(key=lambda e: e.audio.stat().st_size if e.audio.exists() else 0)
+        return missing
+
+    def fill(self, examples: list[Example], batch_size: int, progress: bool = False) -> int:
+        """Encode every example not cached yet (or cached from another audio file), ``batch_size`` utterances of
+        similar length per encoder pass (the block-causal mask keeps each item's frames those of a pass of its
+        own); returns how many. A killed fill loses only the pass it was in (each entry is renamed into place
+        once whole)."""
+        from tqdm import tqdm
+
+        missing = self.missing(examples)
         with tqdm(total=len(missing), disable=not progress or not missing, desc="features", unit="utt") as bar:
             for start in range(0, len(missing), max(1, batch_size)):
                 group = missing[start : start + max(1, batch_size)]
@@ -1043,8 +1049,14 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         truncate_log(log_path, start_step)
     if accelerator.is_main_process:  # (the other processes write entries only after the barrier)
         cache.remove_leftovers()
-        if config.precache:
-            cache.fill(examples + dev, config.cache_batch_size, progress)
+    accelerator.wait_for_everyone()
+    if config.precache:  # each process encodes its share (one alone kept the others waiting at the barrier, which
+        # gives up after the process group's timeout, 30 minutes: a large corpus ended the run there); the shares are
+        # of one list, which every process takes before any writes
+        missing = cache.missing(examples + dev)
+        accelerator.wait_for_everyone()
+        share = missing[accelerator.process_index :: accelerator.num_processes]
+        cache.fill(share, config.cache_batch_size, progress and accelerator.is_main_process)
     accelerator.wait_for_everyone()
     if unscored and accelerator.is_main_process:
         log_dev_score(accelerator.unwrap_model(objective).model, cache, dev, ctc_classes, config, log_path, start_step)

@@ -238,6 +238,35 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+# speechstream's command line, each process noting the ids it encodes in encoded-<rank>.txt beside this script
+NOTING_ENCODER = """
+import os, sys
+from pathlib import Path
+import speechstream.train as train_module
+from speechstream.cli import main
+store = train_module.FeatureCache._encode_and_store
+def noted(self, examples, audios):
+    with open(Path(__file__).with_name(f"encoded-{os.environ['RANK']}.txt"), "a") as out:
+        out.writelines(example.id + "\\n" for example in examples)
+    return store(self, examples, audios)
+train_module.FeatureCache._encode_and_store = noted
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_two_processes_share_the_feature_cache_filling(tmp_path):
+    """Each process encodes its share of the utterances not cached yet, each utterance once (the main process
+    encoded them all while the others waited at a barrier, which gives up after the process group's timeout, 30
+    minutes: a corpus that took longer to encode ended the run there)."""
+    script = tmp_path / "noting.py"
+    script.write_text(NOTING_ENCODER)
+    run_two_processes(write_recipe(tmp_path, steps=1, batch_size=2, save_every=1), 29535, [str(script)])
+    encoded = [(tmp_path / f"encoded-{rank}.txt").read_text().split() if (tmp_path / f"encoded-{rank}.txt").exists()
+               else [] for rank in (0, 1)]
+    ids = [json.loads(line)["id"] for line in (ROOT / "samples" / "manifest.jsonl").read_text().splitlines()]
+    assert sorted(encoded[0] + encoded[1]) == sorted(ids) and [len(e) for e in encoded] == [3, 3], encoded
+
+
 def test_agreed_signal_names_the_signal_any_rank_got():
     from speechstream.train import agreed_signal
 
