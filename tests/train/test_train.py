@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -236,6 +237,51 @@ def signalled(step, config):
 train_module.phase_learning_rate_factor = signalled
 sys.exit(main(sys.argv[1:]))
 """
+
+
+# speechstream's command line, rank 1 killed (SIGKILL: no handler runs) once it has written its part of the second
+# checkpoint (step 4 with save_every=2), before rank 0 completes it
+KILL_RANK_1_WHILE_SAVING = """
+import os, signal, sys
+from accelerate import Accelerator
+from speechstream.cli import main
+save_state, saves = Accelerator.save_state, []
+def killed(self, *args, **kwargs):
+    out = save_state(self, *args, **kwargs)
+    saves.append(1)
+    if len(saves) == 2 and os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+Accelerator.save_state = killed
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_saving_ends_the_run_and_the_rerun_resumes_from_the_last_whole_checkpoint(tmp_path):
+    """kill -9 of one of two processes while a checkpoint is written: the other does not wait for it forever (its
+    collective fails and the launcher ends the run), the torn checkpoint is never loaded, and the same command
+    resumes from the one before to the weights of an uninterrupted run."""
+    overrides = dict(steps=6, batch_size=2, save_every=2, k_choices="2")
+    (tmp_path / "ddp").mkdir()
+    recipe = write_recipe(tmp_path / "ddp", **overrides)
+    script = tmp_path / "killed.py"
+    script.write_text(KILL_RANK_1_WHILE_SAVING)
+    started = time.monotonic()
+    done = run_two_processes(recipe, 29536, [str(script)], check=False)
+    assert done.returncode != 0 and time.monotonic() - started < 120, done.stderr[-3000:]
+    run = tmp_path / "ddp" / "run"
+    assert json.loads((run / "state" / "step.json").read_text())["step"] == 2 and (run / "state.tmp").is_dir()
+    done = run_two_processes(recipe, 29537)
+    assert not (run / "state.tmp").exists()
+    (tmp_path / "one").mkdir()
+    train(load_train_config(str(write_recipe(tmp_path / "one", **overrides)), []), progress=False)
+    ddp, one = (load_file(str(tmp_path / name / "run" / "trainable.safetensors")) for name in ("ddp", "one"))
+    for key in one:  # (as test_two_process_ddp_on_cpu_equals_one_process)
+        assert torch.allclose(ddp[key], one[key], atol=1e-4), (key, float((ddp[key] - one[key]).abs().max()))
+    steps = [[json.loads(line)["step"] for line in (tmp_path / name / "run" / "log.jsonl").read_text().splitlines()]
+             for name in ("ddp", "one")]
+    assert steps[0] == steps[1] == [1, 2, 3, 4, 5, 6]
 
 
 # speechstream's command line, each process noting the ids it encodes in encoded-<rank>.txt beside this script
