@@ -478,15 +478,24 @@ class FeatureCache:
         similar length per encoder pass (the block-causal mask keeps each item's frames those of a pass of its
         own); returns how many. A killed fill loses only the pass it was in (each entry is renamed into place
         once whole)."""
+        return self.encode_passes(self.missing(examples), batch_size, progress)
+
+    def encode_passes(self, missing: list[Example], batch_size: int, progress: bool = False, part: int = 0,
+                      parts: int = 1) -> int:
+        """Encode ``missing`` (a list ``missing`` gave) ``batch_size`` utterances per encoder pass, as ``fill``;
+        with ``parts`` > 1 only every ``parts``-th pass from the ``part``-th (the processes of a multi-process run
+        each take theirs of one list: a pass holds the same utterances, so they get the same frames, however many
+        processes share the work); returns how many utterances this encoded."""
         from tqdm import tqdm
 
-        missing = self.missing(examples)
-        with tqdm(total=len(missing), disable=not progress or not missing, desc="features", unit="utt") as bar:
-            for start in range(0, len(missing), max(1, batch_size)):
-                group = missing[start : start + max(1, batch_size)]
+        size = max(1, batch_size)
+        passes = [missing[start : start + size] for start in range(0, len(missing), size)][part::parts]
+        total = sum(len(group) for group in passes)
+        with tqdm(total=total, disable=not progress or not total, desc="features", unit="utt") as bar:
+            for group in passes:
                 self._encode_and_store(group, [example_audio(e) for e in group])
                 bar.update(len(group))
-        return len(missing)
+        return total
 
     def _encode_and_store(self, examples: list[Example], audios: list[np.ndarray]):
         from safetensors.torch import save_file
@@ -1052,11 +1061,11 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     accelerator.wait_for_everyone()
     if config.precache:  # each process encodes its share (one alone kept the others waiting at the barrier, which
         # gives up after the process group's timeout, 30 minutes: a large corpus ended the run there); the shares are
-        # of one list, which every process takes before any writes
+        # passes of one list, which every process takes before any writes
         missing = cache.missing(examples + dev)
         accelerator.wait_for_everyone()
-        share = missing[accelerator.process_index :: accelerator.num_processes]
-        cache.fill(share, config.cache_batch_size, progress and accelerator.is_main_process)
+        cache.encode_passes(missing, config.cache_batch_size, progress and accelerator.is_main_process,
+                            accelerator.process_index, accelerator.num_processes)
     accelerator.wait_for_everyone()
     if unscored and accelerator.is_main_process:
         log_dev_score(accelerator.unwrap_model(objective).model, cache, dev, ctc_classes, config, log_path, start_step)

@@ -301,16 +301,30 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_two_processes_share_the_feature_cache_filling(tmp_path):
-    """Each process encodes its share of the utterances not cached yet, each utterance once (the main process
+    """Each process encodes its share of the encoder passes over the utterances not cached yet (2 utterances a pass:
+    the main process takes the first and third, the other the second), each utterance once (the main process
     encoded them all while the others waited at a barrier, which gives up after the process group's timeout, 30
-    minutes: a corpus that took longer to encode ended the run there)."""
+    minutes: a corpus that took longer to encode ended the run there). A pass holds what it holds in one process,
+    so the frames do not depend on how many processes run."""
+    from speechstream.train import FeatureCache, read_examples, training_model
+
     script = tmp_path / "noting.py"
     script.write_text(NOTING_ENCODER)
-    run_two_processes(write_recipe(tmp_path, steps=1, batch_size=2, save_every=1), 29535, [str(script)])
+    recipe = write_recipe(tmp_path, steps=1, batch_size=2, save_every=1, cache_batch_size=2)
+    run_two_processes(recipe, 29535, [str(script)])
     encoded = [(tmp_path / f"encoded-{rank}.txt").read_text().split() if (tmp_path / f"encoded-{rank}.txt").exists()
                else [] for rank in (0, 1)]
-    ids = [json.loads(line)["id"] for line in (ROOT / "samples" / "manifest.jsonl").read_text().splitlines()]
-    assert sorted(encoded[0] + encoded[1]) == sorted(ids) and [len(e) for e in encoded] == [3, 3], encoded
+    config = load_train_config(str(recipe), [])
+    torch.manual_seed(config.seed)  # (the run's model: its encoder names the cache's folder)
+    model = training_model(config, "cpu")
+    examples = read_examples(config.train_manifest)
+    single = FeatureCache(tmp_path / "single", model, config.chunk_ms)
+    passes = [[example.id for example in single.missing(examples)][i : i + 2] for i in (0, 2, 4)]
+    assert encoded == [passes[0] + passes[2], passes[1]]
+    shared = FeatureCache(tmp_path / "run" / "features", model, config.chunk_ms)
+    assert not shared.missing(examples) and single.fill(examples, 2) == 6
+    for example in examples:  # (the same passes as one process's)
+        assert torch.equal(shared.frames(example)[0], single.frames(example)[0]), example.id
 
 
 def test_agreed_signal_names_the_signal_any_rank_got():
