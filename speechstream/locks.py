@@ -1,4 +1,5 @@
-"""One run at a time per output folder: ``hold_folder`` (``eval --out``, the synthesis recipes' ``--out``).
+"""One run at a time per output folder: ``hold_folder`` (``eval --out``, the synthesis recipes' ``--out``,
+``train``'s ``out_dir``).
 
 Two runs writing one folder clash: both resume from the same files and write the same names (two evals logged
 every utterance twice, and every later run refused the log; two synthesis runs took each other's half-written
@@ -21,8 +22,9 @@ LOCK_FILE = ".lock"  # FOLDER/.lock: held by the run writing FOLDER; names its p
 
 
 @contextmanager
-def hold_folder(folder: Path) -> Iterator[None]:
-    """Hold ``folder/.lock`` (an existing folder) while the block runs; InputError when another run holds it."""
+def hold_folder(folder: Path, setting: str = "--out") -> Iterator[None]:
+    """Hold ``folder/.lock`` (an existing folder) while the block runs; InputError when another run holds it (it
+    names ``setting``, what gives the folder)."""
     path = Path(folder) / LOCK_FILE
     try:
         handle = path.open("a+", encoding="utf-8")
@@ -35,7 +37,7 @@ def hold_folder(folder: Path) -> Iterator[None]:
             handle.seek(0)
             holder = handle.read().strip()
             raise InputError(f"{folder} is being written by another run{f' ({holder})' if holder else ''}: wait "
-                             "for it to finish, or use another --out") from None
+                             f"for it to finish, or use another {setting}") from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()}\n")

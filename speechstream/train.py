@@ -35,6 +35,7 @@ import shutil
 import sys
 import time
 import typing
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -50,6 +51,7 @@ from speechstream.config import _check_type, check_ctc_hop, from_dict, load_mode
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError, SpeechstreamError
 from speechstream.interrupts import DeferredStop
+from speechstream.locks import hold_folder
 from speechstream.manifest import audio_path, text_lines, time_field
 from speechstream.model import (EncodedBatch, SpeechLLM, build_model, model_config_path,
                                 trainable_state)
@@ -974,7 +976,6 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     A run resumed at an evaluation step without its dev row scores it first.
     """
     from accelerate import Accelerator
-    from tqdm import tqdm
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -994,6 +995,17 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # (a file on its path, a read-only or virtual file system)
         raise InputError(f"out_dir {out_dir}: cannot create the folder ({one_line(error)})") from None
+    # one run at a time writes out_dir (its main process holds out_dir/.lock): a second resumed from the same
+    # checkpoint and both wrote it (a launcher killed with -9 leaves its processes training on, unseen)
+    with hold_folder(out_dir, "out_dir") if accelerator.is_main_process else nullcontext():
+        return train_in_folder(config, accelerator, out_dir, examples, dev, progress, stop_after)
+
+
+def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: list[Example], dev: list[Example],
+                    progress: bool, stop_after: int | None) -> Path:
+    """`train` once the manifests are read and ``out_dir`` is this run's."""
+    from tqdm import tqdm
+
     if accelerator.is_main_process:
         tidy_checkpoints(out_dir)
     accelerator.wait_for_everyone()

@@ -179,6 +179,25 @@ def test_ctrl_c_during_a_dev_evaluation_stops_it_at_once_and_keeps_the_step(tmp_
     assert [row["step"] for row in rows if "dev_ctc_wer" in row] == sorted({done, steps})
 
 
+def test_a_second_run_into_the_same_out_dir_stops_at_once(tmp_path, capsys):
+    """While a run writes its out_dir (its main process holds out_dir/.lock; here the test does), the same command
+    stops at once with one line, exit 2, and writes nothing (a second run resumed from the same checkpoint and both
+    wrote it; a launcher killed with -9 leaves its processes training on, unseen)."""
+    from speechstream.cli import main
+    from speechstream.locks import hold_folder
+
+    recipe = write_recipe(tmp_path, steps=2)
+    (tmp_path / "run").mkdir()
+    with hold_folder(tmp_path / "run"):
+        assert main(["train", str(recipe)]) == 2
+    assert speechstream_lines(capsys.readouterr().err) == [
+        f"speechstream: error: {tmp_path / 'run'} is being written by another run (pid {os.getpid()}): wait for it to "
+        "finish, or use another out_dir"]
+    assert [path.name for path in (tmp_path / "run").iterdir()] == [".lock"]
+    assert main(["train", str(recipe)]) == 0  # (free again)
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 2
+
+
 def test_recipe_paths_beside_the_recipe_are_found_from_any_folder(tmp_path, monkeypatch):
     """A recipe naming its model config, manifest and init_checkpoint by paths relative to its own folder loads
     from another current folder (the model was 'unknown model', while the manifests were found)."""
