@@ -959,10 +959,14 @@ def stop_requested(stop: DeferredStop, accelerator) -> bool:
     """Whether a signal asked any rank's run to stop (the ranks agree: each stops after the same step). A rank
     that got none takes the signal another one got as its own (``stop.requested``): its dev evaluation stops and
     its message names that signal."""
-    if accelerator.num_processes > 1:
-        stop.requested = agreed_signal(
-            stop.requested, lambda t: accelerator.reduce(t.to(accelerator.device), "max").cpu())
-    return stop.requested is not None
+    if accelerator.num_processes == 1:
+        return stop.requested is not None
+    agreed = agreed_signal(stop.requested, lambda t: accelerator.reduce(t.to(accelerator.device), "max").cpu())
+    if agreed and stop.requested is None:
+        stop.requested = agreed
+    # the answer is the ranks' common one: a signal handled here while they were asked counts at the next question
+    # (answering it now left this rank one collective ahead of the others: the run hung)
+    return agreed is not None
 
 
 def train(config: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path:
@@ -1148,9 +1152,13 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
                 save_step(accelerator, objective, out_dir, done, window)
             evaluate_now = evaluation_due(config, done, dev)
             score = None  # (None: not scored here, or a signal cut the evaluation short and the run stops below)
+            # the main process scores the dev set; before each utterance every process says whether a signal came
+            # (the others, blocked in a collective until the end, heard one only after it and the next step)
             if evaluate_now and accelerator.is_main_process:
                 score = log_dev_score(accelerator.unwrap_model(objective).model, cache, dev, ctc_classes, config,
-                                      log_path, done, stopped=lambda: stop.requested is not None)
+                                      log_path, done, stopped=lambda: stop_requested(stop, accelerator))
+            elif evaluate_now:
+                any(stop_requested(stop, accelerator) for _ in dev)  # (as many as the main process's, or until true)
             # a signal during the evaluation stops the run now (the final step included), not after the next step
             cut = evaluate_now and not stopping and stop_requested(stop, accelerator)
             if cut and not save_now:

@@ -346,6 +346,47 @@ def test_two_processes_share_the_feature_cache_filling(tmp_path):
         assert torch.equal(shared.frames(example)[0], single.frames(example)[0]), example.id
 
 
+# speechstream's command line, rank 0 sending SIGTERM to rank 1 (its sibling under the launcher) while it scores its
+# first dev utterance; it notes each utterance it scores in scored.txt beside this script
+SIGTERM_TO_RANK_1_DURING_THE_EVALUATION = """
+import os, signal, sys, time
+from pathlib import Path
+import speechstream.train as train_module
+from speechstream.cli import main
+greedy, scored = train_module.greedy_ctc_text, Path(__file__).with_name("scored.txt")
+def signalled(*args, **kwargs):
+    if not scored.exists():
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+            if int(fields[1]) == os.getppid() and int(stat.parent.name) != os.getpid():
+                os.kill(int(stat.parent.name), signal.SIGTERM)
+        time.sleep(1)
+    with scored.open("a") as out:
+        out.write("1\\n")
+    return greedy(*args, **kwargs)
+if os.environ["RANK"] == "0":
+    train_module.greedy_ctc_text = signalled
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_signal_to_another_process_during_the_dev_evaluation_stops_it_at_the_next_utterance(tmp_path):
+    """SIGTERM to rank 1 while rank 0 scores the dev set: the evaluation stops within an utterance or two and the
+    step is saved, as after a signal to rank 0 (rank 1 sat in a collective until the evaluation's end: all 6
+    utterances were scored, one more step ran, and the run stopped after step 3)."""
+    recipe = write_recipe(tmp_path, steps=6, batch_size=2, save_every=100, eval_every=2, k_choices="2",
+                          dev_manifest=str(ROOT / "samples" / "manifest.jsonl"))
+    script = tmp_path / "signalled.py"
+    script.write_text(SIGTERM_TO_RANK_1_DURING_THE_EVALUATION)
+    done = run_two_processes(recipe, 29538, [str(script)], check=False)
+    assert speechstream_lines(done.stderr) == [
+        "speechstream: error: SIGTERM during the dev evaluation after step 2 of 6: its dev evaluation is left out; "
+        f"its checkpoint is saved in {tmp_path / 'run'}; the same command resumes"], done.stderr[-3000:]
+    assert len((tmp_path / "scored.txt").read_text().split()) <= 2
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 2
+
+
 def test_agreed_signal_names_the_signal_any_rank_got():
     from speechstream.train import agreed_signal
 
