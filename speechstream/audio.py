@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,9 @@ def load_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None
     path = Path(path)
     start, stop = check_audio(path, offset_s, duration_s)
     with _reading(path):
-        [(samples, sample_rate)] = _read_blocks(path, start, stop, None)
-        return prepare_samples(samples, sample_rate)
+        blocks = list(_read_blocks(path, start, stop, None))  # one, but an MP3 with a guessed length: several
+        samples = blocks[0][0] if len(blocks) == 1 else np.concatenate([samples for samples, _ in blocks])
+        return prepare_samples(samples, blocks[0][1])
 
 
 FILE_BLOCK_S = 10  # seconds of a file ``stream_audio`` reads at a time
@@ -103,23 +105,110 @@ def _read_blocks(path: Path, start: int, stop: int | None,
                  block: int | None) -> Iterator[tuple[np.ndarray, int]]:
     """((frames, channels) float32 samples, sample rate) of frames ``start`` .. ``stop`` (None: the end), in reads
     that start and end on multiples of ``block`` frames of the file (a multiple of MP3_FRAME; None: one read, one
-    block); at least one, and none empty. A file whose data ends before the length its header gives ends there."""
-    import soundfile
-
-    with soundfile.SoundFile(os.fsencode(path)) as handle:
+    block, or blocks of PIPE_BLOCK frames from an MP3 whose length is a guess); at least one, and none empty. A file
+    whose data ends before the length its header gives ends there; an MP3's data past its guessed length is read."""
+    with open_audio(path) as handle:
         end = handle.frames if stop is None else stop
+        block = block or (None if handle.seekable() else PIPE_BLOCK)
         at = start - start % MP3_FRAME
-        handle.seek(at)
+        if handle.seekable():
+            handle.seek(at)
+        else:  # a pipe: decode up to the start
+            at = _skip(handle, at)
         first = True
         while at < end:
             upto = end if block is None else min(end, (at // block + 1) * block)
             samples = handle.read(upto - at, dtype="float32", always_2d=True)[max(start - at, 0) :]
-            if not len(samples):  # truncated data
+            if not len(samples):  # truncated data, or the end of a pipe
                 break
             yield samples, handle.samplerate
             at, first = upto, False
         if first:
             raise InputError("the audio holds no samples")
+
+
+def _skip(handle, frames: int) -> int:
+    """Read and drop the first ``frames`` frames of an unseekable handle; how many there were."""
+    at = 0
+    while at < frames and (count := len(handle.read(min(PIPE_BLOCK, frames - at), dtype="float32"))):
+        at += count
+    return at
+
+
+# frames read at a time from an MP3 through a pipe (a multiple of MP3_FRAME; about 10 s at 44.1 kHz)
+PIPE_BLOCK = MP3_FRAME * 384
+MP3_LENGTH_TAGS = (b"Xing", b"Info", b"VBRI")  # the first frame's tags that store an MP3's length
+
+
+@contextlib.contextmanager
+def open_audio(path: Path) -> Iterator:
+    """A soundfile.SoundFile reading ``path``. An MP3 without a stored length (no Xing/Info/VBRI first frame: cut
+    from a stream, or from an encoder that writes none) has a length libsndfile guesses from its first frame's
+    bitrate, and its reads stop there, short of the end where the audio starts loud; such a file is read through a
+    pipe, where libsndfile takes no length and decodes to the real end (not seekable; ``frames`` is huge)."""
+    import soundfile
+
+    with soundfile.SoundFile(os.fsencode(path)) as handle:
+        if handle.format != "MP3" or _stores_mp3_length(path):
+            yield handle
+            return
+    read_end, write_end = os.pipe()
+    feeder = threading.Thread(target=_feed_pipe, args=(path, write_end), daemon=True)
+    feeder.start()
+    try:
+        with soundfile.SoundFile(read_end, closefd=False) as handle:
+            yield handle
+    finally:
+        os.close(read_end)  # a feeder still writing stops (broken pipe)
+        feeder.join()
+
+
+def _feed_pipe(path: Path, write_end: int) -> None:
+    try:
+        with open(path, "rb") as file:
+            while chunk := file.read(MPEG_SCAN_BYTES):
+                while chunk:
+                    chunk = chunk[os.write(write_end, chunk) :]
+    except OSError:  # the reader stopped early (broken pipe), or the file went: the reader sees the end
+        pass
+    finally:
+        os.close(write_end)
+
+
+def _stores_mp3_length(path: Path) -> bool:
+    """Whether the first MPEG frame of an MP3 (after any ID3v2 tag) is an info frame holding its length."""
+    with open(path, "rb") as file:
+        head = file.read(10)
+        skip = 0
+        if head.startswith(b"ID3") and len(head) == 10:  # tag size: 4 syncsafe bytes, + a footer when flagged
+            skip = 10 + sum((byte & 0x7F) << (7 * (3 - i)) for i, byte in enumerate(head[6:10]))
+            skip += 10 * bool(head[5] & 0x10)
+        file.seek(skip)
+        data = file.read(MPEG_SCAN_BYTES)
+    octets = np.frombuffer(data, np.uint8)
+    syncs = np.flatnonzero((octets[:-1] == 0xFF) & (octets[1:] >= 0xE0))
+    if not len(syncs):
+        return False
+    frame = data[syncs[0] : syncs[0] + 4 + 32 + 8]  # the tags lie after the side information (at most 32 bytes)
+    return any(tag in frame for tag in MP3_LENGTH_TAGS)
+
+
+def audio_frames(path: str | Path) -> tuple[int, int]:
+    """(frames, sample rate) of an audio file: its header's length, or, for an MP3 whose length is a guess
+    (``open_audio``), its frames counted by decoding it. Raises what soundfile raises for an unreadable file."""
+    with open_audio(Path(path)) as handle:
+        if handle.seekable():
+            return handle.frames, handle.samplerate
+        frames = 0
+        while count := len(handle.read(PIPE_BLOCK, dtype="float32")):
+            frames += count
+        return frames, handle.samplerate
+
+
+def audio_seconds(path: str | Path) -> float:
+    """The length of an audio file in seconds (``audio_frames``)."""
+    frames, rate = audio_frames(path)
+    return frames / rate
 
 
 MPEG_SCAN_BYTES = 65536  # where an MP3's first frame is looked for (after any junk before it)
@@ -153,9 +242,9 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
         # libsndfile's MPEG decoder would try to resync through it, printing notes on stderr, then fail
         raise InputError(f"{path}: not a readable audio file (no ID3 tag or MPEG audio frame where an MP3 starts)")
     try:
-        info = soundfile.info(os.fsencode(path))  # bytes: a name that is not UTF-8 too
+        soundfile.info(os.fsencode(path))  # bytes: a name that is not UTF-8 too
         if offset_s or duration_s is not None:
-            return _frame_range(info, offset_s, duration_s)
+            return _frame_range(*audio_frames(path), offset_s, duration_s)  # an MP3's guessed length: counted
         return 0, None
     except InputError as error:
         raise InputError(f"{path}: {error}") from None
@@ -167,9 +256,8 @@ def _reason(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-def _frame_range(info, offset_s: float, duration_s: float | None) -> tuple[int, int]:
-    """(start, stop) frames of a time range of a file (soundfile ``info``); InputError when it is not inside."""
-    rate, frames = info.samplerate, info.frames
+def _frame_range(frames: int, rate: int, offset_s: float, duration_s: float | None) -> tuple[int, int]:
+    """(start, stop) frames of a time range of a file of ``frames`` at ``rate``; InputError when it is not inside."""
     for value in (offset_s, duration_s):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value)):

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from speechstream.audio import SAMPLE_RATE, check_audio, load_audio
+from speechstream.audio import SAMPLE_RATE, audio_seconds, check_audio, load_audio
 from speechstream.config import _check_type, check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError, SpeechstreamError
@@ -180,13 +180,10 @@ def example_audio(example: Example) -> np.ndarray:
 def example_seconds(example: Example) -> float:
     """The utterance's length, from the audio file's header (cheap); a one-line input error when the file is not
     a readable audio file or does not hold the range."""
-    import soundfile
-
     check_audio(example.audio, example.offset, example.duration)
     if example.duration is not None:
         return example.duration
-    info = soundfile.info(str(example.audio))
-    return info.frames / info.samplerate - example.offset
+    return audio_seconds(example.audio) - example.offset
 
 
 def load_train_config(path: str, overrides: list[str]) -> TrainConfig:

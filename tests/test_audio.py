@@ -9,6 +9,7 @@ import soundfile
 from speechstream.audio import (SAMPLE_RATE, StreamResampler, check_stream_rate, int16_to_float, load_audio,
                                 prepare_samples)
 from speechstream.errors import InputError
+from tests.helpers import write_mp3_without_info_frame
 
 
 def sine(freq: float, seconds: float, rate: int, amplitude: float = 0.5) -> np.ndarray:
@@ -174,6 +175,32 @@ def test_an_mp3_range_holds_the_samples_the_whole_file_has_there(tmp_path):
         pieces = np.concatenate(list(stream_audio(path, start / SAMPLE_RATE, 0.5, block_s=0.1)))
         np.testing.assert_allclose(pieces, part, atol=1e-6, rtol=0)
     np.testing.assert_allclose(np.concatenate(list(stream_audio(path, block_s=0.0625))), whole, atol=1e-6, rtol=0)
+
+
+def test_an_mp3_without_its_info_frame_is_read_to_its_end(tmp_path):
+    """Without an info frame libsndfile guesses an MP3's length from its first frame's bitrate, and its reads stop
+    there: this 3 s clip that starts loud gave 10800 samples (0.7 s). All of it is read, and its length counted."""
+    from speechstream.audio import audio_frames, check_audio, stream_audio
+    from speechstream.eval.run import _utterance_length
+    from speechstream.manifest import Utterance
+
+    rng = np.random.default_rng(0)
+    signal = sine(440.0, 3.0, SAMPLE_RATE, amplitude=0.01)
+    signal[:8000] = np.clip(0.8 * rng.standard_normal(8000), -1, 1)  # loud first 0.5 s: a high first bitrate
+    path = tmp_path / "cut.mp3"
+    write_mp3_without_info_frame(path, signal)
+    assert soundfile.info(path).frames < 2 * SAMPLE_RATE  # libsndfile's guess is short
+    audio = load_audio(path)
+    assert len(audio) >= 3 * SAMPLE_RATE - 1152  # (less the dropped frame; decoded without gapless trimming)
+    assert audio_frames(path) == (len(audio), SAMPLE_RATE)
+    assert abs(peak_hz(audio[-8000:]) - 440.0) < 5  # the quiet tone at the end is there
+    np.testing.assert_array_equal(np.concatenate(list(stream_audio(path, block_s=0.3))), audio)
+    assert check_audio(path, 2.0, 0.5) == (32000, 40000)  # a range past the guess is inside the file
+    np.testing.assert_array_equal(load_audio(path, 2.0, 0.5), audio[32000:40000])
+    np.testing.assert_array_equal(np.concatenate(list(stream_audio(path, 2.0, 0.5, block_s=0.1))),
+                                  audio[32000:40000])
+    utterance = Utterance(id="cut", audio=path, text="")
+    assert _utterance_length(utterance) == pytest.approx(len(audio) / SAMPLE_RATE)
 
 
 # -- bad input: one-line InputError -------------------------------------------------------------------

@@ -345,16 +345,18 @@ def _check_audio(entries: list[dict]) -> None:
     ``segments`` (timed from the entry's offset), lies inside its file (InputError for the first not)."""
     import soundfile
 
-    infos: dict[Path, object] = {}
+    from speechstream.audio import audio_seconds
+
+    lengths: dict[Path, float] = {}
     for entry in entries:
         path = Path(entry["audio"])
-        if path not in infos:
+        if path not in lengths:
             try:
-                infos[path] = soundfile.info(str(path))
+                lengths[path] = audio_seconds(path)  # an MP3's guessed length: counted
             except (soundfile.LibsndfileError, RuntimeError) as error:
                 reason = str(error).splitlines()[0] if str(error) else type(error).__name__
                 raise InputError(f"{path}: not a readable audio file ({reason})") from None
-        length = infos[path].frames / infos[path].samplerate
+        length = lengths[path]
         end = (entry.get("offset") or 0.0) + (entry.get("duration") or 0.0)
         if length == 0:
             raise InputError(f"{path}: holds no audio")

@@ -568,18 +568,18 @@ def _check_audio(todo, manifest_path: Path) -> None:
 
 
 def _utterance_length(utterance: Utterance) -> float:
-    """Seconds of audio the utterance decodes: its duration, else its file's length from its offset on (header)."""
-    import soundfile
+    """Seconds of audio the utterance decodes: its duration, else its file's length from its offset on (header; an
+    MP3's guessed one: counted, ``audio_seconds``)."""
+    from speechstream.audio import audio_seconds
 
     if utterance.duration is not None:
         return utterance.duration
-    info = soundfile.info(str(utterance.audio))
-    return info.frames / info.samplerate - (utterance.offset or 0.0)
+    return audio_seconds(utterance.audio) - (utterance.offset or 0.0)
 
 
 def _decoded_length(utterance: Utterance) -> float:
-    """Seconds of audio decoding the utterance gives, its samples counted: an MP3 without its info frame has a length
-    in its header that libsndfile guesses from its first frame's bitrate (too long where the audio starts quiet)."""
+    """Seconds of audio decoding the utterance gives, its samples counted (a header's length in frames at the file's
+    rate may differ from the resampled count by rounding)."""
     from speechstream.audio import SAMPLE_RATE, stream_audio
 
     blocks = stream_audio(utterance.audio, utterance.offset or 0.0, utterance.duration)
