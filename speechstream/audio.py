@@ -8,6 +8,7 @@ package derives its frame arithmetic from these constants.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import threading
@@ -195,10 +196,20 @@ def _stores_mp3_length(path: Path) -> bool:
 
 def audio_frames(path: str | Path) -> tuple[int, int]:
     """(frames, sample rate) of an audio file: its header's length, or, for an MP3 whose length is a guess
-    (``open_audio``), its frames counted by decoding it. Raises what soundfile raises for an unreadable file."""
-    with open_audio(Path(path)) as handle:
+    (``open_audio``), its frames counted by decoding it (once per file version: a manifest may name many segments
+    of one long recording). Raises what soundfile raises for an unreadable file."""
+    path = Path(path)
+    with open_audio(path) as handle:
         if handle.seekable():
             return handle.frames, handle.samplerate
+    status = path.stat()
+    return _counted_frames(os.fsencode(path.absolute()), status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _counted_frames(path: bytes, size: int, mtime_ns: int) -> tuple[int, int]:
+    """(frames, rate) of an MP3 whose length is a guess, decoded through a pipe; cached by the file's version."""
+    with open_audio(Path(os.fsdecode(path))) as handle:
         frames = 0
         while count := len(handle.read(PIPE_BLOCK, dtype="float32")):
             frames += count

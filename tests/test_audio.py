@@ -201,6 +201,8 @@ def test_an_mp3_without_its_info_frame_is_read_to_its_end(tmp_path):
                                   audio[32000:40000])
     utterance = Utterance(id="cut", audio=path, text="")
     assert _utterance_length(utterance) == pytest.approx(len(audio) / SAMPLE_RATE)
+    write_mp3_without_info_frame(path, signal[:32000])  # the count is kept per version of the file
+    assert audio_frames(path) == (len(load_audio(path)), SAMPLE_RATE) and audio_frames(path)[0] < 2.1 * SAMPLE_RATE
 
 
 # -- bad input: one-line InputError -------------------------------------------------------------------
