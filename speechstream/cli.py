@@ -447,7 +447,8 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
         except StreamInterrupted as stop:  # Ctrl-C: the text committed so far is written, as for a finished file
             events, interrupted = stop.events, stop
         except InputError as error:  # report, keep what was done, go on with the other files
-            print(f"speechstream: error: {error}", file=sys.stderr)
+            message = one_line(error)  # (a file name that is not UTF-8: escaped, as json output shows it)
+            print(f"speechstream: error: {message}", file=sys.stderr)
             failed = error
             # several inputs: each keeps its place in the output: text one line (what was committed before the
             # error, if anything), jsonl an error event in place of the "end" (the server's error event)
@@ -455,7 +456,7 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
             if args.format == "text" and (several or wrote_text):
                 placeholder = "\n"
             elif args.format == "jsonl" and several:
-                placeholder = json.dumps({"type": "error", "message": str(error)}, ensure_ascii=False) + "\n"
+                placeholder = json.dumps({"type": "error", "message": message}, ensure_ascii=False) + "\n"
             else:
                 placeholder = ""
             if placeholder and isinstance(out, LazyOutput):
@@ -688,8 +689,13 @@ COMMANDS = {
 
 def one_line(message: str) -> str:
     """An error message as one line: messages of other libraries may span several (sounddevice lists the devices a
-    name matches one per line)."""
-    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    name matches one per line). The bytes of a file name that is not UTF-8 (lone surrogates in Python, which a UTF-8
+    stream cannot hold) are backslash escapes, ``bad\\xff.wav``, as ``outputs.shown_path`` shows names."""
+    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no name decodes to (a manifest's JSON escape): \\udXXX
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,18 @@ def text_lines(text: str) -> list[str]:
     U+0085 and other characters that JSON strings and corpus texts may hold as they are."""
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_text(value, **options) -> str:
+    """``json.dumps`` with text as it is (no ASCII escapes) that UTF-8 can always hold: a lone surrogate, the byte of
+    a file name that is not UTF-8 as Python keeps it (b'\\xff.wav': '\\udcff.wav'), is written as its JSON escape
+    (\\udcff), which ``json.loads`` gives back, so the name reads back as the same file."""
+    return LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}",
+                              json.dumps(value, ensure_ascii=False, **options))
+
 
 @dataclass(frozen=True)
 class Segment:

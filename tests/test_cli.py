@@ -1155,6 +1155,22 @@ def test_a_file_name_that_is_not_utf8_is_read_and_shown_escaped(capsys, tmp_path
     assert code == 0, err
 
 
+def test_an_unreadable_file_whose_name_is_not_utf8_keeps_its_place_in_a_jsonl_file(capsys, tmp_path, clip):
+    """Several inputs to a jsonl file: an unreadable one's error event named it with a lone surrogate, which the
+    UTF-8 file could not hold: an internal error (UnicodeEncodeError) that lost the files after it."""
+    odd = os.path.join(os.fsdecode(bytes(tmp_path)), os.fsdecode(b"bad\xff.wav"))
+    try:
+        Path(odd).write_text("not audio")
+    except (OSError, UnicodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    output = tmp_path / "out.jsonl"
+    code, _, err = run(capsys, "transcribe", odd, clip, "--format", "jsonl", "--output", output)
+    assert code == 2 and "Traceback" not in err and "UnicodeEncodeError" not in err, err
+    lines = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    assert lines[0]["type"] == "error" and "bad\\xff.wav: not a readable audio file" in lines[0]["message"]
+    assert lines[-1]["type"] == "end"  # the file after it was transcribed
+
+
 def test_threads_default_to_one_unless_the_environment_or_the_flag_says(capsys, clip, monkeypatch):
     """--threads sets torch's CPU threads for the run; left out, $OMP_NUM_THREADS where set (torch's own reading of
     it), else 1 (torch's default, one per core, made eval on this 2-core machine 5-10 times slower whenever another

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from speechstream.errors import InputError, SpeechstreamError
-from speechstream.manifest import MAX_MISSING_SHOWN, read_manifest, text_lines
+from speechstream.manifest import MAX_MISSING_SHOWN, json_text, read_manifest, text_lines
 
 # Manifest fields in the order they are written; other fields of a plain JSONL line follow them.
 FIELD_ORDER = ("id", "audio", "text", "translation", "source_lang", "target_lang", "offset", "duration")
@@ -294,7 +294,7 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         fields = {key: entry[key] for key in FIELD_ORDER if entry.get(key) is not None}
         fields["audio"] = audio.as_posix()
         fields |= {key: value for key, value in entry.items() if key not in FIELD_ORDER}
-        lines.append(json.dumps(fields, ensure_ascii=False) + "\n")
+        lines.append(json_text(fields) + "\n")  # (a file name that is not UTF-8: a JSON escape)
     temporary = None
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -74,7 +74,7 @@ from speechstream.eval.latency import (
 )
 from speechstream.interrupts import Terminated, TerminateAsInterrupt
 from speechstream.locks import hold_folder
-from speechstream.manifest import Utterance, declared_languages, read_manifest
+from speechstream.manifest import Utterance, declared_languages, json_text, read_manifest
 
 # Files written into the output folder.
 CONFIG_FILE = "config.json"
@@ -480,7 +480,7 @@ def _resume(path: Path, utterances: Sequence[Utterance], references: Sequence[st
             raise InputError(f'{path}:{number}: id "{record["id"]}" logged twice')
         records.append(record)
     if cut:
-        kept = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+        kept = "".join(json_text(record) + "\n" for record in records)
         _write_atomically(path, kept)
     return records
 
@@ -629,7 +629,7 @@ def _decode(todo, references, sentences, log_path: Path, baseline: str, model_na
                     record.update(source_fields(utterance))
                     if sentences[index] is not None:
                         record["segments"] = sentences[index]
-                    log.write(json.dumps(record, ensure_ascii=False) + "\n")  # (closing the log flushes it)
+                    log.write(json_text(record) + "\n")  # (a file name that is not UTF-8 too; closing flushes)
                     records.append(record)
                     current = None  # logged: a stop from here on loses nothing of it
                     log.flush()

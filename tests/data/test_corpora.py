@@ -49,6 +49,22 @@ def run_recipe(script: str, *args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=120)
 
 
+def test_a_manifest_names_audio_whose_name_is_not_utf8(tmp_path: Path):
+    """A file listed from a folder may have a name that is not UTF-8 (b'\\xff.wav': '\\udcff.wav' in Python): the
+    manifest could not be written ("cannot write the manifest ('utf-8' codec can't encode ...')"). Its name is now
+    a JSON escape that reads back as the same file."""
+    odd = tmp_path / os.fsdecode(b"\xff.wav")
+    try:
+        tone(tmp_path / "tone.wav", 0.3).rename(odd)
+    except (OSError, UnicodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    out = tmp_path / "manifest.jsonl"
+    assert write_manifest([{"id": "odd", "audio": odd, "text": "a tone"}], out, check_audio=True) == 1
+    assert out.read_bytes().decode("utf-8") == '{"id": "odd", "audio": "\\udcff.wav", "text": "a tone"}\n'
+    [utterance] = read_manifest(out)
+    assert utterance.audio == odd and len(load_audio(utterance.audio)) == 4800
+
+
 # -- LibriSpeech ----------------------------------------------------------------------------------------------------
 
 

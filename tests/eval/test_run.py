@@ -841,3 +841,22 @@ def test_evaluate_refuses_a_decoding_that_is_not_a_decoding_config_before_it_wri
     with pytest.raises(TypeError, match="decoding must be a DecodingConfig, not"):
         evaluate(manifest, tmp_path / "out", "tiny-random", decoding, "asr", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_audio_file_whose_name_is_not_utf8_is_logged_and_resumed(tmp_path, word_sessions):
+    """A manifest naming b'\\xff.wav' (a name that is not UTF-8: '\\udcff.wav' in Python) crashed the run with a
+    UnicodeEncodeError where its record was written to the UTF-8 log, losing its decode. The name is logged as a
+    JSON escape that reads back as the same file, so a rerun resumes it."""
+    folder = tmp_path / "data"
+    name = os.fsdecode(b"\xff.wav")
+    try:
+        write_manifest(folder, [1.0]).write_text(json.dumps({"id": "odd", "audio": name, "text": "a name"}) + "\n")
+        (folder / "clip0.wav").rename(folder / name)
+    except (OSError, UnicodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    scores = evaluate(folder / "manifest.jsonl", tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    [record] = read_log(tmp_path / "out")  # (UTF-8 text)
+    assert record["id"] == "odd" and record["audio"] == str((folder / name).resolve()) and record["audio_s"] == 1.0
+    decoded = len(word_sessions)
+    again = evaluate(folder / "manifest.jsonl", tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert deterministic(again) == deterministic(scores) and len(word_sessions) == decoded  # resumed, not redone
