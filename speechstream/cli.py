@@ -239,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--all-architectures", action="store_true", help="tiny seeded Llama, Qwen2, Gemma2 and Phi3")
     verify.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms; default: %(default)s)")
     verify.add_argument("--k", type=int, nargs="+", default=[1, 3],
-                        help="wait-k values to check (default: 1 3); each checks k + 3 chunks of audio, and the "
-                        "one-pass forward's cost grows with the square of that")
+                        help="wait-k values to check (default: 1 3; at most 100); each checks k + 3 chunks of audio, "
+                        "and the one-pass forward's cost grows with the square of that")
 
     evaluate = commands.add_parser("eval", help="decode a manifest and score quality, latency and speed")
     evaluate.add_argument("manifest", help="JSON-lines manifest (id, audio, text, translation, ...)")
@@ -287,10 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _decoding_config(args: argparse.Namespace):
-    from speechstream.config import DecodingConfig
+    from speechstream.config import MAX_COUNT, DecodingConfig
 
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be at least 1, got {args.threads}")
+    if args.threads is not None and args.threads > MAX_COUNT:  # (torch takes a C int)
+        raise InputError(f"--threads must be at most {MAX_COUNT}, got {args.threads}")
     return DecodingConfig(  # validates its values (the policy's name too, and --vad-min-silence-ms only with --vad)
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
         device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
@@ -502,6 +504,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ks = tuple(args.k)
     if any(k < 1 for k in ks):
         raise InputError("--k must be at least 1")
+    if any(k > verify.MAX_K for k in ks):  # (the one-pass forward of k + 3 chunks grows with its square)
+        raise InputError(f"--k must be at most {verify.MAX_K}, got {max(ks)}")
     chunk_samples(args.chunk_ms)  # a bad --chunk-ms is refused before the model loads
     if args.all_architectures:
         results = verify.verify_architectures(ks, args.chunk_ms)

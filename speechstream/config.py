@@ -102,6 +102,9 @@ class ModelConfig:
     train_chunk_ms: int | None = None
 
 
+# The largest count any option takes (a C int): --k, --max-repeats, --threads and the other whole numbers.
+MAX_COUNT = 2**31 - 1
+
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.
 ABLATIONS = ("none", "interleaved", "source-sees-target", "reencode")
 
@@ -141,6 +144,8 @@ class DecodingConfig:
             object.__setattr__(self, name, int(value))  # numpy integers too, stored as int
             if value < low:
                 raise InputError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+            if value > MAX_COUNT:  # (larger counts overflowed deep in the decoder, e.g. the repetition window)
+                raise InputError(f"--{name.replace('_', '-')} must be at most {MAX_COUNT}, got {value}")
 
         chunk_samples(self.chunk_ms)
         object.__setattr__(self, "chunk_ms", int(self.chunk_ms))  # 640.0 or numpy's 640 as the int 640 (config.json)

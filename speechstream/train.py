@@ -47,7 +47,7 @@ import yaml
 from torch import nn
 
 from speechstream.audio import SAMPLE_RATE, audio_seconds, check_audio, load_audio
-from speechstream.config import _check_type, check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
+from speechstream.config import MAX_COUNT, _check_type, check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError, SpeechstreamError
 from speechstream.interrupts import DeferredStop
@@ -130,6 +130,8 @@ class TrainConfig:
                      "weight_decay", "ctc_weight", "word_margin_s", "lr_projector", "lr_lora"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must not be negative, not {getattr(self, name)}")
+        if self.threads > MAX_COUNT:  # (torch takes a C int)
+            raise InputError(f"threads must be at most {MAX_COUNT}, not {self.threads}")
         for field in dataclasses.fields(self):  # (a NaN passes every comparison below and trains NaN weights)
             value = getattr(self, field.name)
             if isinstance(value, float) and not math.isfinite(value):

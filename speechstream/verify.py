@@ -45,6 +45,10 @@ class VerifyResult:
         return self.max_delta <= self.bound
 
 
+# The largest wait-k `speechstream verify --k` checks: k + 3 chunks in one pass (over a minute of 640 ms chunks).
+MAX_K = 100
+
+
 def tiny_config(architecture: str) -> ModelConfig:
     """The shipped tiny config with its LLM switched to ``architecture``."""
     from speechstream.config import load_model_config

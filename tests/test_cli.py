@@ -152,6 +152,12 @@ def test_bad_audio(capsys, tmp_path, kind, match):
     (["transcribe", "{clip}", "--device", "bogus"], "'bogus' is not a torch device"),
     (["transcribe", "{clip}", "--max-tokens-per-chunk", "0"], "--max-tokens-per-chunk must be at least 1"),
     (["transcribe", "{clip}", "--max-repeats", "-1"], "--max-repeats must be at least 0"),
+    # counts past a C int overflowed deep inside (exit 1): the repetition window, torch's threads, numpy's arrays
+    (["transcribe", "{clip}", "--max-repeats", "99999999999999999999"], "--max-repeats must be at most 2147483647"),
+    (["eval", "{clip}", "--out", "{tmp}/e", "--k", "99999999999999999999"], "--k must be at most 2147483647"),
+    (["transcribe", "{clip}", "--threads", "99999999999999999999"], "--threads must be at most 2147483647"),
+    (["serve", "--threads", "2147483648"], "--threads must be at most 2147483647"),
+    (["verify", "--k", "1", "101"], "--k must be at most 100, got 101"),
     (["transcribe", "{clip}", "--input-rate", "8000"], "--input-rate is the rate of raw PCM on stdin"),
     (["transcribe", "{clip}", "--no-vad", "--vad-min-silence-ms", "300"], "--vad-min-silence-ms .* needs --vad"),
     (["eval", "{clip}", "--out", "{tmp}/e", "--vad-min-silence-ms", "300"], "--vad-min-silence-ms .* needs --vad"),

@@ -656,6 +656,7 @@ def special_manifest(folder: Path, kind: str) -> str:
     ({"log_every": 0}, "log_every must be at least 1"),
     ({"save_every": 0}, "save_every must be at least 1"),
     ({"threads": -1}, "threads must not be negative"),
+    ({"threads": 10**20}, "threads must be at most 2147483647"),  # (torch's overflow was exit 1)
     ({"k_choices": "a"}, "k_choices must be whole numbers"),
     ({"k_choices": "1,,2"}, "k_choices must be whole numbers"),
     ({"k_choices": "0"}, "k_choices must be at least 1"),
