@@ -90,6 +90,15 @@ class LazyOutput:
             self.handle.close()
 
 
+def nonempty(value: str) -> str:
+    """The type of the options and arguments that name a file, folder or model: an empty one is refused (``--out ""``
+    wrote an eval into the current folder, ``--model ""`` decoded with the default model, ``--output ""`` wrote to
+    stdout, as if the option had not been given)."""
+    if not value:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
         raise InputError(message)
@@ -101,9 +110,9 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool =
     from speechstream.config import DecodingConfig
 
     defaults = DecodingConfig()
-    parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml (default: the task's "
-                        "and languages' model, smollm2-whisper-base, or smollm2-whisper-base-es-en with --task "
-                        "translate or, without --task, --source-lang es)")
+    parser.add_argument("--model", type=nonempty, help="model name (see models/) or a directory with config.yaml "
+                        "(default: the task's and languages' model, smollm2-whisper-base, or "
+                        "smollm2-whisper-base-es-en with --task translate or, without --task, --source-lang es)")
     parser.add_argument("--task", choices=("asr", "translate"), help="default: the model's (translate for a model "
                         "whose source_lang and target_lang differ, else asr)")
     parser.add_argument("--source-lang", default=None, help="language of the speech; refused unless the model "
@@ -181,7 +190,8 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--send-timeout-s", type=float, default=defaults.send_timeout_s,
                         help="the longest one event may wait for its client to read it before the stream is "
                         "ended (default: %(default)s)")
-    parser.add_argument("--record-dir", help="debug: write each stream's received audio and sent events here")
+    parser.add_argument("--record-dir", type=nonempty,
+                        help="debug: write each stream's received audio and sent events here")
 
 
 def _live_args(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +200,7 @@ def _live_args(parser: argparse.ArgumentParser) -> None:
                         "(default: the system's default input)")
     _decoding_args(parser, vad=True)
     parser.add_argument("--seconds", type=float, help="stop after this many seconds of audio (counted in samples)")
-    parser.add_argument("--output", help="also save the transcript to this file (on Ctrl-C too)")
+    parser.add_argument("--output", type=nonempty, help="also save the transcript to this file (on Ctrl-C too)")
     parser.add_argument("--format", choices=(*LIVE_FORMATS, *FORMAT_ALIASES),
                         help="format of --output, which it needs: stdout is always the text (default: from the "
                         "extension of --output: .txt, .srt, .vtt or .json; else text)")
@@ -201,8 +211,8 @@ def _bench_args(parser: argparse.ArgumentParser) -> None:
                         help="length of the synthetic stream (default: %(default)s)")
     parser.add_argument("--window-minutes", type=float, default=5.0,
                         help="report one line per window of audio (default: %(default)s)")
-    parser.add_argument("--model", help="model name (see models/) or a directory with config.yaml (default: "
-                        "tiny-random, the untrained test model: its speed, not its text)")
+    parser.add_argument("--model", type=nonempty, help="model name (see models/) or a directory with config.yaml "
+                        "(default: tiny-random, the untrained test model: its speed, not its text)")
     parser.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms; default: %(default)s)")
     parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=False,
                         help="end segments at pauses and reset the caches (default: off)")
@@ -216,16 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     transcribe = commands.add_parser("transcribe", help="stream audio files through the model")
-    transcribe.add_argument("audio", nargs="+", help="audio files (wav, flac, ogg, mp3); - reads raw little-endian "
-                            "int16 mono PCM from stdin as it arrives (e.g. from ffmpeg -f s16le -ac 1 -), or a 16-bit "
-                            "WAV stream (ffmpeg -f wav -, cat x.wav), whose header gives its rate and channels")
+    transcribe.add_argument("audio", type=nonempty, nargs="+",
+                            help="audio files (wav, flac, ogg, mp3); - reads raw little-endian int16 mono PCM from "
+                            "stdin as it arrives (e.g. from ffmpeg -f s16le -ac 1 -), or a 16-bit WAV stream (ffmpeg "
+                            "-f wav -, cat x.wav), whose header gives its rate and channels")
     transcribe.add_argument("--input-rate", type=int, default=16000,
                             help="sample rate of the raw PCM on stdin (with -; resampled to 16 kHz; "
                             "default: %(default)s)")
     _decoding_args(transcribe, vad=True)
     transcribe.add_argument("--format", choices=(*TRANSCRIBE_FORMATS, *FORMAT_ALIASES),
                             help="default: from the extension of --output (.txt, .jsonl, .json, .srt, .vtt); else text")
-    transcribe.add_argument("--output", help="write to this file instead of stdout (-: stdout)")
+    transcribe.add_argument("--output", type=nonempty, help="write to this file instead of stdout (-: stdout)")
     transcribe.add_argument("--no-partials", action="store_true", help="jsonl: omit partial events")
 
     verify = commands.add_parser(
@@ -235,29 +246,31 @@ def build_parser() -> argparse.ArgumentParser:
         "|delta logit|, the bound (1e-4) and ok or FAIL. "
         "Exit code 1 if any line is FAIL.")
     group = verify.add_mutually_exclusive_group()
-    group.add_argument("--model", help="model name or directory (default: the tiny model)")
+    group.add_argument("--model", type=nonempty, help="model name or directory (default: the tiny model)")
     group.add_argument("--all-architectures", action="store_true", help="tiny seeded Llama, Qwen2, Gemma2 and Phi3")
     verify.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms; default: %(default)s)")
     verify.add_argument("--k", type=int, nargs="+", default=[1, 3],
-                        help="wait-k values to check (default: 1 3; at most 100); each checks k + 3 chunks of audio, "
-                        "and the one-pass forward's cost grows with the square of that")
+                        help="wait-k values to check, each at most 100 (default: 1 3); each checks k + 3 chunks of "
+                        "audio, and the one-pass forward's cost grows with the square of that")
 
     evaluate = commands.add_parser("eval", help="decode a manifest and score quality, latency and speed")
-    evaluate.add_argument("manifest", help="JSON-lines manifest (id, audio, text, translation, ...)")
-    evaluate.add_argument("--out", required=True, help="output folder; rerunning with the same folder resumes")
+    evaluate.add_argument("manifest", type=nonempty, help="JSON-lines manifest (id, audio, text, translation, ...)")
+    evaluate.add_argument("--out", type=nonempty, required=True,
+                          help="output folder; rerunning with the same folder resumes")
     _decoding_args(evaluate, vad=False)
     evaluate.add_argument("--baseline", default="gpe", help="system to evaluate: gpe (this package's streaming "
                           "decoder, its model given by --model), whisper-offline (Whisper over the whole audio) or "
                           "whisper-la2 (Whisper re-run every --chunk-ms over a growing buffer, LocalAgreement-2, as "
                           "whisper_streaming, whose own default is --chunk-ms 1000; default: %(default)s)")
-    evaluate.add_argument("--baseline-model", help="model of a baseline other than gpe; whisper-offline, whisper-la2: "
-                          "whisper-base (default), whisper-tiny.en or a transformers Whisper directory")
+    evaluate.add_argument("--baseline-model", type=nonempty, help="model of a baseline other than gpe; "
+                          "whisper-offline, whisper-la2: whisper-base (default), whisper-tiny.en or a transformers "
+                          "Whisper directory")
 
     train = commands.add_parser(
         "train", help="train projector and LoRA adapters from a recipe (accelerate)",
         description="Trains as the recipe says into its out_dir; the same command resumes a run stopped there. Ctrl-C "
         "or SIGTERM finishes the step in progress and saves it (exit 130); a second Ctrl-C stops at once.")
-    train.add_argument("recipe", help="training recipe YAML (recipes/asr/*.yaml)")
+    train.add_argument("recipe", type=nonempty, help="training recipe YAML (recipes/asr/*.yaml)")
     train.add_argument("overrides", nargs="*", help="key=value overrides of recipe fields")
     train.add_argument("--stop-after", type=int, help="end this run after N steps (resume later)")
 

@@ -721,6 +721,35 @@ def test_vad_defaults(command, vad):
     assert silence.vad_min_silence_ms == 300
 
 
+@pytest.mark.parametrize("argv, what", [
+    (["eval", "{clip}", "--out", ""], "--out"),  # wrote instances.log, scores.json ... into the current folder
+    (["eval", "{clip}", "--out", "{tmp}/e", "--baseline", "whisper-offline", "--baseline-model", ""],
+     "--baseline-model"),
+    (["transcribe", "{clip}", "--output", ""], "--output"),  # wrote to stdout
+    (["transcribe", "{clip}", "--model", ""], "--model"),  # decoded with the default model
+    (["transcribe", ""], "audio"),
+    (["eval", "", "--out", "{tmp}/e"], "manifest"),
+    (["live", "--output", "", "--seconds", "1"], "--output"),
+    (["serve", "--record-dir", ""], "--record-dir"),  # recorded nothing
+    (["verify", "--model", ""], "--model"),
+    (["bench", "--model", ""], "--model"),
+    (["train", ""], "recipe"),
+])
+def test_an_empty_name_is_refused_not_taken_as_left_out(capsys, tmp_path, clip, monkeypatch, argv, what):
+    from speechstream import server
+
+    def serve_forever(*_):  # an option taken as left out would start serving
+        raise AssertionError("serve started")
+
+    monkeypatch.setattr(server, "serve_forever", serve_forever)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code, out, err = run(capsys, *[a.format(clip=clip, tmp=tmp_path) for a in argv])
+    assert_one_error(code, err, match=f"argument {what}: must not be empty")
+    assert out == "" and list(here.iterdir()) == [] and not (tmp_path / "e").exists()
+
+
 def test_output_onto_an_input_is_refused_and_the_input_kept(capsys, clip):
     before = clip.read_bytes()
     code, out, err = run(capsys, "transcribe", clip, "--output", clip)
