@@ -180,6 +180,14 @@ def make_record_dir(path: str) -> None:
         raise InputError(f"cannot create --record-dir {path} ({error.strerror or error})") from None
 
 
+def check_decoding(model, decoding) -> None:
+    """The InputError a stream of ``decoding`` would fail with on ``model`` (its LLM's positions too few for
+    --max-tokens-per-chunk, say), raised before serving: else the server started and refused every stream."""
+    from speechstream.session import StreamingSession
+
+    StreamingSession(model, decoding, own_llm=False)  # (it checks what it is given; nothing is decoded)
+
+
 def record_failed(stream_id: int, what: str, error: Exception) -> None:
     """A debug recording that could not be written is noted on the server's log; the stream goes on."""
     print(f"speechstream: stream {stream_id}: --record-dir: could not write its {what} ({error})", file=sys.stderr)
@@ -556,6 +564,7 @@ class Server:
             raise InputError("serve decodes with GPE only (ablation none)")
         if config.record_dir:
             make_record_dir(config.record_dir)
+        check_decoding(model, decoding)
         self.worker = DecodeWorker(model, decoding, choose, config.record_dir)
         # the WebSocket layer refuses a frame of this many bytes before reading it (1009, after an error event);
         # frames between --max-frame-bytes and this get the server's own check, which names their size

@@ -498,6 +498,26 @@ def test_the_idle_timeout_zero_or_inf_is_no_limit():
     assert ServerConfig(idle_timeout_s=0).idle_limit_s is None is ServerConfig(idle_timeout_s=float("inf")).idle_limit_s
 
 
+def test_a_decoding_no_stream_could_run_is_refused_before_serving(tiny_model, capsys, monkeypatch):
+    """--max-tokens-per-chunk past what the LLM's positions hold: the server started and refused every stream."""
+    import dataclasses
+
+    from speechstream import server
+    from speechstream.errors import InputError
+
+    too_many = dataclasses.replace(FAST, max_tokens_per_chunk=9000)  # tiny-random: 8192 target positions
+    with pytest.raises(InputError, match="too few for the header, one chunk's text \\(--max-tokens-per-chunk 9000"):
+        Server(tiny_model, "tiny-random", too_many)
+
+    def serve_forever(*_):
+        raise AssertionError("serve started")
+
+    monkeypatch.setattr(server, "serve_forever", serve_forever)
+    code = main(["serve", "--port", "0", "--model", "tiny-random", "--max-tokens-per-chunk", "9000"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("speechstream: error: model tiny-random: its LLM") and err.count("\n") == 1
+
+
 def test_null_optional_start_fields_are_left_out():
     from speechstream.server import parse_start
 
