@@ -182,6 +182,8 @@ class DecodingConfig:
 
 def check_device(device: str) -> None:
     """A torch device this machine has (cpu; cuda or mps where present), or a one-line input error."""
+    if not isinstance(device, str):  # (torch's TypeError for None spans lines; an int it takes as a CUDA index)
+        raise InputError(f"--device must be a name (cpu, cuda, cuda:1, mps), got {device!r}")
     if device == "cpu":
         return
     import torch

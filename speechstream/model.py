@@ -506,6 +506,8 @@ def load_model(name_or_path: str, device: str = "cpu", for_training: bool = Fals
     (cpu; cuda or mps where present); ``int8``: the CPU speed mode (``quantize_int8``). An unknown name, a device
     this machine lacks, or int8 off the CPU is an InputError before anything loads."""
     check_device(device)
+    if not isinstance(int8, bool):  # ("no" would have quantized)
+        raise InputError(f"int8 must be True or False, got {int8!r}")
     if int8 and device != "cpu":
         raise InputError(f"int8 is a CPU speed mode (int8 weights on the CPU): not on device {device}")
     path = model_config_path(name_or_path)

@@ -183,6 +183,8 @@ class StreamingSession:
         own_llm: bool = True,
     ):
         """``own_llm=False`` leaves the LLM to an outside driver that batches several sessions."""
+        if not isinstance(model, SpeechLLM):  # (a name or None failed deep inside, with an AttributeError)
+            raise TypeError(f"model must be a SpeechLLM (speechstream.model.load_model), not {type(model).__name__}")
         if not isinstance(decoding, DecodingConfig):
             raise TypeError(f"decoding must be a DecodingConfig, not {type(decoding).__name__}")
         check_placement(model, decoding)

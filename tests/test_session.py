@@ -13,6 +13,7 @@ from speechstream.audio import SAMPLE_RATE, load_audio
 from speechstream.config import DecodingConfig
 from speechstream.errors import InputError
 from speechstream.batch import BatchDecoder
+from speechstream.model import load_model
 from speechstream.session import Event, StreamingSession
 from tests.conftest import text_favouring_chooser
 
@@ -610,6 +611,21 @@ def test_a_session_refuses_an_int8_or_device_its_model_was_not_loaded_with(tiny_
     monkeypatch.setattr("speechstream.config.check_device", lambda device: None)  # meta: an accelerator's stand-in
     with pytest.raises(InputError, match=r"device='meta'\), but the model is on cpu: .*load_model\(name, device="):
         StreamingSession(tiny_model, DecodingConfig(device="meta"))
+
+
+@pytest.mark.parametrize("call, error, match", [
+    # an AttributeError deep in the session ('NoneType' object has no attribute 'decoder')
+    (lambda: StreamingSession(None), TypeError, "model must be a SpeechLLM .*load_model.*, not NoneType"),
+    (lambda: StreamingSession("tiny-random"), TypeError, "model must be a SpeechLLM .*, not str"),
+    # torch's TypeError over several lines ("device() received an invalid combination of arguments ...")
+    (lambda: load_model("tiny-random", None), InputError, "^--device must be a name .*, got None$"),
+    (lambda: load_model("tiny-random", 0), InputError, "^--device must be a name .*, got 0$"),  # (cuda:0 to torch)
+    (lambda: load_model("tiny-random", int8="no"), InputError, "int8 must be True or False, got 'no'"),  # quantized
+])
+def test_bad_arguments_of_the_python_api_are_clear_errors(call, error, match):
+    with pytest.raises(error, match=match) as caught:
+        call()
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize("field, value, named", [
