@@ -249,6 +249,10 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
         raise InputError(f"{path}: is a directory, not an audio file")
     if path.stat().st_size == 0:
         raise InputError(f"{path}: the file is empty")
+    try:  # (libsndfile says "System error." of a file it may not read: not a readable audio file, it seemed)
+        open(path, "rb").close()
+    except OSError as error:
+        raise InputError(f"{path}: cannot read the file ({error.strerror or error})") from None
     if path.suffix.lower() == ".mp3" and not looks_like_mpeg(path):
         # libsndfile's MPEG decoder would try to resync through it, printing notes on stderr, then fail
         raise InputError(f"{path}: not a readable audio file (no ID3 tag or MPEG audio frame where an MP3 starts)")

@@ -393,6 +393,23 @@ def test_subprocess_missing_file_has_no_traceback(tmp_path):
     assert result.stdout == ""
 
 
+def test_an_audio_file_it_may_not_read_says_so(tmp_path):
+    """A chmod 000 wav was "not a readable audio file (... System error.)". Root reads any file: the command then runs
+    without the capabilities that let it (setpriv), as any other user."""
+    locked = write_wav(tmp_path / "locked.wav")
+    locked.chmod(0)
+    prefix = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("root without setpriv reads any file")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run([*prefix, sys.executable, "-m", "speechstream", "transcribe", str(locked), "--model",
+                             "tiny-random"], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert_one_error(result.returncode, result.stderr, match=f"{locked}: cannot read the file \\(Permission denied\\)$")
+    assert result.stdout == ""
+
+
 # -- accepted input and output formats -----------------------------------------------------------------------------
 
 
