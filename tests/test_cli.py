@@ -738,6 +738,77 @@ def test_vad_defaults(command, vad):
     assert silence.vad_min_silence_ms == 300
 
 
+def sweep_inputs(folder: Path) -> None:
+    """Files of the wrong kind for the bad-value sweep below."""
+    folder.mkdir()
+    clip = write_wav(folder / "clip.wav")
+    (folder / "text.wav").write_text("not audio\n" * 40)
+    (folder / "header.wav").write_bytes(clip.read_bytes()[:44])  # a header, no samples
+    (folder / "folder.wav").mkdir()
+    (folder / "latin1.jsonl").write_bytes(b'{"id": "a", "audio": "clip.wav", "text": "caf\xe9"}\n')
+    (folder / "bad-line.jsonl").write_text(json.dumps({"id": "a", "audio": "clip.wav", "text": "x"}) + "\n{no\n")
+    (folder / "list.jsonl").write_text("[1, 2]\n")
+    (folder / "list.yaml").write_text("- steps\n- 1\n")
+    (folder / "unknown.yaml").write_text("stepz: 1\n")
+    (folder / "steps.yaml").write_text("model: m.yaml\ntrain_manifest: t.jsonl\nsteps: abc\n")
+
+
+@pytest.mark.parametrize("argv, match", [
+    # numbers: nan, inf, huge, negative, not a number
+    (["transcribe", "{d}/clip.wav", "--ctc-weight", "nan"], "--ctc-weight must be at least 0 and below 1, got nan"),
+    (["transcribe", "{d}/clip.wav", "--chunk-ms", "abc"], "argument --chunk-ms: invalid int value: 'abc'"),
+    (["transcribe", "{d}/clip.wav", "--input-rate", "-1"], "--input-rate must be between"),
+    (["eval", "{d}/clip.wav", "--out", "{d}/e", "--vad", "--vad-min-silence-ms", "2147483648"],
+     "--vad-min-silence-ms must be at most 2147483647"),
+    (["live", "--seconds", "nan"], "--seconds must be a number from one sample"),
+    (["live", "--seconds", "1e30"], "--seconds must be a number from one sample"),
+    (["bench", "--minutes", "inf"], "--minutes must be from one chunk"),
+    (["bench", "--window-minutes", "nan"], "--window-minutes must be from one chunk"),
+    (["serve", "--port", "70000"], "--port must be between 0 and 65535"),
+    (["serve", "--max-session-s", "nan"], "--max-session-s must be positive, got nan"),
+    (["serve", "--idle-timeout-s", "-1"], "--idle-timeout-s must be 0 or more"),
+    (["serve", "--max-frame-bytes", "3"], "--max-frame-bytes must be even"),
+    (["verify", "--chunk-ms", "0"], "chunk_ms must be between"),
+    (["train", "{d}/list.yaml", "--stop-after", "-1"], "--stop-after must be at least 1"),
+    # files of the wrong kind
+    (["transcribe", "{d}/text.wav"], "text.wav: not a readable audio file"),
+    (["transcribe", "{d}/header.wav"], "header.wav: the audio holds no samples"),
+    (["transcribe", "{d}/folder.wav"], "folder.wav: is a directory, not an audio file"),
+    (["transcribe", "{d}/clip.wav", "--model", "{d}/text.wav"], "text.wav: a model config must be a mapping"),
+    (["transcribe", "{d}/clip.wav", "--output", "{d}/folder.wav"], "folder.wav: cannot write the output"),
+    (["eval", "{d}/latin1.jsonl", "--out", "{d}/e"], "latin1.jsonl: cannot read the manifest \\('utf-8' codec"),
+    (["eval", "{d}/bad-line.jsonl", "--out", "{d}/e"], "bad-line.jsonl:2: not valid JSON"),
+    (["eval", "{d}/list.jsonl", "--out", "{d}/e"], "list.jsonl:1: expected a JSON object, got list"),
+    (["eval", "{d}/folder.wav", "--out", "{d}/e"], "folder.wav: not a file"),
+    (["eval", "{d}/clip.wav", "--out", "{d}/e"], "clip.wav: cannot read the manifest"),
+    (["train", "{d}/list.yaml"], "list.yaml: a training config must be a mapping"),
+    (["train", "{d}/unknown.yaml"], "unknown config key stepz"),
+    (["train", "{d}/steps.yaml"], "steps.yaml: config key steps has the wrong type: 'abc'"),
+    (["train", "{d}/nothing.yaml"], "nothing.yaml: cannot read training config .*No such file"),
+    (["serve", "--record-dir", "{d}/clip.wav"], "--record-dir .* is not a folder"),
+    (["bench", "--model", "{d}/folder.wav", "--minutes", "0.05", "--window-minutes", "0.05"],
+     "folder.wav: a model folder needs a config.yaml"),
+])
+def test_bad_values_and_files_are_one_line_and_leave_nothing(capsys, tmp_path, monkeypatch, argv, match):
+    """Rows of a systematic sweep of bad input over every command: one line, exit 2, no output, no files made."""
+    from speechstream import server
+
+    def serve_forever(*_):  # a value taken would start serving
+        raise AssertionError("serve started")
+
+    monkeypatch.setattr(server, "serve_forever", serve_forever)
+    folder = tmp_path / "d"
+    sweep_inputs(folder)
+    before = sorted(tmp_path.rglob("*"))
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code, out, err = run(capsys, *[a.format(d=folder) for a in argv])
+    assert_one_error(code, err, match=match)
+    assert out == "" and sorted(folder.rglob("*")) == [p for p in before if folder in p.parents]
+    assert list(here.iterdir()) == []
+
+
 @pytest.mark.parametrize("argv, what", [
     (["eval", "{clip}", "--out", ""], "--out"),  # wrote instances.log, scores.json ... into the current folder
     (["eval", "{clip}", "--out", "{tmp}/e", "--baseline", "whisper-offline", "--baseline-model", ""],
