@@ -236,6 +236,30 @@ def looks_like_mpeg(path: Path) -> bool:
     return bool(np.any((data[:-1] == 0xFF) & (data[1:] >= 0xE0)))
 
 
+WAV_OPEN_SIZE = 0xFFFFFFFF  # the data size of a WAV written as a stream (ffmpeg -f wav -): not known, not checked
+WAV_SCAN_BYTES = 65536  # where a WAV's data chunk is looked for
+
+
+def wav_cut_short(head: bytes, size: int) -> tuple[float, float] | None:
+    """(seconds its header declares, seconds it holds) of a RIFF WAVE file of ``size`` bytes, starting ``head``, whose
+    data chunk ends before the size its header gives (a copy or a recording that stopped); None for any other file
+    (not a WAV, a whole one, one written as a stream). libsndfile reads such a file to where it ends, silently."""
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    at, byte_rate = 12, 0
+    while at + 8 <= len(head):
+        kind, length = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+        if kind == b"fmt " and at + 20 <= len(head):
+            byte_rate = int.from_bytes(head[at + 16 : at + 20], "little")
+        if kind == b"data":
+            held = size - (at + 8)
+            if length == WAV_OPEN_SIZE or held >= length or not byte_rate:
+                return None
+            return length / byte_rate, max(held, 0) / byte_rate
+        at += 8 + length + length % 2  # (chunks are padded to an even size)
+    return None
+
+
 def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None = None) -> tuple[int, int | None]:
     """What ``load_audio`` checks before it reads samples, from the file's header alone (cheap): the file exists,
     is a non-empty audio file, and holds the time range. Returns the (start, stop) frames to read (stop None: to
@@ -250,9 +274,13 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
     if path.stat().st_size == 0:
         raise InputError(f"{path}: the file is empty")
     try:  # (libsndfile says "System error." of a file it may not read: not a readable audio file, it seemed)
-        open(path, "rb").close()
+        with open(path, "rb") as handle:
+            cut = wav_cut_short(handle.read(WAV_SCAN_BYTES), path.stat().st_size)
     except OSError as error:
         raise InputError(f"{path}: cannot read the file ({error.strerror or error})") from None
+    if cut:
+        raise InputError(f"{path}: the WAV file is cut short: its header declares {cut[0]:.2f} s of audio, the file "
+                         f"holds {cut[1]:.2f} s (an unfinished copy or recording?)")
     if path.suffix.lower() == ".mp3" and not looks_like_mpeg(path):
         # libsndfile's MPEG decoder would try to resync through it, printing notes on stderr, then fail
         raise InputError(f"{path}: not a readable audio file (no ID3 tag or MPEG audio frame where an MP3 starts)")

@@ -7,7 +7,7 @@ import pytest
 import soundfile
 
 from speechstream.audio import (SAMPLE_RATE, StreamResampler, check_stream_rate, int16_to_float, load_audio,
-                                prepare_samples)
+                                prepare_samples, stream_audio, wav_cut_short)
 from speechstream.errors import InputError
 from tests.helpers import write_mp3_without_info_frame
 
@@ -243,6 +243,32 @@ def test_truncated_wav_header(tmp_path):
     with pytest.raises(InputError) as info:
         load_audio(path)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kept", [44 + 2, 44 + 16000])  # two bytes of samples, a fraction of them
+def test_a_wav_cut_short_is_refused_not_read_in_part(tmp_path, kept):
+    """(libsndfile read what there was: a transcript of part of the file, exit 0, nothing said)"""
+    path = tmp_path / "cut.wav"
+    soundfile.write(path, sine(440.0, 1.0, SAMPLE_RATE), SAMPLE_RATE)  # 16-bit: 32000 bytes a second
+    path.write_bytes(path.read_bytes()[:kept])
+    held = (kept - 44) / 32000
+    assert_one_line_input_error(path, f"the WAV file is cut short: its header declares 1.00 s of audio, the file "
+                                f"holds {held:.2f} s")
+    with pytest.raises(InputError, match="cut short"):
+        next(stream_audio(path))
+
+
+def test_a_wav_written_as_a_stream_is_read_whole(tmp_path):
+    """A header written before the length was known (ffmpeg -f wav -) leaves the data size open: 0xFFFFFFFF."""
+    path = tmp_path / "stream.wav"
+    samples = sine(440.0, 0.5, SAMPLE_RATE)
+    soundfile.write(path, samples, SAMPLE_RATE)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"data") + 4
+    data[at : at + 4] = (0xFFFFFFFF).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    assert wav_cut_short(bytes(data), len(data)) is None
+    assert len(load_audio(path)) == len(samples)
 
 
 def test_directory(tmp_path):

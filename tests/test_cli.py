@@ -743,7 +743,8 @@ def sweep_inputs(folder: Path) -> None:
     folder.mkdir()
     clip = write_wav(folder / "clip.wav")
     (folder / "text.wav").write_text("not audio\n" * 40)
-    (folder / "header.wav").write_bytes(clip.read_bytes()[:44])  # a header, no samples
+    soundfile.write(folder / "header.wav", np.zeros(0, np.float32), 16000)  # a header, no samples
+    (folder / "cut.wav").write_bytes(clip.read_bytes()[:5000])  # a copy that stopped
     (folder / "folder.wav").mkdir()
     (folder / "latin1.jsonl").write_bytes(b'{"id": "a", "audio": "clip.wav", "text": "caf\xe9"}\n')
     (folder / "bad-line.jsonl").write_text(json.dumps({"id": "a", "audio": "clip.wav", "text": "x"}) + "\n{no\n")
@@ -773,6 +774,8 @@ def sweep_inputs(folder: Path) -> None:
     # files of the wrong kind
     (["transcribe", "{d}/text.wav"], "text.wav: not a readable audio file"),
     (["transcribe", "{d}/header.wav"], "header.wav: the audio holds no samples"),
+    (["transcribe", "{d}/cut.wav", "--output", "{d}/cut.txt"], "cut.wav: the WAV file is cut short: its header "
+     "declares 0.80 s of audio, the file holds 0.15 s"),  # (it wrote the transcript of the 0.15 s, exit 0)
     (["transcribe", "{d}/folder.wav"], "folder.wav: is a directory, not an audio file"),
     (["transcribe", "{d}/clip.wav", "--model", "{d}/text.wav"], "text.wav: a model config must be a mapping"),
     (["transcribe", "{d}/clip.wav", "--output", "{d}/folder.wav"], "folder.wav: cannot write the output"),
