@@ -246,14 +246,15 @@ def wav_cut_short(head: bytes, size: int) -> tuple[float, float] | None:
     (not a WAV, a whole one, one written as a stream). libsndfile reads such a file to where it ends, silently."""
     if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         return None
-    at, byte_rate = 12, 0
+    at, byte_rate, frame_bytes = 12, 0, 1
     while at + 8 <= len(head):
         kind, length = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
         if kind == b"fmt " and at + 20 <= len(head):
             byte_rate = int.from_bytes(head[at + 16 : at + 20], "little")
+            frame_bytes = max(1, int.from_bytes(head[at + 20 : at + 22], "little"))  # (block align)
         if kind == b"data":
             held = size - (at + 8)
-            if length == WAV_OPEN_SIZE or held >= length or not byte_rate:
+            if length == WAV_OPEN_SIZE or length - held < frame_bytes or not byte_rate:  # (no whole frame lost)
                 return None
             return length / byte_rate, max(held, 0) / byte_rate
         at += 8 + length + length % 2  # (chunks are padded to an even size)

@@ -258,6 +258,13 @@ def test_a_wav_cut_short_is_refused_not_read_in_part(tmp_path, kept):
         next(stream_audio(path))
 
 
+def test_a_wav_short_of_less_than_a_frame_loses_no_audio_and_is_read(tmp_path):
+    path = tmp_path / "odd.wav"
+    soundfile.write(path, sine(440.0, 0.5, SAMPLE_RATE), SAMPLE_RATE)
+    path.write_bytes(path.read_bytes()[:-1])  # half of the last 16-bit sample
+    assert len(load_audio(path)) == SAMPLE_RATE // 2 - 1
+
+
 def test_a_wav_written_as_a_stream_is_read_whole(tmp_path):
     """A header written before the length was known (ffmpeg -f wav -) leaves the data size open: 0xFFFFFFFF."""
     path = tmp_path / "stream.wav"
