@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import re
 import types
 import typing
 from pathlib import Path
@@ -224,10 +225,24 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
+class YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (YAML 1.1) with YAML 1.2's floats: 1e-4 and 2E5 are numbers, not the strings 1.1 makes
+    of them without a dot (``lr_lora: 1e-4`` was refused as "the wrong type")."""
+
+
+YAML_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
+YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML_EXPONENT_FLOAT, list("-+0123456789"))
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with YAML 1.2's floats (`YamlLoader`)."""
+    return yaml.load(text, Loader=YamlLoader)  # noqa: S506 - a SafeLoader
+
+
 def read_yaml(path: Path | str, what: str) -> Any:
     """A YAML file's contents; unreadable, undecodable or malformed files are one-line input errors."""
     try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        return load_yaml(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise InputError(f"{path}: cannot read {what} ({one_line(error)})") from None
 

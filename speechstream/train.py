@@ -47,7 +47,8 @@ import yaml
 from torch import nn
 
 from speechstream.audio import SAMPLE_RATE, audio_seconds, check_audio, load_audio
-from speechstream.config import MAX_COUNT, _check_type, check_ctc_hop, from_dict, load_model_config, one_line, read_yaml
+from speechstream.config import (MAX_COUNT, _check_type, check_ctc_hop, from_dict, load_model_config, load_yaml,
+                                 one_line, read_yaml)
 from speechstream.ctc_head import ctc_windows
 from speechstream.errors import InputError, SpeechstreamError
 from speechstream.interrupts import DeferredStop
@@ -202,7 +203,7 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         check_override_key(item, key)
         given[key] = item
         try:
-            data[key] = yaml.safe_load(value)
+            data[key] = load_yaml(value)
         except yaml.YAMLError as error:
             raise InputError(f"override {item!r}: not a YAML value ({one_line(error)})") from None
         try:  # (a value of the wrong type is the override's, not the recipe file's)

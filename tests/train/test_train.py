@@ -650,6 +650,14 @@ def special_manifest(folder: Path, kind: str) -> str:
     return str(path)
 
 
+def test_exponent_floats_are_numbers_in_a_recipe_and_its_overrides(tmp_path):
+    """YAML 1.1 (PyYAML) reads 1e-4 without a dot as a string: "config key lr_lora has the wrong type: '1e-4'"."""
+    path = write_recipe(tmp_path)
+    path.write_text(path.read_text() + "lr_lora: 1e-4\nweight_decay: 2E-2\n")
+    config = load_train_config(str(path), ["lr_projector=3e-3", "word_margin_s=1.5e-1"])
+    assert (config.lr_lora, config.weight_decay, config.lr_projector, config.word_margin_s) == (1e-4, 2e-2, 3e-3, 0.15)
+
+
 @pytest.mark.parametrize("overrides, match", [
     ({"steps": 0}, "steps must be at least 1"),
     ({"batch_size": 0}, "batch_size must be at least 1"),
