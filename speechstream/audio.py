@@ -46,8 +46,7 @@ def load_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None
 
 FILE_BLOCK_S = 10  # seconds of a file ``stream_audio`` reads at a time
 # reads start and end on multiples of this many frames of the file (the samples of an MPEG-1 layer III frame, two of
-# MPEG-2's): libsndfile 1.2 decodes some mp3 files differently when a read starts or ends inside a frame (reads of
-# 1000 frames, or a seek to frame 8159, gave samples off by 0.1)
+# MPEG-2's)
 MP3_FRAME = 1152
 
 
@@ -112,9 +111,9 @@ def _read_blocks(path: Path, start: int, stop: int | None,
         end = handle.frames if stop is None else stop
         block = block or (None if handle.seekable() else PIPE_BLOCK)
         at = start - start % MP3_FRAME
-        if handle.seekable():
+        if handle.seekable() and handle.format != "MP3":
             handle.seek(at)
-        else:  # a pipe: decode up to the start
+        else:  # a pipe, or an MP3 (``SequentialReader``): decode up to the start
             at = _skip(handle, at)
         first = True
         while at < end:
@@ -141,15 +140,37 @@ PIPE_BLOCK = MP3_FRAME * 384
 MP3_LENGTH_TAGS = (b"Xing", b"Info", b"VBRI")  # the first frame's tags that store an MP3's length
 
 
-@contextlib.contextmanager
-def open_audio(path: Path) -> Iterator:
-    """A soundfile.SoundFile reading ``path``. An MP3 without a stored length (no Xing/Info/VBRI first frame: cut
-    from a stream, or from an encoder that writes none) has a length libsndfile guesses from its first frame's
-    bitrate, and its reads stop there, short of the end where the audio starts loud; such a file is read through a
-    pipe, where libsndfile takes no length and decodes to the real end (not seekable; ``frames`` is huge)."""
+@functools.cache
+def _sequential_reader() -> type:
+    """soundfile.SoundFile, less the seek to where it is that soundfile makes after every read (soundfile is
+    imported when a file is first read)."""
     import soundfile
 
-    with soundfile.SoundFile(os.fsencode(path)) as handle:
+    class SequentialReader(soundfile.SoundFile):
+        """A SoundFile whose seek to where it already is does nothing. soundfile's read ends with one (its position
+        kept, ``seek(tell() + frames)``), libsndfile passes it on to the decoder, and libmpg123, seeking, decodes the
+        next frames without the bits of the earlier ones that its bit reservoir held: blocks of a loud tone came
+        out off by up to 1.07 from one whole read, and "part2_3_length ... too large" notes went to stderr. A seek
+        into an MP3 does the same (its range is decoded from the start, ``_read_blocks``). Where it is, ``tell``,
+        is asked without a seek reaching the decoder."""
+
+        def seek(self, frames: int, whence: int = soundfile.SEEK_SET) -> int:
+            if whence == soundfile.SEEK_SET and self.seekable() and frames == self.tell():
+                return frames
+            return super().seek(frames, whence)
+
+    return SequentialReader
+
+
+@contextlib.contextmanager
+def open_audio(path: Path) -> Iterator:
+    """A soundfile.SoundFile reading ``path`` (a ``SequentialReader``: reads one after another pass no seek on to
+    the decoder). An MP3 without a stored length (no Xing/Info/VBRI first frame: cut from a stream, or from an
+    encoder that writes none) has a length libsndfile guesses from its first frame's bitrate, and its reads stop
+    there, short of the end where the audio starts loud; such a file is read through a pipe, where libsndfile takes
+    no length and decodes to the real end (not seekable; ``frames`` is huge)."""
+    reader = _sequential_reader()
+    with reader(os.fsencode(path)) as handle:
         if handle.format != "MP3" or _stores_mp3_length(path):
             yield handle
             return
@@ -157,7 +178,7 @@ def open_audio(path: Path) -> Iterator:
     feeder = threading.Thread(target=_feed_pipe, args=(path, write_end), daemon=True)
     feeder.start()
     try:
-        with soundfile.SoundFile(read_end, closefd=False) as handle:
+        with reader(read_end, closefd=False) as handle:
             yield handle
     finally:
         os.close(read_end)  # a feeder still writing stops (broken pipe)
