@@ -276,6 +276,19 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def assert_ends_as_one_process(tmp_path, overrides):
+    """The run in tmp_path/ddp has the weights (to 1e-4, as test_two_process_ddp_on_cpu_equals_one_process) and
+    the logged steps of the same recipe trained uninterrupted as one process in tmp_path/one."""
+    (tmp_path / "one").mkdir()
+    train(load_train_config(str(write_recipe(tmp_path / "one", **overrides)), []), progress=False)
+    ddp, one = (load_file(str(tmp_path / name / "run" / "trainable.safetensors")) for name in ("ddp", "one"))
+    for key in one:
+        assert torch.allclose(ddp[key], one[key], atol=1e-4), (key, float((ddp[key] - one[key]).abs().max()))
+    steps = [[json.loads(line)["step"] for line in (tmp_path / name / "run" / "log.jsonl").read_text().splitlines()]
+             for name in ("ddp", "one")]
+    assert steps[0] == steps[1] == [1, 2, 3, 4, 5, 6]
+
+
 @pytest.mark.slow
 def test_a_process_killed_while_saving_ends_the_run_and_the_rerun_resumes_from_the_last_whole_checkpoint(tmp_path):
     """kill -9 of one of two processes while a checkpoint is written: the other does not wait for it forever (its
@@ -293,14 +306,7 @@ def test_a_process_killed_while_saving_ends_the_run_and_the_rerun_resumes_from_t
     assert json.loads((run / "state" / "step.json").read_text())["step"] == 2 and (run / "state.tmp").is_dir()
     done = run_two_processes(recipe, 29537)
     assert not (run / "state.tmp").exists()
-    (tmp_path / "one").mkdir()
-    train(load_train_config(str(write_recipe(tmp_path / "one", **overrides)), []), progress=False)
-    ddp, one = (load_file(str(tmp_path / name / "run" / "trainable.safetensors")) for name in ("ddp", "one"))
-    for key in one:  # (as test_two_process_ddp_on_cpu_equals_one_process)
-        assert torch.allclose(ddp[key], one[key], atol=1e-4), (key, float((ddp[key] - one[key]).abs().max()))
-    steps = [[json.loads(line)["step"] for line in (tmp_path / name / "run" / "log.jsonl").read_text().splitlines()]
-             for name in ("ddp", "one")]
-    assert steps[0] == steps[1] == [1, 2, 3, 4, 5, 6]
+    assert_ends_as_one_process(tmp_path, overrides)
 
 
 # speechstream's command line, each process noting the ids it encodes in encoded-<rank>.txt beside this script
@@ -418,14 +424,7 @@ def test_a_signal_to_one_of_two_processes_stops_both_in_one_line_and_the_rerun_e
     done = run_two_processes(recipe, 29534)
     assert done.stdout == f"trainable weights: {tmp_path / 'ddp' / 'run' / 'trainable.safetensors'}\n"
     assert not speechstream_lines(done.stderr), done.stderr[-3000:]
-    (tmp_path / "one").mkdir()
-    train(load_train_config(str(write_recipe(tmp_path / "one", **overrides)), []), progress=False)
-    ddp, one = (load_file(str(tmp_path / name / "run" / "trainable.safetensors")) for name in ("ddp", "one"))
-    for key in one:  # (as test_two_process_ddp_on_cpu_equals_one_process)
-        assert torch.allclose(ddp[key], one[key], atol=1e-4), (key, float((ddp[key] - one[key]).abs().max()))
-    steps = [[json.loads(line)["step"] for line in (tmp_path / name / "run" / "log.jsonl").read_text().splitlines()]
-             for name in ("ddp", "one")]
-    assert steps[0] == steps[1] == [1, 2, 3, 4, 5, 6]
+    assert_ends_as_one_process(tmp_path, overrides)
 
 
 def test_two_process_ddp_on_cpu_equals_one_process(tmp_path):
