@@ -345,12 +345,13 @@ def _check_audio(entries: list[dict]) -> None:
     ``segments`` (timed from the entry's offset), lies inside its file (InputError for the first not)."""
     import soundfile
 
-    from speechstream.audio import audio_seconds
+    from speechstream.audio import audio_seconds, check_audio
 
     lengths: dict[Path, float] = {}
     for entry in entries:
         path = Path(entry["audio"])
         if path not in lengths:
+            check_audio(path)  # what transcribe and eval refuse too: a WAV cut short, a file it may not read, ...
             try:
                 lengths[path] = audio_seconds(path)  # an MP3's guessed length: counted
             except (soundfile.LibsndfileError, RuntimeError) as error:

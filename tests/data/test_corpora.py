@@ -321,6 +321,20 @@ def test_segment_ranges_are_checked_against_the_audio(mustc: Path, tmp_path: Pat
     assert not (tmp_path / "m.jsonl").exists()
 
 
+def test_check_audio_refuses_what_transcribe_and_eval_refuse(tmp_path: Path):
+    """--check-audio holds every file to what eval checks before decoding: a WAV cut short (its header declares
+    more audio than it holds) and text named .mp3 were accepted, a manifest written that eval then refused."""
+    cut = tone(tmp_path / "cut.wav", 1.0)
+    cut.write_bytes(cut.read_bytes()[:-8000])
+    (tmp_path / "text.mp3").write_text("not audio\n")
+    refused = (("cut.wav", "the WAV file is cut short"), ("text.mp3", "not a readable audio file \\(no ID3 tag"))
+    for name, match in refused:
+        entries = [{"id": "a", "audio": tmp_path / name, "text": "a tone"}]
+        with pytest.raises(InputError, match=f"{name}: {match}"):
+            write_manifest(entries, tmp_path / "m.jsonl", check_audio=True)
+        assert not (tmp_path / "m.jsonl").exists()
+
+
 def test_a_manifest_write_interrupted_before_its_rename_leaves_no_temporary_file(mustc: Path, tmp_path: Path,
                                                                                    monkeypatch):
     """Only an OSError removed the temporary file: Ctrl-C while the manifest was written left a hidden
