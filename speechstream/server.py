@@ -562,9 +562,9 @@ class Server:
         self.config = config.validate()
         if getattr(decoding, "ablation", "none") != "none":
             raise InputError("serve decodes with GPE only (ablation none)")
+        check_decoding(model, decoding)  # (before --record-dir is made: a refused start makes no folder)
         if config.record_dir:
             make_record_dir(config.record_dir)
-        check_decoding(model, decoding)
         self.worker = DecodeWorker(model, decoding, choose, config.record_dir)
         # the WebSocket layer refuses a frame of this many bytes before reading it (1009, after an error event);
         # frames between --max-frame-bytes and this get the server's own check, which names their size

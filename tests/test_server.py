@@ -498,16 +498,19 @@ def test_the_idle_timeout_zero_or_inf_is_no_limit():
     assert ServerConfig(idle_timeout_s=0).idle_limit_s is None is ServerConfig(idle_timeout_s=float("inf")).idle_limit_s
 
 
-def test_a_decoding_no_stream_could_run_is_refused_before_serving(tiny_model, capsys, monkeypatch):
-    """--max-tokens-per-chunk past what the LLM's positions hold: the server started and refused every stream."""
+def test_a_decoding_no_stream_could_run_is_refused_before_serving(tiny_model, capsys, monkeypatch, tmp_path):
+    """--max-tokens-per-chunk past what the LLM's positions hold: the server started and refused every stream. The
+    refusal makes no --record-dir (it was made first, an empty folder left behind)."""
     import dataclasses
 
     from speechstream import server
     from speechstream.errors import InputError
 
     too_many = dataclasses.replace(FAST, max_tokens_per_chunk=9000)  # tiny-random: 8192 target positions
+    record = tmp_path / "recordings"
     with pytest.raises(InputError, match="too few for the header, one chunk's text \\(--max-tokens-per-chunk 9000"):
-        Server(tiny_model, "tiny-random", too_many)
+        Server(tiny_model, "tiny-random", too_many, ServerConfig(record_dir=str(record)))
+    assert not record.exists()
 
     def serve_forever(*_):
         raise AssertionError("serve started")
