@@ -357,14 +357,13 @@ def model_fingerprint(baseline: str, model_name: str) -> dict:
         return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
     if baseline == "gpe":
-        import yaml
-
-        from speechstream.config import load_model_config
+        from speechstream.config import load_model_config, load_yaml
         from speechstream.model import model_config_path
 
         path = model_config_path(model_name)
         config = load_model_config(path)  # checks it
-        content = json.dumps(yaml.safe_load(path.read_text(encoding="utf-8")), sort_keys=True, default=str)
+        # (parsed as the model is loaded: 0.5 and 5e-1 are one value)
+        content = json.dumps(load_yaml(path.read_text(encoding="utf-8")), sort_keys=True, default=str)
         checkpoint = path.parent / config.checkpoint if config.checkpoint else None
         return {"config_sha256": hashlib.sha256(content.encode("utf-8")).hexdigest(),
                 "checkpoint": file_hash(checkpoint) if checkpoint and checkpoint.is_file() else None}

@@ -335,6 +335,22 @@ def test_the_model_is_compared_by_its_fingerprint_not_its_name(finished_run, tmp
     assert not word_sessions
 
 
+def test_a_config_value_spelled_as_an_exponent_float_keeps_the_fingerprint(tmp_path):
+    """The model loads 0.5 and 5e-1 as one value (YAML 1.2's floats, since a10bb5e), so its fingerprint is one too:
+    it was hashed from PyYAML's 1.1 parse, where 5e-1 is a string, and a resumed eval refused the same model."""
+    from speechstream.baselines import model_fingerprint
+
+    tiny = (ROOT / "models" / "tiny-random" / "config.yaml").read_text()
+    text = tiny.replace("  stack: 4\n", "  stack: 4\n  output_scale: {}\n")
+    fingerprints = []
+    for name, scale in (("dot", "0.5"), ("exponent", "5e-1")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(text.format(scale))
+        fingerprints.append(model_fingerprint("gpe", str(tmp_path / name)))
+    assert fingerprints[0] == fingerprints[1]
+    assert model_fingerprint("gpe", "tiny-random") != fingerprints[0]
+
+
 def test_trained_weights_are_part_of_the_fingerprint(tmp_path):
     from speechstream.baselines import model_fingerprint
 
