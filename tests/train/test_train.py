@@ -198,6 +198,25 @@ def test_a_second_run_into_the_same_out_dir_stops_at_once(tmp_path, capsys):
     assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 2
 
 
+def test_a_run_on_a_file_system_without_locks_goes_on_with_a_note(tmp_path, capsys, monkeypatch):
+    """flock on a file system that takes no locks (Lustre mounted without flock: ENOSYS) made every training run
+    end at once ("error: OSError: [Errno 38] Function not implemented", exit 1): it trains, unlocked, with a note."""
+    import errno
+
+    from speechstream import locks
+    from speechstream.cli import main
+
+    def no_locks(handle, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(locks.fcntl, "flock", no_locks)
+    assert main(["train", str(write_recipe(tmp_path, steps=2))]) == 0
+    assert speechstream_lines(capsys.readouterr().err) == [
+        f"speechstream: note: {tmp_path / 'run'} is on a file system without locks (Function not implemented): "
+        "nothing stops a second run writing it at the same time"]
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 2
+
+
 def test_recipe_paths_beside_the_recipe_are_found_from_any_folder(tmp_path, monkeypatch):
     """A recipe naming its model config, manifest and init_checkpoint by paths relative to its own folder loads
     from another current folder (the model was 'unknown model', while the manifests were found)."""
