@@ -422,11 +422,11 @@ class FeatureCache:
         self.chunk_ms = chunk_ms
 
     def path(self, example: Example) -> Path:
-        """The entry's file: the id percent-encoded (a '/' or '..' in an id stays inside the folder); a long id
-        by its digest."""
-        name = quote(example.id, safe="")
+        """The entry's file: the id percent-encoded (a '/' or '..' in an id stays inside the folder; a lone
+        surrogate, a manifest's \\udcff escape, by its UTF-8 bytes); a long id by its digest."""
+        name = quote(example.id, safe="", errors="surrogatepass")
         if len(name) > 180:
-            name = "id-" + hashlib.sha256(example.id.encode()).hexdigest()
+            name = "id-" + hashlib.sha256(example.id.encode("utf-8", "surrogatepass")).hexdigest()
         return self.folder / f"{name}.safetensors"
 
     def _stored(self, example: Example) -> dict | None:

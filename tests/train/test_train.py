@@ -969,6 +969,24 @@ def test_feature_cache_follows_the_audio_and_the_encoder_and_keeps_ids_inside(tm
     assert [p for p in (tmp_path / "features").rglob("*") if p.is_file() and p.parent != cache.folder] == []
 
 
+def test_an_id_with_a_lone_surrogate_has_a_feature_cache_entry(tmp_path):
+    """A manifest's id may hold a \\udcff escape (the byte of a name that is not UTF-8, as manifest.json_text writes
+    it): its cache file name was a UnicodeEncodeError, and the run ended with exit 1 before its first step."""
+    from speechstream.config import ModelConfig, from_dict
+    from speechstream.model import build_model
+    from speechstream.train import Example, FeatureCache, read_examples
+
+    torch.manual_seed(0)
+    model = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
+    clip = read_examples(str(ROOT / "samples" / "manifest.jsonl"))[0]
+    cache = FeatureCache(tmp_path / "features", model, 640)
+    ids = ("odd\udcff", "odd\udcfe", "x" * 300 + "\udcff")
+    paths = [cache.path(Example(odd, clip.audio, "", ())) for odd in ids]
+    assert len(set(paths)) == 3 and all(path.parent == cache.folder and len(path.name) < 255 for path in paths)
+    assert cache.fill([Example(odd, clip.audio, "", ()) for odd in ids], 4) == 3
+    assert all(path.is_file() for path in paths)
+
+
 def test_a_run_killed_while_caching_features_leaves_nothing_behind_and_the_rerun_keeps_whole_entries(
         tmp_path, monkeypatch):
     """Killed between writing an entry and its rename, a run leaves a temporary file; the rerun deletes it (its
