@@ -153,6 +153,9 @@ def evaluate(
     if sentences[0] is not None and baseline == "gpe" and not decoding.vad:
         print(LONG_FORM_NOTE, file=sys.stderr)
 
+    fresh = not (out_dir / INSTANCES_FILE).exists()  # nothing logged: every utterance is left to decode
+    if fresh:  # (before the folder is made: a bad clip leaves no folder, with a config.json, behind)
+        _check_audio(list(enumerate(utterances)), manifest_path)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -182,7 +185,8 @@ def evaluate(
 
         finished = {record["id"] for record in records}
         todo = [(index, utterance) for index, utterance in enumerate(utterances) if utterance.id not in finished]
-        _check_audio(todo, manifest_path)
+        if not fresh:  # (a fresh run's were checked above)
+            _check_audio(todo, manifest_path)
         if todo:
             records += _decode(todo, references, sentences, out_dir / INSTANCES_FILE, baseline, model, decoding,
                                progress, len(utterances))
