@@ -60,6 +60,7 @@ from speechstream.schedule import ENCODER_FRAME_S
 from speechstream.targets import TimedWord, chunk_texts, translation_chunk_texts
 
 TASKS = ("asr", "translate")
+PATH_FIELDS = ("model", "train_manifest", "dev_manifest", "out_dir", "init_checkpoint")  # TrainConfig's file names
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,10 @@ class TrainConfig:
 
         if self.task not in TASKS:
             raise InputError(f"unknown task {self.task!r} (known: {', '.join(TASKS)})")
+        for name in PATH_FIELDS:  # (as the command line's names: out_dir '' trained into the current folder)
+            if getattr(self, name) == "":
+                left_out = "; leave it out for none" if name in ("dev_manifest", "init_checkpoint") else ""
+                raise InputError(f"{name} must not be empty{left_out}")
         chunk_samples(self.chunk_ms)
         parse_k_choices(self.k_choices)
         for name in ("steps", "batch_size", "log_every", "save_every", "eval_utterances", "cache_batch_size",

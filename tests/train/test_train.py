@@ -724,6 +724,21 @@ def test_bad_recipe_values_are_one_line_errors_before_any_work(capsys, tmp_path,
     assert not (tmp_path / "run").exists()  # nothing was built or written
 
 
+@pytest.mark.parametrize("field", ["out_dir", "model", "train_manifest", "dev_manifest", "init_checkpoint"])
+def test_an_empty_recipe_path_is_refused_not_taken_as_left_out(capsys, tmp_path, monkeypatch, field):
+    """A recipe's (or an override's) empty file or folder name is refused, as the command line's are: out_dir ''
+    trained into the current folder, dev_manifest '' and init_checkpoint '' were taken as none."""
+    from speechstream.cli import main
+
+    recipe = write_recipe(tmp_path, steps=1)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["train", str(recipe), f"{field}=''"]) == 2
+    assert speechstream_lines(capsys.readouterr().err)[-1].endswith(f"{field} must not be empty" + (
+        "; leave it out for none" if field in ("dev_manifest", "init_checkpoint") else ""))
+    assert list((tmp_path / "here").iterdir()) == [] and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("kind, match", [
     ("list", "must be a mapping"),
     ("broken", "cannot read training config"),
