@@ -14,13 +14,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import (common_voice_entries, recipe_parser, require_names, run_main,  # noqa: E402
-                                       write_from_args)
+from speechstream.data.corpora import (common_voice_entries, path_text, recipe_parser, require_names,  # noqa: E402
+                                       run_main, write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
     command = recipe_parser(__doc__)
-    command.add_argument("root", help="a Common Voice language folder (TSVs and clips/)")
+    command.add_argument("root", type=path_text, help="a Common Voice language folder (TSVs and clips/)")
     command.add_argument("--tsv", default="test.tsv", help="the TSV to read (default: test.tsv)")
     command.add_argument("--lang", default="en", help="language of the speech (default: en)")
     args = command.parse_args(argv)

@@ -17,14 +17,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import (covost_entries, recipe_parser, run_main, with_translation,  # noqa: E402
-                                       write_from_args)
+from speechstream.data.corpora import (covost_entries, path_text, recipe_parser, run_main,  # noqa: E402
+                                       with_translation, write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
     command = recipe_parser(__doc__)
-    command.add_argument("tsv", help="covost_v2.<src>_<tgt>[.<split>].tsv")
-    command.add_argument("--clips", required=True, help="the Common Voice clips/ folder of the source language")
+    command.add_argument("tsv", type=path_text, help="covost_v2.<src>_<tgt>[.<split>].tsv")
+    command.add_argument("--clips", required=True, type=path_text,
+                         help="the Common Voice clips/ folder of the source language")
     command.add_argument("--split", default="test", help="train, dev or test (default: test); all: every row")
     args = command.parse_args(argv)
     entries, untranslated = with_translation(covost_entries(args.tsv, args.clips,

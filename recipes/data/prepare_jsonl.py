@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import jsonl_entries, recipe_parser, run_main, write_from_args  # noqa: E402
+from speechstream.data.corpora import jsonl_entries, path_text, recipe_parser, run_main, write_from_args  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     command = recipe_parser(__doc__)
-    command.add_argument("manifest", nargs="+", help="input manifests (JSON lines)")
+    command.add_argument("manifest", nargs="+", type=path_text, help="input manifests (JSON lines)")
     command.add_argument("--prefix-ids", action="store_true",
                          help="prefix every id with its manifest's folder name")
     args = command.parse_args(argv)

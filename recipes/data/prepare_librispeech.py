@@ -14,13 +14,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import (librispeech_entries, recipe_parser, require_names, run_main,  # noqa: E402
-                                       write_from_args)
+from speechstream.data.corpora import (librispeech_entries, path_text, recipe_parser, require_names,  # noqa: E402
+                                       run_main, write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
     command = recipe_parser(__doc__)
-    command.add_argument("root", help="LibriSpeech folder or one subset folder")
+    command.add_argument("root", type=path_text, help="LibriSpeech folder or one subset folder")
     command.add_argument("--subset", action="append", default=[], help="subset folder under ROOT (repeatable)")
     command.add_argument("--keep-case", action="store_true", help="keep the upper-case transcripts")
     args = command.parse_args(argv)

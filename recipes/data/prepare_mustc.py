@@ -19,13 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
-from speechstream.data.corpora import (mustc_entries, recipe_parser, require_names, run_main,  # noqa: E402
+from speechstream.data.corpora import (mustc_entries, path_text, recipe_parser, require_names, run_main,  # noqa: E402
                                        talk_entries, with_translation, write_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:
     command = recipe_parser(__doc__)
-    command.add_argument("root", help="the MuST-C folder (holding en-<lang>/) or en-<lang>/ itself")
+    command.add_argument("root", type=path_text, help="the MuST-C folder (holding en-<lang>/) or en-<lang>/ itself")
     command.add_argument("--lang", required=True, help="target language, e.g. de")
     command.add_argument("--split", default="tst-COMMON", help="train, dev, tst-COMMON, tst-HE (default: tst-COMMON)")
     command.add_argument("--talks", action="store_true",

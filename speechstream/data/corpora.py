@@ -380,13 +380,21 @@ class RecipeArgumentParser(argparse.ArgumentParser):
         raise InputError(message)
 
 
+def path_text(value: str) -> str:
+    """The type of a recipe's arguments that name a file or folder: an empty one is refused (``''`` was read as
+    the current folder, and the error then named ``.``)."""
+    if not value:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
+
+
 def recipe_parser(doc: str) -> argparse.ArgumentParser:
     """The argument parser of a ``recipes/data`` script, with the options every one of them has.
 
     Usage errors are one-line InputErrors (exit 2 through `run_main`).
     """
     command = RecipeArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    command.add_argument("--out", required=True, help="manifest to write (JSON lines)")
+    command.add_argument("--out", required=True, type=path_text, help="manifest to write (JSON lines)")
     command.add_argument("--absolute", action="store_true",
                          help="absolute audio paths (default: relative when the audio is under the manifest's folder)")
     command.add_argument("--limit", type=int, help="keep the first N utterances")

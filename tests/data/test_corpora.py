@@ -501,7 +501,7 @@ def test_out_never_replaces_a_file_that_is_not_a_manifest(common_voice: Path, tm
     for _ in range(2):  # an earlier manifest is replaced: reruns work
         assert run_recipe("prepare_common_voice.py", common_voice, "--lang", "es", "--out", out).returncode == 0
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # no temporary file left
-    for bad in ("", ".", str(tmp_path) + "/", str(tmp_path / "new") + "/"):
+    for bad in (".", str(tmp_path) + "/", str(tmp_path / "new") + "/"):
         result = run_recipe("prepare_common_voice.py", common_voice, "--out", bad)
         assert result.returncode == 2 and "must name a manifest file" in result.stderr, (bad, result.stderr)
     result = run_recipe("prepare_common_voice.py", common_voice, "--lang", "", "--out", out)
@@ -586,3 +586,20 @@ def test_recipe_scripts_run_from_a_checkout_without_the_package_installed(script
     assert result.returncode == 0, result.stderr[-500:]
     imported = result.stdout.strip().splitlines()[-1]
     assert imported == "not imported" or Path(imported) == ROOT / "speechstream" / "__init__.py", imported
+
+
+@pytest.mark.parametrize("script, argv, named", [
+    ("prepare_librispeech.py", ["", "--out", "m.jsonl"], "root"),
+    ("prepare_librispeech.py", ["corpus", "--out", ""], "--out"),
+    ("prepare_common_voice.py", ["", "--out", "m.jsonl"], "root"),
+    ("prepare_covost.py", ["", "--clips", "clips", "--out", "m.jsonl"], "tsv"),
+    ("prepare_covost.py", ["covost_v2.es_en.tsv", "--clips", "", "--out", "m.jsonl"], "--clips"),
+    ("prepare_mustc.py", ["", "--lang", "de", "--out", "m.jsonl"], "root"),
+    ("prepare_jsonl.py", ["", "--out", "m.jsonl"], "manifest"),
+])
+def test_an_empty_path_argument_is_refused_not_read_as_the_current_folder(script, argv, named, tmp_path: Path):
+    """(``''`` was read as the current folder: "error: .: no LibriSpeech transcripts")"""
+    result = subprocess.run([sys.executable, str(RECIPES / script), *argv], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and result.stderr == f"speechstream: error: argument {named}: must not be empty\n"
+    assert not list(tmp_path.iterdir())
