@@ -293,11 +293,12 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: is a directory, not an audio file")
-    if path.stat().st_size == 0:
+    size = path.stat().st_size
+    if size == 0:
         raise InputError(f"{path}: the file is empty")
     try:  # (libsndfile says "System error." of a file it may not read: not a readable audio file, it seemed)
         with open(path, "rb") as handle:
-            cut = wav_cut_short(handle.read(WAV_SCAN_BYTES), path.stat().st_size)
+            cut = wav_cut_short(handle.read(WAV_SCAN_BYTES), size)
     except OSError as error:
         raise InputError(f"{path}: cannot read the file ({error.strerror or error})") from None
     if cut:
@@ -307,9 +308,9 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
         # libsndfile's MPEG decoder would try to resync through it, printing notes on stderr, then fail
         raise InputError(f"{path}: not a readable audio file (no ID3 tag or MPEG audio frame where an MP3 starts)")
     try:
-        soundfile.info(os.fsencode(path))  # bytes: a name that is not UTF-8 too
-        if offset_s or duration_s is not None:
+        if offset_s or duration_s is not None:  # (opening the file checks it as soundfile.info does)
             return _frame_range(*audio_frames(path), offset_s, duration_s)  # an MP3's guessed length: counted
+        soundfile.info(os.fsencode(path))  # bytes: a name that is not UTF-8 too
         return 0, None
     except InputError as error:
         raise InputError(f"{path}: {error}") from None

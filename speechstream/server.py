@@ -54,12 +54,21 @@ SHUTDOWN_MESSAGE = "the server is shutting down"
 STREAM_FAILURE_MESSAGE = "the server failed to decode this stream; see its log"  # the rest goes on
 UNREAD_MESSAGE = "the client has stopped reading its events"
 UNREAD_CLOSE_S = 5.0  # time the error event and the close frame get to reach a client that has stopped reading
-REFUSED_ORIGINS_LOGGED = 100  # distinct refused origins the log names (the Origin header is the client's to choose)
-REFUSED_HOSTS_LOGGED = 100  # distinct refused Host names the log names (as for origins: the client's to choose)
+# distinct refused Origins, and distinct refused Host names, the log names (both headers are the client's to choose)
+REFUSALS_LOGGED = 100
 MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
 # the page's files are revalidated on each load (a 304 when unchanged): without it a browser kept a cached app.js
 # for days after an upgrade (heuristic freshness: a tenth of the file's age), talking its old protocol to the new server
 PAGE_CACHE_CONTROL = "no-cache"
+
+
+def log_once(seen: set[str], key: str, line: str) -> None:
+    """Print ``line`` on the log the first time ``key`` (a refused Origin or Host) comes, for the first
+    ``REFUSALS_LOGGED`` keys in ``seen``: a page that retries, or many names, do not fill the log."""
+    if key in seen or len(seen) >= REFUSALS_LOGGED:
+        return
+    seen.add(key)
+    print(line, file=sys.stderr)
 
 
 def same_origin(origin: str, host: str) -> bool:
@@ -721,23 +730,17 @@ class Server:
         return ws
 
     def _log_refused_origin(self, origin: str, host: str) -> None:
-        """Say on the log which page was refused (the browser tells the page only that it could not connect): once
-        per origin, for the first ``REFUSED_ORIGINS_LOGGED``, so a page that retries does not fill the log."""
-        if origin in self._refused_origins or len(self._refused_origins) >= REFUSED_ORIGINS_LOGGED:
-            return
-        self._refused_origins.add(origin)
-        print(f"speechstream: refused a WebSocket from a page of {origin}: this request's Host is {host}; behind a "
-              "proxy, pass the Host header on (nginx: proxy_set_header Host $host)", file=sys.stderr)
+        """Say on the log which page was refused (the browser tells the page only that it could not connect)."""
+        log_once(self._refused_origins, origin, f"speechstream: refused a WebSocket from a page of {origin}: this "
+                 f"request's Host is {host}; behind a proxy, pass the Host header on (nginx: proxy_set_header Host "
+                 "$host)")
 
     def _log_refused_host(self, host: str) -> None:
-        """Say on the log which ``Host`` was refused: once per name, for the first ``REFUSED_HOSTS_LOGGED``."""
-        if host in self._refused_hosts or len(self._refused_hosts) >= REFUSED_HOSTS_LOGGED:
-            return
-        self._refused_hosts.add(host)
+        """Say on the log which ``Host`` was refused."""
         name = host_name(host)
         hint = f"to serve under that name (a proxy's), pass --allowed-host {name}" if name else "it names no host"
-        print(f"speechstream: refused a request for Host {host}: not a name of this server (another site's page can "
-              f"point its own name at this machine); {hint}", file=sys.stderr)
+        log_once(self._refused_hosts, host, f"speechstream: refused a request for Host {host}: not a name of this "
+                 f"server (another site's page can point its own name at this machine); {hint}")
 
     async def _end_unread(self, ws, stream: Stream) -> None:
         """End a stream whose client has stopped reading its events (its sends wait on a full socket): the error
