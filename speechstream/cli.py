@@ -107,7 +107,7 @@ class _Parser(argparse.ArgumentParser):
 def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool = True) -> None:
     """The decoding options every decoding command shares; ``vad``: whether VAD segmentation is on by default;
     ``ablations``: whether the command decodes the GPE ablations (``serve`` takes ``none`` alone)."""
-    from speechstream.config import DecodingConfig
+    from speechstream.config import MAX_BEAM, DecodingConfig
 
     defaults = DecodingConfig()
     parser.add_argument("--model", type=nonempty, help="model name (see models/) or a directory with config.yaml "
@@ -146,6 +146,10 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool =
     parser.add_argument("--ctc-candidates", type=int, default=defaults.ctc_candidates,
                         help="joint CTC decoding: the LLM's best text tokens re-ranked at each step "
                         "(default: %(default)s)")
+    parser.add_argument("--beam", type=int, default=defaults.beam,
+                        help="joint CTC decoding: hypotheses kept while writing each chunk's text (1: greedy; at "
+                        f"most {MAX_BEAM}; slower, see README.md, Beam search; default: %(default)s)" if ablations
+                        else "beam search: 1 only (serve decodes its batched streams greedily)")
     parser.add_argument("--vad", action=argparse.BooleanOptionalAction, default=vad,
                         help="end segments at pauses (Silero VAD) and restart the caches, so that long audio "
                         "decodes as the model was trained, in sentence-long pieces "
@@ -310,7 +314,7 @@ def _decoding_config(args: argparse.Namespace):
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
         device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
         ctc_weight=args.ctc_weight, ctc_candidates=args.ctc_candidates, vad=args.vad,
-        vad_min_silence_ms=args.vad_min_silence_ms,
+        vad_min_silence_ms=args.vad_min_silence_ms, beam=args.beam,
     )
 
 
@@ -534,7 +538,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # Decoding options of the gpe system alone (`eval --baseline whisper-...` refuses them unless left at the default).
 GPE_ONLY_OPTIONS = ("policy", "k", "max_tokens_per_chunk", "max_repeats", "ablation", "int8", "ctc_weight",
-                    "ctc_candidates", "vad", "vad_min_silence_ms")
+                    "ctc_candidates", "beam", "vad", "vad_min_silence_ms")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

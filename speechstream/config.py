@@ -105,6 +105,7 @@ class ModelConfig:
 
 # The largest count any option takes (a C int): --k, --max-repeats, --threads and the other whole numbers.
 MAX_COUNT = 2**31 - 1
+MAX_BEAM = 16  # --beam: each hypothesis is a copy of the stream's cache and a row of every beam step
 
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.
 ABLATIONS = ("none", "interleaved", "source-sees-target", "reencode")
@@ -133,6 +134,7 @@ class DecodingConfig:
     # joint CTC decoding (speechstream.ctc): weight of the CTC head's prefix scores; 0: off, None: the model's own
     ctc_weight: float | None = None
     ctc_candidates: int = 32  # joint CTC decoding: the LLM's best text tokens re-ranked at each step
+    beam: int = 1  # joint CTC decoding: hypotheses of the beam search over each chunk's writing (1: greedy)
 
     def __post_init__(self) -> None:
         """Values no stream could decode with are input errors, named by their command-line flags."""
@@ -151,8 +153,12 @@ class DecodingConfig:
         chunk_samples(self.chunk_ms)
         object.__setattr__(self, "chunk_ms", int(self.chunk_ms))  # 640.0 or numpy's 640 as the int 640 (config.json)
         for name, low in (("k", 1), ("max_tokens_per_chunk", 1), ("max_tail_tokens", 1), ("max_repeats", 0),
-                          ("vad_min_silence_ms", 32), ("context_tokens", 0), ("ctc_candidates", 1)):
+                          ("vad_min_silence_ms", 32), ("context_tokens", 0), ("ctc_candidates", 1), ("beam", 1)):
             integer(name, low)
+        if self.beam > MAX_BEAM:
+            raise InputError(f"--beam must be at most {MAX_BEAM}, got {self.beam}")
+        if self.beam > 1 and self.ablation != "none":
+            raise InputError(f"--beam above 1 decodes with GPE only, not --ablation {self.ablation}")
         if self.max_repeats == 1:
             raise InputError("--max-repeats must be 0 (off) or at least 2: every block of one token repeats once, so "
                              "1 would stop all writing")

@@ -20,7 +20,10 @@ over time have a leading virtual frame 0 (before any speech), so ``r[t]`` covers
 
 from __future__ import annotations
 
+import copy
 import math
+from collections import deque
+from typing import Callable
 
 import numpy as np
 import torch
@@ -198,6 +201,11 @@ class CTCPrefixScorer:
         self.psi = float(psi)
         self._store(lp, lp if kept is None else kept)
 
+    def copy(self) -> "CTCPrefixScorer":
+        """An independent copy (a hypothesis of a beam search); the class table, shared by a model's streams, is
+        shared by the copy too."""
+        return copy.deepcopy(self, {id(self._table): self._table})
+
     def append(self, label: int) -> None:
         """Add ``label`` (a class index) to the hypothesis."""
         last = self.labels[-1] if self.labels else None
@@ -275,10 +283,12 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
 class JointCTC:
     """One stream's joint CTC decoding: the model's CTC classes and a prefix scorer for the current segment."""
 
-    def __init__(self, model, weight: float, candidates: int):
+    def __init__(self, model, weight: float, candidates: int, beam: int = 1):
         self.model = model
         self.weight = weight
         self.candidates = candidates
+        self.beam = beam  # hypotheses of the beam search over a chunk's writing (``speechstream.beam``); 1: greedy
+        self.plan: deque[int] = deque()  # tokens the beam search chose, not yet written
         vocab = model.decoder.llm.get_input_embeddings().weight.shape[0]
         self.classes = model.ctc_classes if model.ctc_classes is not None else torch.arange(vocab)
         self.class_of = torch.full((vocab,), -1, dtype=torch.long)
@@ -292,6 +302,7 @@ class JointCTC:
         """A new segment: no frames, no text."""
         self.scorer = CTCPrefixScorer(len(self.classes), self.table)
         self.eoc_run = 0  # end-of-chunk tokens at the end of the text
+        self.plan.clear()
 
     @torch.no_grad()
     def frame_vectors(self, speech: torch.Tensor, fine: bool = False) -> np.ndarray:
@@ -302,6 +313,8 @@ class JointCTC:
         return vectors.float().cpu().numpy()
 
     def add_frames(self, vectors: np.ndarray) -> None:
+        """A read: the frames of its speech. A plan made before it is dropped (the next choice sees them)."""
+        self.plan.clear()
         self.scorer.add_vectors(vectors)
 
     def text_labels(self, ids: list[int]) -> tuple[list[int], list[int | None]]:
@@ -317,11 +330,27 @@ class JointCTC:
 
     def add_text(self, token: int) -> None:
         """A text token was written: extend the hypothesis (tokens outside the CTC classes are skipped)."""
+        if self.plan and self.plan[0] == token:
+            self.plan.popleft()
+        else:  # the policy wrote something else (a cap's end-of-chunk): the rest of the plan no longer applies
+            self.plan.clear()
         self.eoc_run = self.eoc_run + 1 if token == self.model.eoc_id else 0
         label = int(self.class_of[token])
         if label >= 0 and token not in self.model.special_ids:
             self.scorer.append(label)
 
-    def choose(self, logits: torch.Tensor, source_done: bool) -> int:
+    def choose(self, logits: torch.Tensor, source_done: bool, planning: Callable | None = None) -> int:
+        """The next token: the plan's next one; else with ``beam`` > 1 a new plan's first (``planning()`` gives the
+        stream's LLM state and the policy's ``beam.Limits``, or None where no plan can be made); else ``fuse``'s."""
+        if self.plan:
+            return self.plan[0]
+        if self.beam > 1 and planning is not None and self.scorer.frames and math.isfinite(self.scorer.psi):
+            where = planning()
+            if where is not None:
+                from speechstream import beam  # (beam builds on this module)
+
+                self.plan.extend(beam.plan(self, where[0], logits, where[1], self.beam))
+                if self.plan:
+                    return self.plan[0]
         return fuse(logits.cpu(), self.allowed, self.scorer, self.class_of, self.weight, self.candidates,
                     self.model.eoc_id, self.model.eos_id, source_done, self.eoc_run)

@@ -23,6 +23,7 @@ logits of the rows ``keep`` selects (``last_rows`` builds it) and of no others.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -217,3 +218,28 @@ def drop_slots(state: DecoderState, keep: torch.Tensor) -> None:
         layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
         layer.values = layer.values.index_select(-2, index.to(layer.values.device))
     state.kinds = state.kinds[:, keep]
+
+
+def select_rows(state: DecoderState, index: torch.Tensor) -> DecoderState:
+    """A new state whose row ``i`` is a copy of ``state``'s row ``index[i]`` (a row may be taken several times):
+    the hypotheses of a beam search (``speechstream.beam``). ``state`` itself is left as it was; the new state's
+    counters of tokens fed start at zero. GPE only (ablation "none")."""
+    if state.mode != "none":
+        raise ValueError(f"select_rows copies GPE states only, not ablation {state.mode!r}")
+    index = index.to(state.kinds.device)
+    cache = copy.copy(state.cache)
+    cache.layers = []
+    for layer in state.cache.layers:
+        row = copy.copy(layer)
+        if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4:
+            row.keys = layer.keys.index_select(0, index.to(layer.keys.device))
+            row.values = layer.values.index_select(0, index.to(layer.values.device))
+        cache.layers.append(row)
+    return dataclasses.replace(
+        state, cache=cache, kinds=state.kinds.index_select(0, index),
+        next_source_pos=state.next_source_pos.index_select(0, index),
+        next_target_pos=state.next_target_pos.index_select(0, index),
+        tokens_fed=torch.zeros(len(index), dtype=torch.long),
+        tokens_reencoded=torch.zeros(len(index), dtype=torch.long),
+        written=None,
+    )

@@ -957,6 +957,8 @@ def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> i
     config.validate()
     if getattr(decoding, "ablation", "none") != "none":
         raise InputError("serve decodes with GPE only (--ablation none)")
+    if getattr(decoding, "beam", 1) != 1:
+        raise InputError("serve decodes its batched streams greedily (--beam 1)")
     if config.record_dir:
         make_record_dir(config.record_dir)
     sock = listen_socket(config.host, config.port)  # a busy port fails here, before the model load

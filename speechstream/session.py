@@ -57,12 +57,13 @@ import torch
 
 from speechstream import gpe, schedule
 from speechstream.align import Word, alignable, segment_words, token_pieces
+from speechstream.beam import Limits
 from speechstream.audio import HOP_LENGTH, SAMPLE_RATE, check_finite
 from speechstream.chunker import Chunker
 from speechstream.config import DecodingConfig, with_model_defaults
 from speechstream.ctc import JointCTC
 from speechstream.ctc_head import CTCWindowStream
-from speechstream.decoder import last_rows
+from speechstream.decoder import DecoderState, last_rows
 from speechstream.encoder import EncoderStream
 from speechstream.errors import InputError
 from speechstream.features import LogMelStream
@@ -198,9 +199,16 @@ class StreamingSession:
         )
         if choose is not None and decoding.ctc_weight > 0:
             raise ValueError("joint CTC decoding (ctc_weight > 0) chooses the tokens itself: pass no choose")
+        if decoding.beam > 1 and decoding.ctc_weight <= 0:
+            raise InputError("--beam above 1 searches with joint CTC decoding: it needs --ctc-weight above 0 and a "
+                             "model with a CTC head")
+        if decoding.beam > 1 and not own_llm:
+            raise InputError("--beam above 1 needs a stream that runs its own LLM: batched streams (serve, "
+                             "batch.BatchDecoder) decode greedily")
         self.choose = choose or greedy_chooser(model)
         # joint CTC decoding: the CTC head's prefix scores re-rank the LLM's best next tokens
-        self.joint = JointCTC(model, decoding.ctc_weight, decoding.ctc_candidates) if decoding.ctc_weight > 0 else None
+        self.joint = (JointCTC(model, decoding.ctc_weight, decoding.ctc_candidates, decoding.beam)
+                      if decoding.ctc_weight > 0 else None)
         self.partials = partials
         self.chunker = Chunker(decoding.chunk_ms)
         self.mel = LogMelStream()
@@ -768,9 +776,6 @@ class StreamingSession:
         if self.joint is not None:
             for token in tokens if request.is_text else []:
                 self.joint.add_text(token)
-            self._pending = self.joint.choose(logits[-1], self._source_done)
-        else:
-            self._pending = self.choose(logits[-1])
         self._reads_since_prediction = 0
         for token in tokens if request.is_text else []:
             if token != self.model.eoc_id:
@@ -782,7 +787,20 @@ class StreamingSession:
             self._written_s.append(self._source_s)
             self._text_since_read += 1
             events += self._final(self.text.add(token))
+        if self.joint is not None:  # (after the counts above: a beam's plan is bounded by the policy's caps)
+            self._pending = self.joint.choose(logits[-1], self._source_done, self._planning)
+        else:
+            self._pending = self.choose(logits[-1])
         return events + self._segment_stop()
+
+    def _planning(self) -> tuple[DecoderState, Limits] | None:
+        """For a beam search (``decoding.beam`` > 1): the stream's LLM state and how far the policy lets a plan run
+        (tokens before its cap forces a read, or ends the text after the audio); None when it would not write."""
+        if self._source_done:
+            room = self.decoding.max_tail_tokens - self._tokens_since_read
+        else:
+            room = self.decoding.max_tokens_per_chunk - self._text_since_read
+        return (self.llm, Limits(self._source_done, room)) if room > 0 and self.llm is not None else None
 
     def _segment_stop(self) -> list[Event]:
         """After a step: if a VAD segment is fully read and its writing is done, end it now (so the

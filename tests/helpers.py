@@ -68,3 +68,24 @@ def write_mp3_without_info_frame(path: Path, audio) -> None:
     assert data[:2] == b"\xff\xf3" and (data[2] >> 2) & 3 == 2  # MPEG-2 layer III without CRC, at 16 kHz
     kbps = (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)[data[2] >> 4]
     path.write_bytes(data[72 * kbps * 1000 // 16000 + (data[2] >> 1 & 1):])  # from the second frame on
+
+
+def noise(seed: int, n: int):
+    """``n`` samples of seeded quiet noise (float32): audio for the tiny models."""
+    import numpy as np
+
+    return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
+
+
+def decoded_session(model, decoding, audio, step: int):
+    """A session that was fed ``audio`` in pieces of ``step`` samples and finished (no partials)."""
+    import torch
+
+    from speechstream.session import StreamingSession
+
+    session = StreamingSession(model, decoding, partials=False)
+    with torch.no_grad():
+        for start in range(0, len(audio), step):
+            session.feed(audio[start : start + step])
+        session.finish()
+    return session

@@ -1320,3 +1320,17 @@ def test_threads_default_to_one_unless_the_environment_or_the_flag_says(capsys, 
     for command in (["transcribe", clip], ["eval", clip, "--out", "o"], ["serve"], ["live"]):
         code, _, err = run(capsys, *command, "--threads", "0")
         assert_one_error(code, err, match="--threads must be at least 1, got 0")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["transcribe", "--beam", "0", "x.wav"], "--beam must be at least 1, got 0"),
+    (["transcribe", "--beam", "17", "x.wav"], "--beam must be at most 16, got 17"),
+    (["transcribe", "--beam", "2", "--ablation", "reencode", "x.wav"], "--beam above 1 decodes with GPE only"),
+    (["eval", "m.jsonl", "--out", "o", "--baseline", "whisper-offline", "--beam", "4"],
+     "--beam applies to the gpe system, not to whisper-offline"),
+    (["serve", "--beam", "2"], "serve decodes its batched streams greedily (--beam 1)"),
+])
+def test_beam_values_no_stream_can_decode_with_are_one_line_errors(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and error_lines(err) == [err.strip()] and message in err, err

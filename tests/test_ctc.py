@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from speechstream.ctc import CTCPrefixScorer, fuse, log_normalisers
+from tests.helpers import decoded_session, noise
 
 
 def random_lp(frames: int, classes: int, seed: int) -> np.ndarray:
@@ -217,21 +218,6 @@ def test_fusion_lets_ctc_overrule_a_weak_llm_preference_and_weight_zero_is_greed
     assert fuse_case([0.0, 2.5, 2.2, 2.0, 0.0], 0.5, source_done=True) == 3
 
 
-def _noise(seed: int, n: int) -> np.ndarray:
-    return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
-
-
-def _joint_session(model, decoding, audio, step):
-    from speechstream.session import StreamingSession
-
-    session = StreamingSession(model, decoding, partials=False)
-    with torch.no_grad():
-        for start in range(0, len(audio), step):
-            session.feed(audio[start : start + step])
-        session.finish()
-    return session
-
-
 def test_joint_sessions_do_not_depend_on_buffer_sizes_and_a_vanishing_weight_is_greedy(tiny_model, monkeypatch):
     from speechstream.config import DecodingConfig
 
@@ -239,14 +225,14 @@ def test_joint_sessions_do_not_depend_on_buffer_sizes_and_a_vanishing_weight_is_
     # a vanishing weight leaves exactly the LLM's choices (its own test is below)
     monkeypatch.setattr("speechstream.ctc.SHORT_MARGIN", 10**9)
 
-    audio = _noise(3, 30000)
+    audio = noise(3, 30000)
     decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
-    whole = _joint_session(tiny_model, decoding, audio, len(audio))
-    pieces = _joint_session(tiny_model, decoding, audio, 1234)
+    whole = decoded_session(tiny_model, decoding, audio, len(audio))
+    pieces = decoded_session(tiny_model, decoding, audio, 1234)
     assert whole.target_ids == pieces.target_ids and whole.joint.scorer.frames == pieces.joint.scorer.frames > 0
-    greedy = _joint_session(tiny_model, DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6,
+    greedy = decoded_session(tiny_model, DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6,
                                                        max_tail_tokens=20), audio, 4000)
-    faint = _joint_session(tiny_model, DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6,
+    faint = decoded_session(tiny_model, DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6,
                                                       max_tail_tokens=20, ctc_weight=1e-12), audio, 4000)
     assert faint.target_ids == greedy.target_ids
     assert whole.target_ids != greedy.target_ids  # the CTC head (random, here) does change the choices
@@ -256,11 +242,11 @@ def test_batched_joint_sessions_equal_solo_ones(tiny_model):
     from speechstream.batch import transcribe_batch
     from speechstream.config import DecodingConfig
 
-    audios = [_noise(s, n) for s, n in ((4, 9000), (5, 26000), (6, 15000))]
+    audios = [noise(s, n) for s, n in ((4, 9000), (5, 26000), (6, 15000))]
     decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=5, max_tail_tokens=12, ctc_weight=0.4)
     together = transcribe_batch(tiny_model, audios, decoding)
     for audio, session in zip(audios, together):
-        alone = _joint_session(tiny_model, decoding, audio, 5120)
+        alone = decoded_session(tiny_model, decoding, audio, 5120)
         assert session.target_ids == alone.target_ids and session.transcript == alone.transcript
 
 
@@ -544,9 +530,9 @@ def test_joint_wait_k_edges_no_audio_less_than_a_chunk_more_chunks_waited_for_th
     from speechstream.config import DecodingConfig
     from speechstream.session import StreamingSession
 
-    audio = _noise(9, samples)
+    audio = noise(9, samples)
     decoding = DecodingConfig(chunk_ms=320, k=k, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
-    whole = _joint_session(tiny_model, decoding, audio, max(samples, 1))
+    whole = decoded_session(tiny_model, decoding, audio, max(samples, 1))
     session = StreamingSession(tiny_model, decoding, partials=False)
     empty = np.zeros(0, np.float32)
     for start in range(0, samples, 2000):

@@ -1,0 +1,139 @@
+"""Joint CTC beam search over one chunk's writing.
+
+Greedy joint decoding (``ctc.fuse``) picks each next token alone. With ``--beam N`` (N > 1) the session instead
+plans the text it writes after each read: ``plan`` keeps the N best hypotheses by their summed fused scores
+
+    sum over their tokens of (1 - w) * log p_LLM(c | ...) + w * (log psi(g + c) - log psi(g))
+
+and extends them together (one batched LLM step of N rows on copies of the stream's cache,
+``decoder.select_rows``) until the best of them has ended its chunk: with end-of-chunk (or an end-of-text, which the
+policy takes as one) while audio is still coming, with end-of-text once all of it is read, or on reaching the
+policy's cap of tokens. The session then writes the winner's tokens through its own cache, one step each, so its
+events, word times and statistics are those of any other write; the plan is dropped at the next read, and at any
+token the policy writes other than the planned one (its caps and repetition guard still rule).
+
+Each hypothesis follows the rules greedy joint decoding follows (``ctc.fuse``): end-of-chunk is taken when the
+LLM ranks it first (and only then), end-of-text competes by its own fused score once the audio is read, and the
+text ends when it runs ``TAIL_MARGIN`` labels past the CTC head's best path. A beam of one would write the greedy
+text; a session with ``beam == 1`` does not plan at all. Every extension adds a score of at most zero (a prefix
+probability only falls as the prefix grows, a log-probability is at most zero), so the search stops as soon as no
+live hypothesis can still beat the best ended one.
+
+There is no length normalisation: an ended hypothesis needs the CTC head's consent (the ``SHORT_MARGIN`` rule and
+the end-of-text's CTC term), which keeps the search from preferring short texts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from speechstream import gpe
+from speechstream.ctc import EOC_RUN, NEG, SHORT_MARGIN, TAIL_MARGIN, CTCPrefixScorer
+from speechstream.decoder import DecoderState, select_rows
+
+
+@dataclasses.dataclass
+class Hypothesis:
+    score: float  # summed fused scores of its tokens
+    tokens: list[int]  # the planned tokens so far (end-of-chunk markers included)
+    scorer: CTCPrefixScorer  # the CTC prefix state of the segment's text and these tokens
+    eoc_run: int  # end-of-chunk tokens at the end of its text
+    text: int  # text tokens among ``tokens`` (no markers)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Where the session's policy would stop a plan: ``source_done`` (all of the segment's audio read), ``room``
+    tokens left before its cap forces a read or ends the text (text tokens before a read; any tokens after the end
+    of the audio)."""
+
+    source_done: bool
+    room: int
+
+
+def extensions(joint, hyp: Hypothesis, logits: torch.Tensor, source_done: bool):
+    """The ways ``hyp`` may go on after ``logits`` (its next token's LLM scores): (token, score added, ends) for each,
+    ``ends``: the token ends the planned writing. Empty when the hypothesis has ended (all audio read and the text
+    overran the CTC head's best path, or the head cannot emit it) or no candidate is a CTC class: the caller then
+    treats it as ended as it is (a plan of nothing leaves the choice to ``ctc.fuse``)."""
+    model, scorer = joint.model, hyp.scorer
+    eoc, eos = model.eoc_id, model.eos_id
+    logp = torch.log_softmax(logits.float().cpu(), dim=-1).masked_fill(~joint.allowed, NEG)
+    top = int(torch.argmax(logp))
+    weight = joint.weight
+    if not math.isfinite(scorer.psi) or (source_done and len(scorer.labels) >= scorer.best_path_length() + TAIL_MARGIN):
+        return []
+    if not source_done and top in (eoc, eos):  # the chunk ends where the LLM says (ctc.fuse)
+        return [(top, (1 - weight) * float(logp[top]), True)]
+    short = source_done and len(scorer.labels) + SHORT_MARGIN <= scorer.best_path_length()
+    if top == eoc and not (short and hyp.eoc_run + 1 >= EOC_RUN):
+        return [(eoc, (1 - weight) * float(logp[eoc]), False)]
+    out = []
+    if top == eos and not short:
+        end = (1 - weight) * float(logp[eos]) + weight * scorer.end_score()
+        if math.isfinite(end):
+            out.append((eos, end, True))
+    text = logp.clone()
+    text[[eoc, eos]] = NEG
+    ids = torch.topk(text, min(joint.candidates, text.numel())).indices
+    ids = ids[(joint.class_of[ids] >= 0) & torch.isfinite(text[ids])]
+    if len(ids):
+        fused = (1 - weight) * text[ids].double().numpy() + weight * scorer.scores(joint.class_of[ids].numpy())
+        out += [(int(token), float(score), False) for token, score in zip(ids, fused) if math.isfinite(score)]
+    return out
+
+
+def grown(joint, hyp: Hypothesis, token: int, added: float) -> Hypothesis:
+    """``hyp`` with ``token`` appended (its own copy of the prefix scorer where the token is a CTC label)."""
+    scorer, text = hyp.scorer, hyp.text
+    if token not in joint.model.special_ids:
+        text += 1
+        label = int(joint.class_of[token])
+        if label >= 0:
+            scorer = scorer.copy()
+            scorer.append(label)
+    run = hyp.eoc_run + 1 if token == joint.model.eoc_id else 0
+    return Hypothesis(hyp.score + added, hyp.tokens + [token], scorer, run, text)
+
+
+def plan(joint, state: DecoderState, logits: torch.Tensor, limits: Limits, width: int) -> list[int]:
+    """The tokens to write next: the best of a beam of ``width`` hypotheses grown from the stream's LLM ``state``
+    (left unchanged), whose next token's scores are ``logits`` (V,), until no live hypothesis can beat the best
+    ended one (module docstring). Empty when the text has already ended (the caller's greedy rules then say so)."""
+    decoder, model = joint.model.decoder, joint.model
+    live = [Hypothesis(0.0, [], joint.scorer, joint.eoc_run, 0)]
+    rows, beam_state = logits[None], state
+    ended: list[Hypothesis] = []
+    while live:
+        grown_live, parents = [], []
+        candidates = []
+        for i, hyp in enumerate(live):
+            steps = extensions(joint, hyp, rows[i], limits.source_done)
+            if not steps:
+                ended.append(hyp)
+            candidates += [(hyp.score + added, i, token, added, ends) for token, added, ends in steps]
+        candidates.sort(key=lambda c: -c[0])
+        for _, i, token, added, ends in candidates:  # ended ones all count; the beam keeps ``width`` going on
+            if not ends and len(grown_live) == width:
+                continue
+            hyp = grown(joint, live[i], token, added)
+            used = len(hyp.tokens) if limits.source_done else hyp.text
+            if ends or used >= limits.room:
+                ended.append(hyp)
+            else:
+                grown_live.append(hyp)
+                parents.append(i)
+        best_ended = max((h.score for h in ended), default=NEG)
+        keep = [j for j, hyp in enumerate(grown_live) if hyp.score > best_ended]  # scores only fall
+        if not keep:
+            break
+        live = [grown_live[j] for j in keep]
+        beam_state = select_rows(beam_state, torch.tensor([parents[j] for j in keep]))
+        embeds = model.embed_ids([hyp.tokens[-1] for hyp in live])[:, None]
+        kinds = torch.full((len(live), 1), gpe.TARGET, dtype=torch.long)
+        rows = decoder.step(beam_state, embeds, kinds, keep=torch.ones(len(live), 1, dtype=torch.bool))
+    best = max(ended, key=lambda h: h.score, default=None)
+    return best.tokens if best is not None else []

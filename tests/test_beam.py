@@ -1,0 +1,174 @@
+"""Beam search over a chunk's writing (speechstream.beam): row copies of a state, the rules each hypothesis follows,
+the search against an exhaustive one, and sessions that write their plans."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from speechstream import beam, gpe
+from speechstream.config import DecodingConfig
+from speechstream.ctc import JointCTC
+from speechstream.decoder import select_rows
+from speechstream.errors import InputError
+from speechstream.session import StreamingSession
+from tests.helpers import decoded_session, noise
+
+
+def _session(model, decoding, audio, step=4000):
+    return decoded_session(model, decoding, audio, step)
+
+
+def _target_step(model, state, tokens):
+    """Feed one target token per row; the (B, V) logits."""
+    kinds = torch.full((len(tokens), 1), gpe.TARGET, dtype=torch.long)
+    keep = torch.ones(len(tokens), 1, dtype=torch.bool)
+    return model.decoder.step(state, model.embed_ids(tokens)[:, None], kinds, keep=keep)
+
+
+@torch.no_grad()
+def test_select_rows_copies_rows_that_step_as_the_original_and_leaves_it_alone(tiny_model):
+    decoder = tiny_model.decoder
+    state = decoder.new_state(1)
+    hidden = decoder.llm.get_input_embeddings().weight.shape[1]
+    source = torch.randn(1, 5, hidden, generator=torch.Generator().manual_seed(0))
+    decoder.step(state, source, torch.full((1, 5), gpe.SOURCE, dtype=torch.long))
+    _target_step(tiny_model, state, [65])
+    slots = state.cache.get_seq_length()
+    rows = select_rows(state, torch.tensor([0, 0, 0]))
+    together = _target_step(tiny_model, rows, [66, 67, 68])
+    assert state.cache.get_seq_length() == slots and state.kinds.shape == (1, 6)  # the original is untouched
+    for b, token in enumerate([66, 67, 68]):
+        alone = _target_step(tiny_model, copy.deepcopy(state), [token])[0]
+        torch.testing.assert_close(together[b], alone, rtol=1e-4, atol=1e-4)
+    again = select_rows(rows, torch.tensor([2, 0]))  # rows taken from a beam state, reordered
+    torch.testing.assert_close(_target_step(tiny_model, again, [70, 70])[0],
+                               _target_step(tiny_model, select_rows(rows, torch.tensor([2])), [70])[0],
+                               rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="GPE"):
+        select_rows(decoder.new_state(1, mode="interleaved"), torch.tensor([0]))
+
+
+def test_a_copied_scorer_shares_the_class_table_and_nothing_else(tiny_model):
+    joint = JointCTC(tiny_model, 0.5, 8)
+    joint.add_frames(np.random.default_rng(0).standard_normal((6, joint.table.shape[1])).astype(np.float32))
+    twin = joint.scorer.copy()
+    assert twin._table is joint.scorer._table
+    twin.append(3)
+    assert joint.scorer.labels == [] and twin.labels == [3] and joint.scorer.psi == 0.0 != twin.psi
+
+
+def _at_each_choice(monkeypatch, check):
+    """Run ``check(joint, logits, source_done, planning)`` before every greedy joint choice."""
+    original = JointCTC.choose
+
+    def choose(self, logits, source_done, planning=None):
+        check(self, logits, source_done, planning)
+        return original(self, logits, source_done, planning)
+
+    monkeypatch.setattr(JointCTC, "choose", choose)
+
+
+def test_the_best_extension_of_a_hypothesis_is_the_greedy_joint_choice(tiny_model, monkeypatch):
+    from speechstream.ctc import fuse
+
+    seen = {True: 0, False: 0}
+
+    def check(joint, logits, source_done, planning):
+        if not joint.scorer.frames or not math.isfinite(joint.scorer.psi):
+            return  # (no plan is made there: the greedy rules choose)
+        steps = beam.extensions(joint, beam.Hypothesis(0.0, [], joint.scorer, joint.eoc_run, 0), logits, source_done)
+        greedy = fuse(logits, joint.allowed, joint.scorer, joint.class_of, joint.weight, joint.candidates,
+                      joint.model.eoc_id, joint.model.eos_id, source_done, joint.eoc_run)
+        if steps:
+            assert max(steps, key=lambda s: s[1])[0] == greedy
+            seen[source_done] += 1
+        else:  # the text overran the CTC head's path (it ends), or no candidate is a CTC class (the LLM's choice)
+            top = int(torch.argmax(logits.masked_fill(~joint.allowed, -math.inf)))
+            assert greedy in (joint.model.eos_id if source_done else None, top)
+
+    _at_each_choice(monkeypatch, check)
+    for seed, weight in ((3, 0.5), (4, 0.8), (5, 0.3)):
+        _session(tiny_model, DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=30,
+                                            ctc_weight=weight), noise(seed, 30000))
+    assert seen[True] >= 3 and seen[False] >= 3
+
+
+def _exhaustive(model, joint, state, logits, hyp, limits):
+    """Every hypothesis a search without a width limit could end with (plan's rules, one row at a time)."""
+    steps = beam.extensions(joint, hyp, logits, limits.source_done)
+    if not steps:
+        return [hyp]
+    out = []
+    for token, added, ends in steps:
+        grown = beam.grown(joint, hyp, token, added)
+        if ends or (len(grown.tokens) if limits.source_done else grown.text) >= limits.room:
+            out.append(grown)
+            continue
+        row = copy.deepcopy(state)
+        out += _exhaustive(model, joint, row, _target_step(model, row, [token])[0], grown, limits)
+    return out
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_a_wide_beam_finds_the_best_hypothesis_of_an_exhaustive_search(tiny_model, monkeypatch, seed):
+    compared = {True: 0, False: 0}
+
+    def check(joint, logits, source_done, planning):
+        where = planning() if planning is not None else None
+        if where is None or not joint.scorer.frames or not math.isfinite(joint.scorer.psi):
+            return
+        if compared[source_done] >= 2:
+            return
+        state, limits = where
+        limits = beam.Limits(limits.source_done, min(limits.room, 2))  # (three ways on at each of two steps)
+        kinds_before = state.kinds.clone()
+        found = beam.plan(joint, state, logits, limits, width=16)
+        assert torch.equal(state.kinds, kinds_before)  # the stream's own state is not touched
+        root = beam.Hypothesis(0.0, [], joint.scorer, joint.eoc_run, 0)
+        ended = _exhaustive(joint.model, joint, copy.deepcopy(state), logits, root, limits)
+        best = max(ended, key=lambda h: h.score)
+        assert found == best.tokens
+        compared[source_done] += 1
+
+    _at_each_choice(monkeypatch, check)
+    decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=4, max_tail_tokens=12, ctc_weight=0.5,
+                              ctc_candidates=2, beam=2)
+    _session(tiny_model, decoding, noise(seed, 24000))
+    assert compared[False] == 2 and compared[True] >= 1
+
+
+def test_a_beam_session_writes_its_plans_and_does_not_depend_on_buffer_sizes(tiny_model, monkeypatch):
+    planned = []
+    original = beam.plan
+
+    def recording(joint, state, logits, limits, width):
+        tokens = original(joint, state, logits, limits, width)
+        planned.append(tokens)
+        return tokens
+
+    monkeypatch.setattr(beam, "plan", recording)
+    audio = noise(11, 30000)
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5, beam=4)
+    whole = _session(tiny_model, decoding, audio, len(audio))
+    assert planned and all(planned)  # (a plan cut by the repetition guard or the end may be left unwritten)
+    text = [t for t in whole.target_ids if t not in tiny_model.header_ids]
+    written = [t for tokens in planned for t in tokens]
+    assert set(text) <= set(written) | {tiny_model.eoc_id, tiny_model.eos_id}  # what was written, the plans chose
+    pieces = _session(tiny_model, decoding, audio, 1234)
+    assert pieces.target_ids == whole.target_ids and pieces.transcript == whole.transcript
+
+
+def test_beam_options_no_stream_could_use_are_refused(tiny_model):
+    for bad in (0, -1, 17, 2.5, True):
+        with pytest.raises(InputError, match="--beam"):
+            DecodingConfig(beam=bad)
+    with pytest.raises(InputError, match="--beam above 1 decodes with GPE only"):
+        DecodingConfig(beam=2, ablation="interleaved")
+    with pytest.raises(InputError, match="needs --ctc-weight above 0"):
+        StreamingSession(tiny_model, DecodingConfig(beam=2, ctc_weight=0.0))
+    with pytest.raises(InputError, match="runs its own LLM"):
+        StreamingSession(tiny_model, DecodingConfig(beam=2, ctc_weight=0.5), own_llm=False)
+    assert DecodingConfig(beam=16).beam == 16
