@@ -42,6 +42,7 @@ class Hypothesis:
     scorer: CTCPrefixScorer  # the CTC prefix state of the segment's text and these tokens
     eoc_run: int  # end-of-chunk tokens at the end of its text
     text: int  # text tokens among ``tokens`` (no markers)
+    rows: list[torch.Tensor] = dataclasses.field(default_factory=list)  # (V,) LLM scores after each fed token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,13 +97,14 @@ def grown(joint, hyp: Hypothesis, token: int, added: float) -> Hypothesis:
             scorer = scorer.copy()
             scorer.append(label)
     run = hyp.eoc_run + 1 if token == joint.model.eoc_id else 0
-    return Hypothesis(hyp.score + added, hyp.tokens + [token], scorer, run, text)
+    return Hypothesis(hyp.score + added, hyp.tokens + [token], scorer, run, text, hyp.rows)
 
 
-def plan(joint, state: DecoderState, logits: torch.Tensor, limits: Limits, width: int) -> list[int]:
-    """The tokens to write next: the best of a beam of ``width`` hypotheses grown from the stream's LLM ``state``
-    (left unchanged), whose next token's scores are ``logits`` (V,), until no live hypothesis can beat the best
-    ended one (module docstring). Empty when the text has already ended (the caller's greedy rules then say so)."""
+def plan(joint, state: DecoderState, logits: torch.Tensor, limits: Limits, width: int) -> Hypothesis | None:
+    """What to write next: the best of a beam of ``width`` hypotheses grown from the stream's LLM ``state`` (left
+    unchanged), whose next token's scores are ``logits`` (V,), until no live hypothesis can beat the best ended one
+    (module docstring): its ``tokens``, and in ``rows`` the LLM's scores after each of them but the last. None when
+    the text has already ended (the caller's greedy rules then say so)."""
     decoder, model = joint.model.decoder, joint.model
     live = [Hypothesis(0.0, [], joint.scorer, joint.eoc_run, 0)]
     rows, beam_state = logits[None], state
@@ -135,5 +137,7 @@ def plan(joint, state: DecoderState, logits: torch.Tensor, limits: Limits, width
         embeds = model.embed_ids([hyp.tokens[-1] for hyp in live])[:, None]
         kinds = torch.full((len(live), 1), gpe.TARGET, dtype=torch.long)
         rows = decoder.step(beam_state, embeds, kinds, keep=torch.ones(len(live), 1, dtype=torch.bool))
+        for hyp, row in zip(live, rows):
+            hyp.rows = hyp.rows + [row]
     best = max(ended, key=lambda h: h.score, default=None)
-    return best.tokens if best is not None else []
+    return best if best is not None and best.tokens else None

@@ -289,6 +289,7 @@ class JointCTC:
         self.candidates = candidates
         self.beam = beam  # hypotheses of the beam search over a chunk's writing (``speechstream.beam``); 1: greedy
         self.plan: deque[int] = deque()  # tokens the beam search chose, not yet written
+        self.plan_rows: deque[torch.Tensor] = deque()  # the LLM's (V,) scores after each planned token but the last
         vocab = model.decoder.llm.get_input_embeddings().weight.shape[0]
         self.classes = model.ctc_classes if model.ctc_classes is not None else torch.arange(vocab)
         self.class_of = torch.full((vocab,), -1, dtype=torch.long)
@@ -302,7 +303,7 @@ class JointCTC:
         """A new segment: no frames, no text."""
         self.scorer = CTCPrefixScorer(len(self.classes), self.table)
         self.eoc_run = 0  # end-of-chunk tokens at the end of the text
-        self.plan.clear()
+        self.drop_plan()
 
     @torch.no_grad()
     def frame_vectors(self, speech: torch.Tensor, fine: bool = False) -> np.ndarray:
@@ -314,7 +315,7 @@ class JointCTC:
 
     def add_frames(self, vectors: np.ndarray) -> None:
         """A read: the frames of its speech. A plan made before it is dropped (the next choice sees them)."""
-        self.plan.clear()
+        self.drop_plan()
         self.scorer.add_vectors(vectors)
 
     def text_labels(self, ids: list[int]) -> tuple[list[int], list[int | None]]:
@@ -332,12 +333,25 @@ class JointCTC:
         """A text token was written: extend the hypothesis (tokens outside the CTC classes are skipped)."""
         if self.plan and self.plan[0] == token:
             self.plan.popleft()
+            if self.plan_rows:
+                self.plan_rows.popleft()
         else:  # the policy wrote something else (a cap's end-of-chunk): the rest of the plan no longer applies
-            self.plan.clear()
+            self.drop_plan()
         self.eoc_run = self.eoc_run + 1 if token == self.model.eoc_id else 0
         label = int(self.class_of[token])
         if label >= 0 and token not in self.model.special_ids:
             self.scorer.append(label)
+
+    def drop_plan(self) -> None:
+        self.plan.clear()
+        self.plan_rows.clear()
+
+    def planned_scores(self, tokens: list[int]) -> torch.Tensor | None:
+        """Where writing ``tokens`` follows the plan and more of it is left: the LLM's (V,) scores after them, which
+        the beam search computed (the session then need not step its LLM for them yet); else None."""
+        if len(tokens) == 1 and self.plan_rows and self.plan[0] == tokens[0]:
+            return self.plan_rows[0]
+        return None
 
     def choose(self, logits: torch.Tensor, source_done: bool, planning: Callable | None = None) -> int:
         """The next token: the plan's next one; else with ``beam`` > 1 a new plan's first (``planning()`` gives the
@@ -349,8 +363,10 @@ class JointCTC:
             if where is not None:
                 from speechstream import beam  # (beam builds on this module)
 
-                self.plan.extend(beam.plan(self, where[0], logits, where[1], self.beam))
-                if self.plan:
+                best = beam.plan(self, where[0], logits, where[1], self.beam)
+                if best is not None:
+                    self.plan.extend(best.tokens)
+                    self.plan_rows.extend(best.rows[: len(best.tokens) - 1])
                     return self.plan[0]
         return fuse(logits.cpu(), self.allowed, self.scorer, self.class_of, self.weight, self.candidates,
                     self.model.eoc_id, self.model.eos_id, source_done, self.eoc_run)

@@ -217,6 +217,8 @@ class StreamingSession:
         self.ctc_windows = self._new_ctc_windows()
         self.llm = self._new_llm_state() if own_llm else None
         self._llm_cache_peak = 0  # the most slots self.llm held after a step since ``take_llm_cache_peak``
+        # writes of a beam plan's tokens whose scores the search computed: fed to self.llm with the next step
+        self._deferred: list[LLMRequest] = []
         self.text = TextAssembler(model.tokenizer)
         self.units: deque[_Unit] = deque()  # units computed but not yet read by the LLM
         self.stats: list[UnitStats] = []  # per unit, in order
@@ -656,6 +658,7 @@ class StreamingSession:
             self.joint.reset()
         if self.llm is not None:
             self.llm = self._new_llm_state()
+        self._deferred.clear()  # (written, never to be read after: the segment's cache is gone)
         self._units_read = 0
         self._segment_read_done = False
         self._pending = None
@@ -837,9 +840,18 @@ class StreamingSession:
                 if self.segment != segment:  # a segment ended inside next_request: go on with the next
                     continue
                 break
-            kinds = request.kinds[None]
-            keep = last_rows(kinds, [self.logit_rows(request)])  # the output layer runs for these rows only
-            logits = self.model.decoder.step(self.llm, request.embeds[None], kinds, keep=keep)
+            planned = self.joint.planned_scores(request.tokens or []) if self.joint is not None else None
+            if planned is not None and not self.record_logits:  # a beam plan's token: its scores are known
+                self._deferred.append(request)
+                events += self.apply(request, planned[None])
+                continue
+            embeds, kinds = request.embeds, request.kinds
+            if self._deferred:  # the plan's tokens written so far are fed now, in this one step, before the request
+                embeds = torch.cat([r.embeds for r in self._deferred] + [embeds])
+                kinds = torch.cat([r.kinds for r in self._deferred] + [kinds])
+                self._deferred.clear()
+            keep = last_rows(kinds[None], [self.logit_rows(request)])  # the output layer runs for these rows only
+            logits = self.model.decoder.step(self.llm, embeds[None], kinds[None], keep=keep)
             self._llm_cache_peak = max(self._llm_cache_peak, int(self.llm.kinds.shape[1]))
             events += self.apply(request, logits)
         return events + self._partial()

@@ -130,7 +130,11 @@ def test_a_wide_beam_finds_the_best_hypothesis_of_an_exhaustive_search(tiny_mode
         root = beam.Hypothesis(0.0, [], joint.scorer, joint.eoc_run, 0)
         ended = _exhaustive(joint.model, joint, copy.deepcopy(state), logits, root, limits)
         best = max(ended, key=lambda h: h.score)
-        assert found == best.tokens
+        assert found.tokens == best.tokens and found.score == pytest.approx(best.score, abs=1e-4)
+        # the scores after each planned token but the last are the LLM's, as one stream alone computes them
+        row = copy.deepcopy(state)
+        for token, scores in zip(found.tokens, found.rows[: len(found.tokens) - 1]):
+            torch.testing.assert_close(scores, _target_step(joint.model, row, [token])[0], rtol=1e-4, atol=1e-4)
         compared[source_done] += 1
 
     _at_each_choice(monkeypatch, check)
@@ -145,9 +149,9 @@ def test_a_beam_session_writes_its_plans_and_does_not_depend_on_buffer_sizes(tin
     original = beam.plan
 
     def recording(joint, state, logits, limits, width):
-        tokens = original(joint, state, logits, limits, width)
-        planned.append(tokens)
-        return tokens
+        best = original(joint, state, logits, limits, width)
+        planned.append(best.tokens)
+        return best
 
     monkeypatch.setattr(beam, "plan", recording)
     audio = noise(11, 30000)
@@ -172,3 +176,26 @@ def test_beam_options_no_stream_could_use_are_refused(tiny_model):
     with pytest.raises(InputError, match="runs its own LLM"):
         StreamingSession(tiny_model, DecodingConfig(beam=2, ctc_weight=0.5), own_llm=False)
     assert DecodingConfig(beam=16).beam == 16
+
+
+def test_a_plan_fed_in_one_step_writes_what_feeding_it_token_by_token_writes(tiny_model, monkeypatch):
+    """The session feeds a plan's tokens with its next LLM step (their scores came from the search); stepping for
+    each of them instead, as the plan's first form did, gives the same tokens and a cache that steps alike."""
+    audio = noise(12, 30000)
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5, beam=3)
+    deferred = _session(tiny_model, decoding, audio)
+    steps = []
+    original = tiny_model.decoder.step
+
+    def counting(state, embeds, kinds, keep=None):
+        steps.append(kinds.shape[1])
+        return original(state, embeds, kinds, keep=keep)
+
+    monkeypatch.setattr(tiny_model.decoder, "step", counting)
+    _session(tiny_model, decoding, audio)
+    deferred_steps = len(steps)
+    steps.clear()
+    monkeypatch.setattr(JointCTC, "planned_scores", lambda self, tokens: None)
+    one_by_one = _session(tiny_model, decoding, audio)
+    assert one_by_one.target_ids == deferred.target_ids and one_by_one.transcript == deferred.transcript
+    assert deferred_steps < len(steps)  # (the beam's own steps counted on both sides)
