@@ -205,6 +205,11 @@ def check_device(device: str) -> None:
         raise InputError(f"--device {device}: MPS is not available here (use cpu)")
     if kind not in ("cuda", "mps"):
         raise InputError(f"--device {device}: unsupported (cpu, cuda or mps)")
+    index = torch.device(device).index  # (torch's "invalid device ordinal" came once the model was built)
+    count = torch.cuda.device_count() if kind == "cuda" else 1
+    if index is not None and index >= count:
+        present = f"{kind}:0" if count == 1 else f"{kind}:0 .. {kind}:{count - 1}"
+        raise InputError(f"--device {device}: no such device here (this machine has {present})")
 
 
 def with_model_defaults(decoding: DecodingConfig, model: ModelConfig) -> DecodingConfig:

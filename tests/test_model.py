@@ -172,6 +172,26 @@ def test_load_model_refuses_a_device_or_int8_it_cannot_use_before_it_builds(monk
         model_module.load_model("tiny-random", device=device, int8=int8)
 
 
+@pytest.mark.parametrize("device, match", [
+    ("cuda:2", r"--device cuda:2: no such device here \(this machine has cuda:0 \.\. cuda:1\)"),
+    ("mps:1", r"--device mps:1: no such device here \(this machine has mps:0\)"),
+])
+def test_a_device_index_the_machine_lacks_is_refused_before_the_model_builds(monkeypatch, device, match):
+    """(torch's multi-line 'CUDA error: invalid device ordinal' came once the whole model was built, exit 1)"""
+    from speechstream import model as model_module
+    from speechstream.config import DecodingConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with two GPUs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(model_module, "build_model", lambda *a, **k: pytest.fail("built before the check"))
+    assert DecodingConfig(device="cuda:1").device == "cuda:1" and DecodingConfig(device="mps").device == "mps"
+    with pytest.raises(InputError, match=match):
+        model_module.load_model("tiny-random", device=device)
+    with pytest.raises(InputError, match=match):
+        DecodingConfig(device=device)
+
+
 def test_projector_output_scale_sets_what_the_llm_reads_not_the_ctc_scores():
     plain = build_model(from_dict(ModelConfig, TINY_LORA), for_training=True)
     scaled_config = TINY_LORA | {"projector": {"stack": 4, "output_scale": 0.1}}
