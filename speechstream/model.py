@@ -239,10 +239,11 @@ class SpeechLLM(nn.Module):
         """Project encoder frames and frame them with the prompt into the source group."""
         speech = self.projector(encoded.frames)  # (B, ceil(U / stack), H)
         prefix, suffix = self.embed_ids(self.prefix_ids), self.embed_ids(self.suffix_ids)
+        tokens = speech.to(prefix.dtype)  # what the LLM reads, in its dtype (as a session feeds them)
         items, unit_ends, speech_lengths = [], [], []
         for b, ends in enumerate(encoded.frame_ends):
             token_ends = schedule.segment_token_ends(ends, self.config.projector.stack)
-            items.append(torch.cat([prefix, speech[b, : token_ends[-1]], suffix]))
+            items.append(torch.cat([prefix, tokens[b, : token_ends[-1]], suffix]))
             units = [len(prefix) + t for t in token_ends]
             units[-1] += len(suffix)
             unit_ends.append(units)
@@ -272,12 +273,13 @@ class SpeechLLM(nn.Module):
         speech = speech / self.projector.output_scale
         if table is None:
             table = self.ctc_table(classes)
-        return speech @ table.T
+        return speech.to(table.dtype) @ table.T  # (in the LLM's dtype, as the table: the projector's may differ)
 
     def fine_ctc_logits(self, vectors: torch.Tensor, classes: torch.Tensor | None = None) -> torch.Tensor:
         """(..., H) vectors of the fine CTC head -> (..., C + 1) scores against the token embeddings (``classes``
         rows, or all) and the head's own blank (last)."""
-        return vectors @ self.ctc_table(classes, self.ctc_head.blank).T
+        table = self.ctc_table(classes, self.ctc_head.blank)
+        return vectors.to(table.dtype) @ table.T
 
     @torch.no_grad()
     def decoding_ctc_table(self) -> torch.Tensor:

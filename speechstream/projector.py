@@ -22,6 +22,7 @@ class Projector(nn.Module):
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         """(B, U, d) encoder frames -> (B, ceil(U / stack), llm_dim) source embeddings."""
+        frames = frames.to(self.fc1.weight.dtype)  # (the encoder's frames may come in another dtype)
         batch, count, width = frames.shape
         short = -count % self.stack
         if short:

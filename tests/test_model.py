@@ -234,6 +234,48 @@ def test_the_training_side_source_runs_in_the_models_dtype(tiny_model):
     assert source.speech_lengths.tolist() == tiny_model.source_batch([audio], 320).speech_lengths.tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_model_whose_llm_alone_is_in_half_precision_verifies_and_trains(tiny_model, dtype):
+    """The LLM cast to half, the acoustic front end kept in float32 (as a session already decoded it): the training
+    forward, ``verify`` and the CTC loss failed ('expected m1 and m2 to have the same dtype, but got: float !=
+    c10::BFloat16'): the speech tokens reached the LLM and the CTC table in the projector's dtype."""
+    import copy
+
+    from speechstream.train import StreamingLoss
+    from speechstream.verify import verify_model
+
+    model = copy.deepcopy(tiny_model)
+    model.decoder.llm.to(dtype)
+    result = verify_model(model, "tiny-half-llm", 1)
+    assert result.max_delta <= 4 * torch.finfo(dtype).eps * max(1.0, result.logit_scale)
+    audio = (0.1 * np.random.default_rng(0).standard_normal(20000)).astype(np.float32)
+    encoded = model.encode([audio], 640)
+    ids = model._ids("ab cd")
+    objective = StreamingLoss(model, 0.3, torch.tensor(sorted(set(ids))))
+    out = objective(encoded.frames, encoded.frame_ends, [model.target_sequence([" ab", " cd"])], [ids], 1)
+    assert torch.isfinite(out["loss"]) and "ctc" in out
+    out["loss"].backward()
+    assert model.projector.fc1.weight.grad is not None
+
+
+def test_an_encoder_in_half_precision_feeds_a_float32_projector(tiny_model):
+    """The encoder cast to bfloat16 alone: its frames reached the float32 projector as they were ('mat1 and mat2
+    must have the same dtype, but got BFloat16 and Float'), in a session and in the training forward."""
+    import copy
+
+    from speechstream.config import DecodingConfig
+    from speechstream.session import StreamingSession
+
+    model = copy.deepcopy(tiny_model)
+    model.encoder.to(torch.bfloat16)
+    audio = (0.1 * np.random.default_rng(0).standard_normal(20000)).astype(np.float32)
+    assert model.source_batch([audio], 640).embeds.dtype == torch.float32
+    session = StreamingSession(model, DecodingConfig(ctc_weight=0.3), partials=False)
+    session.feed(audio)
+    session.finish()
+    assert session.stats and all(unit.source_tokens > 0 for unit in session.stats)
+
+
 def test_inference_build_merges_checkpoint_lora_without_peft_to_the_bit(lora_model, tmp_path, monkeypatch):
     """An inference build adds a checkpoint's LoRA pairs straight into the base weights (no peft adapters are made:
     injecting 210 of them only to merge them cost the shipped model's load a third of its CPU time); the weights
