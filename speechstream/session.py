@@ -139,7 +139,10 @@ def greedy_chooser(model: SpeechLLM) -> TokenChooser:
     banned = ~model.writable()
 
     def choose(logits: torch.Tensor) -> int:
-        return int(torch.argmax(logits.masked_fill(banned.to(logits.device), float("-inf"))))
+        nonlocal banned
+        if banned.device != logits.device:  # once, not at every token: a copy to an accelerator waits for its queue
+            banned = banned.to(logits.device)
+        return int(torch.argmax(logits.masked_fill(banned, float("-inf"))))
 
     return choose
 

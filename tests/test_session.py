@@ -162,6 +162,22 @@ def test_default_greedy_decoding_is_deterministic(tiny_model):
     assert len(texts) == 1
 
 
+def test_the_greedy_choice_copies_its_mask_once_not_at_every_token(tiny_model, monkeypatch):
+    """The mask of the tokens a session may not write was copied to the logits' device at every token: on an
+    accelerator a host-to-device copy per token and stream, each waiting for the device's queue."""
+    from speechstream.session import greedy_chooser
+
+    choose = greedy_chooser(tiny_model)
+    logits = torch.randn(6, tiny_model.decoder.llm.get_input_embeddings().weight.shape[0],
+                         generator=torch.Generator().manual_seed(0))
+    banned = ~tiny_model.writable()
+    expected = [int(torch.argmax(row.masked_fill(banned, float("-inf")))) for row in logits]
+    copies, to = [], torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: copies.append(a) or to(self, *a, **k))
+    assert [choose(row) for row in logits] == expected
+    assert len(copies) <= 1
+
+
 def test_real_clip_end_to_end_with_the_cli_loop(tiny_model):
     from speechstream.session import transcribe_file
 
