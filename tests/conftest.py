@@ -29,6 +29,9 @@ def text_favouring_chooser(model, rng_seed: int = 0):
     allowed[model.eos_id] = True
 
     def choose(logits: torch.Tensor) -> int:
+        nonlocal allowed
+        if allowed.device != logits.device:  # (a model on an accelerator: a host mask beside its logits fails)
+            allowed = allowed.to(logits.device)
         return int(torch.argmax(logits.masked_fill(~allowed, float("-inf"))))
 
     return choose
