@@ -142,8 +142,9 @@ def test_the_stand_in_catches_a_host_tensor_and_a_numpy_of_a_device_tensor(tiny_
 
 @pytest.mark.parametrize("decoding", [DecodingConfig(chunk_ms=640, k=2), DecodingConfig(chunk_ms=320, ctc_weight=0.3),
                                       DecodingConfig(chunk_ms=640, ablation="reencode"),
-                                      DecodingConfig(chunk_ms=640, vad=True, ctc_weight=0.3)],
-                         ids=["greedy", "joint-ctc", "reencode", "vad"])
+                                      DecodingConfig(chunk_ms=640, vad=True, ctc_weight=0.3),
+                                      DecodingConfig(chunk_ms=320, ctc_weight=0.3, beam=4)],
+                         ids=["greedy", "joint-ctc", "reencode", "vad", "beam"])
 def test_a_session_mixes_no_host_tensors_into_device_work(tiny_model, stand_in, decoding):
     session = StreamingSession(on_stand_in(tiny_model), decoding, partials=False)  # (the commands' own chooser)
     session.feed(speech(2.3, seed=1))
