@@ -80,6 +80,10 @@ class WaitK(Policy):
     (the header and end-of-chunk markers not counted) follow one read; ``max_tail_tokens`` stops writing
     once that many target tokens of any kind follow the last read (after the end of the audio).
     An end-of-transcript prediction before the audio has ended is taken as end of chunk.
+    Every read made for the pending prediction (the model's end of chunk, an early end, the cap, the guard
+    below; the last chunk's too) is followed by the end-of-chunk token in place of that prediction, which is
+    then made again with the new chunk in view: text row r so sees k + (markers up to r) chunks, as the
+    training mask says (``gpe.units_visible``).
     Repetition guard: when the pending token would make the text (end-of-chunk tokens left out)
     end in a block of up to 12 tokens repeated ``max_repeats`` times, the writer stops writing
     this chunk (reads on, or ends after the audio) instead of committing a hallucinated loop;
@@ -107,6 +111,8 @@ class WaitK(Policy):
             return Read()
         if view.pending is None:
             return Write()
+        if view.reads_since_prediction:  # a chunk was read for the pending prediction: the marker in its place
+            return Write(view.eoc_id)
         looping = self._looping(view)
         if view.source_done:
             if view.pending == view.eos_id or view.tokens_since_read >= self.max_tail_tokens or looping:
@@ -115,11 +121,7 @@ class WaitK(Policy):
         wants_chunk = (
             view.pending in (view.eoc_id, view.eos_id) or view.text_since_read >= self.max_tokens or looping
         )
-        if not wants_chunk:
-            return Write()
-        if view.reads_since_prediction == 0:
-            return Read()
-        return Write(view.eoc_id)
+        return Read() if wants_chunk else Write()
 
 
 POLICIES = {"wait-k": WaitK}  # name -> class, for --policy (DecodingConfig.policy)

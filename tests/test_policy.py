@@ -76,7 +76,8 @@ def test_max_tokens_per_chunk_counts_the_text_tokens_written_after_each_read(tin
     session.finish()
     header = len(tiny_model.header_ids)
     assert session.target_ids[header : header + 3] == [letters[0], tiny_model.eoc_id, letters[2]]  # marker, text
-    assert runs[:-1] == [1, 12, 12, 12, 12, 12] and runs[-1] == 5  # the tail: max_tail_tokens
+    # the tail: max_tail_tokens target tokens, the marker that follows the last read (the cap's) and 4 text tokens
+    assert runs[:-1] == [1, 12, 12, 12, 12, 12] and runs[-1] == 4
 
 
 def test_early_end_is_taken_as_end_of_chunk_and_real_end_stops():
@@ -86,6 +87,38 @@ def test_early_end_is_taken_as_end_of_chunk_and_real_end_stops():
     assert policy.decide(view(pending=EOS, source_done=True)) == Stop()
     assert policy.decide(view(pending=EOC, source_done=True)) == Write()
     assert policy.decide(view(source_done=True, tokens_since_read=5)) == Stop()
+
+
+def test_a_read_for_the_pending_prediction_is_followed_by_the_end_of_chunk_marker():
+    """Whatever asked for the read (the model's marker, an early end, the cap, a loop), the marker is fed after it in
+    place of the pending prediction, the last read too: text row r then sees k + #markers chunks, as in training. The
+    session's view after a read has text_since_read 0, so the cap's read was followed by the pending word with no
+    marker (every later row saw one chunk more than its training mask), and an end predicted before the last chunk
+    stopped the stream once that chunk was read, before any text row saw it."""
+    policy = WaitK(1, max_tokens=4, max_repeats=3)
+    after_read = dict(reads_since_prediction=1, tokens_since_read=0, text_since_read=0)
+    assert policy.decide(view(text_since_read=4)) == Read()
+    assert policy.decide(view(**after_read)) == Write(EOC)  # the cap's read, as the session shows it
+    assert policy.decide(view(pending=EOS, source_done=True, **after_read)) == Write(EOC)  # the last chunk: on
+    assert policy.decide(view(recent=(WORD, WORD), source_done=True, **after_read)) == Write(EOC)
+    assert policy.decide(view(pending=EOS, source_done=True)) == Stop()  # an end predicted after the last read
+
+
+def test_an_end_predicted_before_the_last_chunk_is_read_writes_that_chunks_words(tiny_model):
+    import numpy as np
+
+    from speechstream.config import DecodingConfig
+    from speechstream.session import StreamingSession
+
+    said = [ord("a"), tiny_model.eos_id, ord("b"), tiny_model.eos_id]
+    choices = iter(said + [tiny_model.eos_id] * 10)
+    decoding = DecodingConfig(chunk_ms=640, k=1, max_repeats=0)
+    session = StreamingSession(tiny_model, decoding, choose=lambda _logits: next(choices), partials=False)
+    session.feed(np.zeros(10240 + 800, np.float32))  # one chunk, then a tail: the last unit
+    events = session.finish()
+    header = len(tiny_model.header_ids)
+    assert session.target_ids[header:] == [ord("a"), tiny_model.eoc_id, ord("b")]
+    assert events[-1].text == "ab"
 
 
 def test_repeats_at_end():
