@@ -19,6 +19,8 @@ of the window that confirmed the silence): everything before belongs to the endi
 
 from __future__ import annotations
 
+import copy
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -65,18 +67,27 @@ class Endpoint:
 
 
 def load_vad_model():
-    """The Silero VAD model shipped inside the ``silero-vad`` wheel (no network), run by onnxruntime.
+    """A Silero VAD model of its own (the one shipped inside the ``silero-vad`` wheel: no network), run by onnxruntime.
 
     The ONNX model (one CPU thread) takes about 1.6 ms per 32 ms window here, the TorchScript one
     about 3.8 ms, with the same probabilities (to 5e-6). Called as ``model(window, 16000)`` on a
     (512,) float tensor it returns a (1, 1) speech probability; ``reset_states()`` clears its
-    recurrent state, which it keeps between calls, so each stream needs its own instance.
+    recurrent state, which it keeps between calls, so each stream needs its own instance. The state lives in the
+    Python wrapper; the ONNX session, loaded once per process (`_shared_vad_model`), holds only the weights and is
+    shared by every instance: building one took 130 ms, paid by every utterance of ``eval --vad`` and every stream.
+    """
+    model = copy.copy(_shared_vad_model())  # the same session, a state of its own
+    model.reset_states()
+    return model
+
+
+@functools.cache
+def _shared_vad_model():
+    """The one Silero VAD wrapper whose ONNX session every `load_vad_model` instance shares.
 
     Importing ``silero_vad`` sets torch's CPU threads to 1 for the whole process (its ``model.py`` does so at
     import); the number is put back as it was, so that ``--threads`` holds with the VAD on too.
     """
-    import torch
-
     threads = torch.get_num_threads()
     try:
         from silero_vad import load_silero_vad

@@ -511,3 +511,33 @@ def test_loading_the_vad_keeps_torchs_threads():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=pathlib.Path(__file__).resolve().parents[1])
     assert done.returncode == 0 and done.stdout.strip() == "2", done.stderr
+
+
+def test_streams_share_one_onnx_session_with_states_of_their_own(tiny_model, monkeypatch):
+    """Every stream with the VAD on (each utterance of ``eval --vad``, each ``serve`` stream) built a new ONNX
+    session, 130 ms each; they now share one, and interleaved streams still get the probabilities each gets alone."""
+    import silero_vad
+
+    from speechstream import vad
+    from speechstream.session import transcribe_file
+
+    loads = []
+    real = silero_vad.load_silero_vad
+    monkeypatch.setattr(silero_vad, "load_silero_vad", lambda *a, **k: loads.append(1) or real(*a, **k))
+    for _ in range(3):
+        transcribe_file(tiny_model, DECODING, CLIPS[1], lambda event: None, offset_s=0.5, duration_s=1.0)
+    assert len(loads) <= 1  # (none where an earlier test loaded it already)
+
+    first, second = vad.load_vad_model(), vad.load_vad_model()
+    assert first.session is second.session and first is not second
+    clips = [torch.from_numpy(load_audio(path)[: 40 * 512]) for path in CLIPS[:2]]
+    alone = []
+    for clip in clips:
+        model = vad.load_vad_model()
+        alone.append([float(model(window, SAMPLE_RATE)) for window in clip.split(512)])
+    interleaved = [[], []]
+    for windows in zip(*(clip.split(512) for clip in clips)):
+        for model, window, out in zip((first, second), windows, interleaved):
+            out.append(float(model(window, SAMPLE_RATE)))
+    assert interleaved == alone
+    assert max(alone[0]) > 0.5  # (speech: the recurrent state matters)
