@@ -469,6 +469,7 @@ def _resume(path: Path, utterances: Sequence[Utterance], references: Sequence[st
     cut = lines.pop() != b""  # the text after the last newline: b"" unless the last line was cut short
     position = {utterance.id: index for index, utterance in enumerate(utterances)}
     records: list[dict] = []
+    logged: set[str] = set()  # ids of ``records`` (searching the list for each record took O(n^2) over a long log)
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -480,8 +481,9 @@ def _resume(path: Path, utterances: Sequence[Utterance], references: Sequence[st
                 break
             raise InputError(f"{path}:{number}: not a JSON record (fix or delete the line, or use another --out)")
         _check_record(record, path, number, position, references, sentences, utterances)
-        if any(previous["id"] == record["id"] for previous in records):
+        if record["id"] in logged:
             raise InputError(f'{path}:{number}: id "{record["id"]}" logged twice')
+        logged.add(record["id"])
         records.append(record)
     if cut:
         kept = "".join(json_text(record) + "\n" for record in records)

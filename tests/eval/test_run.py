@@ -567,6 +567,45 @@ def test_results_without_their_config_are_refused(finished_run, tmp_path, word_s
     assert not word_sessions
 
 
+def test_resuming_a_long_log_checks_each_record_against_the_others_once(tmp_path, monkeypatch):
+    """A rerun looked for each logged id in the list of the records before it: n^2 / 2 comparisons, 3.4 million for
+    LibriSpeech test-clean's 2620, 5 * 10^9 for a log of 100k. Counted as the items `any` examines in `_resume`
+    (the record checks use it over a few fields each): a constant per record, whatever the log's length."""
+    from speechstream.eval import run
+    from speechstream.manifest import read_manifest
+
+    count = 400
+    clip = tmp_path / "clip.wav"
+    soundfile.write(clip, np.zeros(32000, np.float32), 16000, subtype="PCM_16")
+    lines = [json.dumps({"id": f"u{n}", "audio": "clip.wav", "offset": 0.5, "duration": 1.0, "text": "a b"})
+             for n in range(count)]
+    (tmp_path / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    utterances = read_manifest(tmp_path / "manifest.jsonl")
+    log = tmp_path / INSTANCES_FILE
+    log.write_text("".join(json.dumps({"index": n, "id": utterance.id, "prediction": "a", "reference": "a b",
+                                       "delays": [640.0], "elapsed": [700.0], "source_length": 1000.0,
+                                       "audio_s": 1.0, "compute_s": 0.1, **run.source_fields(utterance)}) + "\n"
+                           for n, utterance in enumerate(utterances)))
+    examined = 0
+
+    def counting_any(items) -> bool:
+        nonlocal examined
+        for item in items:
+            examined += 1
+            if item:
+                return True
+        return False
+
+    monkeypatch.setattr(run, "any", counting_any, raising=False)
+    records = run._resume(log, utterances, ["a b"] * count, [None] * count)
+    assert [record["id"] for record in records] == [utterance.id for utterance in utterances]
+    assert examined <= 20 * count  # (n^2 / 2 = 80,000 before)
+
+    log.write_text(log.read_text() + log.read_text().splitlines(keepends=True)[3])
+    with pytest.raises(InputError, match=f'{count + 1}: id "u3" logged twice'):
+        run._resume(log, utterances, ["a b"] * count, [None] * count)
+
+
 # -- references and tasks ---------------------------------------------------------------------------------
 
 
