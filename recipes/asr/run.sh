@@ -20,7 +20,7 @@
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/ (stage 1d's weights and
 #            the fine CTC head, from runs/smollm2-whisper-base-ctc)
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
-#            and greedy decoding, Whisper base offline, held-out synthetic, the CTC head alone), model card
+#            and greedy decoding, beam search, Whisper base offline, held-out synthetic, the CTC head alone), model card
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 first=${1:-0}; last=${2:-3}
@@ -86,6 +86,12 @@ if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
   $SS eval samples/manifest.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight 0 --out $out/real-640ms-greedy
   $SS eval samples/manifest.jsonl --model $MODEL --chunk-ms 30000 --k 1 --out $out/real-offline
   $SS eval samples/manifest.jsonl --baseline whisper-offline --baseline-model whisper-base --out $out/real-whisper-base
+  # beam search (--beam 4, an option; README "Beam search"), streaming and offline, on the dev set and the real clips
+  $SS eval data/dev/heldout.jsonl --model $MODEL --chunk-ms 30000 --k 1 --out $out/dev-offline
+  for set in dev:data/dev/heldout.jsonl real:samples/manifest.jsonl; do
+    $SS eval ${set#*:} --model $MODEL --chunk-ms 640 --k 2 --beam 4 --out $out/${set%%:*}-640ms-beam4
+    $SS eval ${set#*:} --model $MODEL --chunk-ms 30000 --k 1 --beam 4 --out $out/${set%%:*}-offline-beam4
+  done
   $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --out $out/heldout-640ms
   $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight 0 \
     --out $out/heldout-640ms-greedy
