@@ -109,20 +109,19 @@ def test_a_model_asking_for_a_head_its_checkpoint_lacks_is_refused(tmp_path):
 
 def test_joint_decoding_scores_the_fine_heads_windows_in_any_buffer_sizes(tiny_model):
     from speechstream.config import DecodingConfig
-    from tests.helpers import fine_head_model
-    from tests.test_ctc import _joint_session, _noise
+    from tests.helpers import decoded_session, fine_head_model, noise
 
     model = fine_head_model(tiny_model)
-    audio = _noise(7, 21000)
+    audio = noise(7, 21000)
     decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5)
-    whole = _joint_session(model, decoding, audio, len(audio))
-    pieces = _joint_session(model, decoding, audio, 1111)
+    whole = decoded_session(model, decoding, audio, len(audio))
+    pieces = decoded_session(model, decoding, audio, 1111)
     frames = sum(stats.encoder_frames for stats in whole.stats)
     stack = model.config.projector.stack
     assert whole.joint.scorer.frames == -(-frames // 2) > -(-frames // stack)  # finer than the speech tokens
     assert pieces.target_ids == whole.target_ids and pieces.joint.scorer.frames == whole.joint.scorer.frames
     np.testing.assert_allclose(pieces.joint.scorer.lp, whole.joint.scorer.lp, atol=1e-6)
-    coarse = _joint_session(tiny_model, decoding, audio, len(audio))
+    coarse = decoded_session(tiny_model, decoding, audio, len(audio))
     assert coarse.joint.scorer.frames == -(-frames // stack)
 
 
