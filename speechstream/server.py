@@ -15,7 +15,7 @@ and leave when they end or disconnect. Each stream has a bounded input queue: th
 credit before reading the next frame from the socket and the worker gives it back when it has
 consumed the frame. Per pass the worker takes at most ``MAX_UNITS_AHEAD`` chunks' worth of each
 stream's frames, and none while that many of its chunks wait for the LLM, then steps the LLM: a
-stream that outpaces the LLM stops being read (TCP backpressure) rather than piling up encoded
+stream that outpaces the LLM stops being read (TCP backpressure) rather than piling up
 audio, and no stream's uploads hold up the other streams' text.
 
 One stream cannot stop the others: a failure in its own decoding (join, request, logits, events, close)
@@ -56,7 +56,7 @@ UNREAD_MESSAGE = "the client has stopped reading its events"
 UNREAD_CLOSE_S = 5.0  # time the error event and the close frame get to reach a client that has stopped reading
 # distinct refused Origins, and distinct refused Host names, the log names (both headers are the client's to choose)
 REFUSALS_LOGGED = 100
-MAX_UNITS_AHEAD = 4  # encoded chunks a stream may have waiting for the LLM before its next frame waits in its queue
+MAX_UNITS_AHEAD = 4  # chunks a stream may have waiting for the LLM before its next frame waits in its queue
 # the page's files are revalidated on each load (a 304 when unchanged): without it a browser kept a cached app.js
 # for days after an upgrade (heuristic freshness: a tenth of the file's age), talking its old protocol to the new server
 PAGE_CACHE_CONTROL = "no-cache"
@@ -449,7 +449,7 @@ class DecodeWorker:
                 continue
             # per pass, at most MAX_UNITS_AHEAD chunks of audio per stream, and none while that many of its chunks
             # wait for the LLM: every pass ends with an LLM step for all streams, and a stream's frames wait in its
-            # queue (backpressure) instead of piling up as encoded chunks that no LLM step has read
+            # queue (backpressure) instead of piling up as chunks that no LLM step has read
             budget = 2 * stream.start.sample_rate * MAX_UNITS_AHEAD * live.session.decoding.chunk_ms // 1000  # bytes
             while budget > 0 and stream.inbox and not live.ending and (stream.inbox[0] is _END or self._may_feed(live)):
                 item = stream.inbox.popleft()
@@ -471,9 +471,9 @@ class DecodeWorker:
 
     @staticmethod
     def _may_feed(live: _Live) -> bool:
-        """Whether a stream's next frame may go to its front end: fewer than ``MAX_UNITS_AHEAD`` of its chunks are
-        waiting for the LLM."""
-        return len(live.session.units) < MAX_UNITS_AHEAD
+        """Whether a stream's next frame may go to its session: fewer than ``MAX_UNITS_AHEAD`` of its chunks are
+        waiting for the LLM (``chunks_waiting``: encoded, or queued for the front end)."""
+        return live.session.chunks_waiting < MAX_UNITS_AHEAD
 
     def _feed(self, live: _Live, samples: np.ndarray) -> None:
         if samples.size:

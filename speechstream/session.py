@@ -36,6 +36,10 @@ since a stream's previous request, give that stream a fresh LLM row (a state as 
 request, so checking ``segment`` before each ``next_request`` is enough. While a stream waits for
 audio (``next_request`` returned None), ``pending_events()`` gives the events to send meanwhile.
 A driver takes a session only while ``segment_started`` is False: a row cannot be rebuilt elsewhere.
+Such a session's ``feed``, ``gap`` and ``end_audio`` only route the audio; its front end runs inside
+``next_request`` when the LLM asks for audio, a chunk at a time, so that each segment cut that depends on what the LLM
+has written (``_cut_due``) is decided where a session alone decides it, however far the driver's LLM lags behind the
+feeds (``chunks_waiting`` counts what waits).
 
 Pipeline per chunk: chunker -> log-mel stream -> encoder stream -> projector stream
 -> a source unit queued for the LLM; then the policy loop reads units and writes
@@ -256,7 +260,12 @@ class StreamingSession:
         self._front_start = 0  # absolute sample where the front end's segment starts
         self._front_open = self.vad is None  # the front end's segment has audio (with VAD: once its speech starts)
         self._released = 0  # absolute samples passed on to the front end or dropped as silence
-        self._waiting = np.zeros(0, np.float32)  # with VAD, samples from _released on: not yet known to be speech
+        self._routed = 0  # absolute samples routed (``_route``): ahead of _released while steps wait in _steps
+        self._route_open = self.vad is None  # the routing has opened a segment (a VAD speech start) not yet cut
+        self._waiting = np.zeros(0, np.float32)  # with VAD, samples from _routed on: not yet known to be speech
+        # outside drivers: front-end steps (``_route``, gaps, the end) carried out when the LLM asks for audio
+        self._steps: deque[tuple[str, object]] = deque()
+        self._cut_check = False  # outside drivers: the segment cut after the last chunk is still to be decided
         self._silent_end = False  # with VAD, the audio ended in silence after the last segment (nothing to read)
         self._segment_read_done = False  # the last unit of ``segment`` has been read
         self._stats_base = 0  # index in stats of this segment's first unit
@@ -359,13 +368,49 @@ class StreamingSession:
         samples = feed_samples(samples)
         self._check_whole()
         start = self._clock_start()
-        events: list[Event] = []
         with torch.no_grad(), self._failing():
-            for step in self._route(samples):
-                events += self._front(step)
+            events = self._carry_out(self._route(samples))
             self._samples_in += samples.size
         self._compute_s += time.perf_counter() - start
         return events
+
+    def _carry_out(self, steps: list[tuple[str, object]], advance: bool = True) -> list[Event]:
+        """Carry out front-end steps (``_front``) and return the events of the LLM work they allowed. With an outside
+        driver they are queued instead and carried out when its LLM asks for audio (``_pump``): a chunk's segment cut
+        (``_cut_due``) depends on what the LLM has written by then, and a driver's LLM lags behind the feeds."""
+        if self.llm is None:
+            self._steps.extend(steps)
+            return self._advance() if advance else []
+        events: list[Event] = []
+        for step in steps:
+            events += self._front(step, advance)
+        return events
+
+    def _pump(self) -> None:
+        """Outside drivers: carry out queued front-end steps until a unit waits for the LLM or none is left. The cut
+        after a chunk is decided here, once the LLM has read that chunk and written until it needs audio: a session
+        alone decides it at that point too, so a batched stream's segments are its solo ones however it is fed."""
+        with torch.no_grad(), self._failing():
+            while not self.units and (self._steps or self._cut_check):
+                if self._cut_check:
+                    self._cut_check = False
+                    if self._cut_due():
+                        self._end_front_segment()
+                    continue
+                kind, value = self._steps.popleft()
+                if kind == "audio":  # up to the end of one chunk
+                    size = self.chunker.chunk_size
+                    n = size - (self._released - self._front_start) % size if self._front_open else size
+                    if n < value.size:
+                        self._steps.appendleft((kind, value[n:]))
+                        value = value[:n]
+                self._front((kind, value), advance=False)
+
+    @property
+    def chunks_waiting(self) -> int:
+        """Chunks the LLM has not read yet: encoded units, and (outside drivers) queued audio in whole chunks."""
+        queued = sum(value.size for kind, value in self._steps if kind == "audio")
+        return len(self.units) + queued // self.chunker.chunk_size
 
     def _check_whole(self) -> None:
         """Refuse more work once an earlier call failed mid-way (``_failing``)."""
@@ -391,10 +436,11 @@ class StreamingSession:
         ``_waiting`` (at most the VAD's look-back: ``speech_pad_ms``, plus up to ``max_segment_s`` while speech heard
         is not yet confirmed) and is dropped, except the ``speech_pad_ms`` before the speech."""
         if self.vad is None:  # every sample is encoded (``_front`` opens a segment where none is open)
+            self._routed += samples.size
             return [("audio", samples)]
         found = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant
         waiting = np.concatenate([self._waiting, samples]) if self._waiting.size else samples
-        at = self._released  # absolute sample of waiting[0]
+        at = self._routed  # absolute sample of waiting[0]
         steps: list[tuple[str, object]] = []
 
         def take(until: int, kind: str) -> None:
@@ -408,24 +454,39 @@ class StreamingSession:
             if isinstance(item, SpeechStart):
                 take(item.start, "skip")
                 steps.append(("start", item.start))
+                self._route_open = True
             else:
                 take(item.cut, "audio")
                 self.endpoints.append(item)
                 steps.append(("cut", None))
+                self._route_open = False
         if self.vad.speaking:
             take(at + waiting.size, "audio")
         else:
             take(self.vad.keep_from(), "skip")
         self._waiting = waiting.copy() if waiting.size else np.zeros(0, np.float32)
+        self._routed = at
         return steps
 
     def _front(self, step: tuple[str, object], advance: bool = True) -> list[Event]:
-        """Carry out one routing step (``_route``) on the front end; return the events of the LLM work it allowed
-        (none with ``advance`` False: the units are only queued)."""
+        """Carry out one routing step (``_route``), or ("gap", where the audio goes on) or ("end", None), on the front
+        end; return the events of the LLM work it allowed (none with ``advance`` False: the units are only queued)."""
         kind, value = step
         if kind == "skip":
             self._released += value
             return []
+        if kind == "end":  # the end of the audio (``end_audio``)
+            if self._front_open:
+                self._add_unit(self.chunker.flush(), final=True)
+            else:  # only silence since the last cut (or since the start): it is passed over, not read
+                self._silent_end = True
+            return []
+        if kind == "gap":  # lost audio (``gap``): the segment being heard ends; ``value``: where the audio goes on
+            if self._front_open and self._released > self._front_start:
+                self._end_front_segment()
+            self._front_open = False
+            self._released = value
+            return self._advance() if advance else []
         if kind == "start":
             self._front_start = value
             self.segment_starts.append(value)
@@ -445,6 +506,9 @@ class StreamingSession:
             self._released += piece.size
             for chunk in self.chunker.push(piece):
                 self._add_unit(chunk, final=False)
+                if self.llm is None:  # an outside driver: decided once its LLM has read the chunk (``_pump``)
+                    self._cut_check = True
+                    continue
                 events += self._advance() if advance else []
                 if self._cut_due():  # as at a VAD cut: past here the LLM would run on positions it never learned
                     self._end_front_segment()
@@ -486,22 +550,20 @@ class StreamingSession:
             return
         self._check_whole()
         with torch.no_grad(), self._failing():
-            self._open_pending_onset()
-            if self._front_open:
-                self._add_unit(self.chunker.flush(), final=True)
-            else:  # only silence since the last cut (or since the start): it is passed over, not read
-                self._silent_end = True
+            self._carry_out(self._onset_steps() + [("end", None)], advance=False)
             self._audio_done = True
 
-    def _open_pending_onset(self) -> None:
+    def _onset_steps(self) -> list[tuple[str, object]]:
         """With VAD, where the audio stops (its end, or a gap): speech heard but not yet confirmed opens its segment
-        (it would have been read had the audio gone on)."""
-        if self.vad is not None and not self._front_open and self.vad.pending_onset is not None:
-            start = self.vad.keep_from()
-            for step in [("skip", start - self._released), ("start", start),
-                         ("audio", self._waiting[start - self._released :])]:
-                self._front(step, advance=False)
-            self._waiting = np.zeros(0, np.float32)
+        (it would have been read had the audio gone on). Its front-end steps, routed."""
+        if self.vad is None or self._route_open or self.vad.pending_onset is None:
+            return []
+        start = self.vad.keep_from()
+        steps = [("skip", start - self._routed), ("start", start), ("audio", self._waiting[start - self._routed :])]
+        self._routed += self._waiting.size
+        self._route_open = True
+        self._waiting = np.zeros(0, np.float32)
+        return steps
 
     def gap(self, samples: int) -> list[Event]:
         """``samples`` samples of the stream were lost before they reached the session (``live``: the capture queue
@@ -520,17 +582,14 @@ class StreamingSession:
         self._check_whole()
         start = self._clock_start()
         with torch.no_grad(), self._failing():
-            self._open_pending_onset()
-            if self._front_open and self._released > self._front_start:
-                self._end_front_segment()
-            self._front_open = False
+            onset = self._onset_steps()
             self._samples_in += int(samples)
             self.lost_samples += int(samples)
-            self._released = self._samples_in
+            self._routed, self._route_open = self._samples_in, False
             self._waiting = np.zeros(0, np.float32)
             if self.vad is not None:
                 self.vad.skip(int(samples))
-            events = self._advance()
+            events = self._carry_out(onset, advance=False) + self._carry_out([("gap", self._samples_in)])
         self._compute_s += time.perf_counter() - start
         return events
 
@@ -712,6 +771,8 @@ class StreamingSession:
         while not self._stopped:
             action = self._decide()
             if isinstance(action, Read):
+                if not self.units:
+                    self._pump()  # (outside drivers: the front end's queued steps)
                 if not self.units:
                     if self._audio_done:  # an empty segment after the last cut: nothing to read or write
                         self._stopped = True

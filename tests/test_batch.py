@@ -442,3 +442,48 @@ def test_a_batch_refuses_a_session_made_on_another_model(tiny_model):
         with pytest.raises(ValueError, match="made on another model than the batch's"):
             make(StreamingSession(other, DecodingConfig(), own_llm=False))
     BatchDecoder(tiny_model, [StreamingSession(fine_head_model(tiny_model), DecodingConfig(), own_llm=False)])
+
+
+def _chatty():
+    """A chooser that writes text at every step (never the end-of-chunk marker): each chunk's writing meets its cap."""
+    written = []
+
+    def choose(_logits) -> int:
+        written.append(ord("a") + len(written) % 26)
+        return written[-1]
+
+    return choose
+
+
+@pytest.mark.parametrize("driver", ["dynamic", "fixed"])
+def test_a_batched_stream_is_cut_at_the_llms_positions_where_it_is_cut_alone(tiny_model, monkeypatch, driver):
+    """A segment ends after the chunk where one more could carry its text past the LLM's positions (``_cut_due``),
+    judged by what the LLM has written by then. A batched session ran its front end at ``feed``, ahead of the
+    driver's LLM, and judged the chunks fed in one go by the worst case of every chunk its LLM had not read: its
+    segments were cut earlier than alone (here at 76800 samples against 87040) and its text differed. Its front end
+    now runs when the LLM asks for audio (``chunks_waiting`` counts what waits)."""
+    from speechstream.batch import BatchDecoder
+
+    monkeypatch.setattr(tiny_model.decoder.llm.config, "max_position_embeddings", 128)
+    audio = (0.1 * np.random.default_rng(3).standard_normal(6 * 16000)).astype(np.float32)
+    decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=6, max_tail_tokens=10, max_repeats=0)
+    alone = StreamingSession(tiny_model, decoding, choose=_chatty(), partials=False)
+    alone.feed(audio)
+    alone.finish()
+    together = StreamingSession(tiny_model, decoding, choose=_chatty(), partials=False, own_llm=False)
+    if driver == "dynamic":
+        batch = DynamicBatch(tiny_model)
+        batch.join(together)
+    else:
+        batch = BatchDecoder(tiny_model, [together])
+    with torch.no_grad():
+        together.feed(audio)  # every chunk at once: the LLM has read none of them
+        waiting = len(together.units), together.chunks_waiting if hasattr(together, "chunks_waiting") else None
+        batch.run()
+        together.end_audio()
+        batch.run()
+    together.close()
+    assert alone.segment_starts == [87040]  # (the cut this test is about)
+    assert together.segment_starts == alone.segment_starts
+    assert together.target_ids == alone.target_ids and together.transcript == alone.transcript
+    assert waiting == (0, audio.size // 5120)  # (the server holds a stream's frames back by this count)

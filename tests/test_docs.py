@@ -231,7 +231,7 @@ def stated_numbers() -> list[tuple[str, str]]:
         ("README.md", f"{words[ctc.SHORT_MARGIN]} or more labels short of the head's own best path (`SHORT_MARGIN`)"),
         ("docs/websocket.md", f"[--port {serving.port}]"),
         ("docs/websocket.md", f"takes at most {server.MAX_UNITS_AHEAD} chunks' worth of each stream's frames"),
-        ("docs/websocket.md", f"while {server.MAX_UNITS_AHEAD} of its encoded chunks wait"),
+        ("docs/websocket.md", f"while {server.MAX_UNITS_AHEAD} of its chunks wait"),
         ("docs/websocket.md", f"Common rates from {server.MIN_SAMPLE_RATE} to {server.MAX_SAMPLE_RATE} Hz"),
         ("docs/websocket.md", f'"message": "{server.STREAM_FAILURE_MESSAGE}"'),
         ("docs/websocket.md", f"`--idle-timeout-s` seconds (default {serving.idle_timeout_s:g};"),

@@ -662,7 +662,7 @@ def test_a_fast_client_is_decoded_while_it_sends_and_its_llm_holds_it_back(tiny_
 
     def watched_take_inputs():
         busy = take_inputs()
-        seen["units"] = max([seen["units"]] + [len(live.session.units) for live in worker._live])
+        seen["units"] = max([seen["units"]] + [live.session.chunks_waiting for live in worker._live])
         if seen["steps_at_end"] is None and any(live.ending for live in worker._live):
             seen["steps_at_end"] = worker.batch.steps
         return busy
