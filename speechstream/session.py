@@ -263,8 +263,9 @@ class StreamingSession:
         self._routed = 0  # absolute samples routed (``_route``): ahead of _released while steps wait in _steps
         self._route_open = self.vad is None  # the routing has opened a segment (a VAD speech start) not yet cut
         self._waiting = np.zeros(0, np.float32)  # with VAD, samples from _routed on: not yet known to be speech
-        # outside drivers: front-end steps (``_route``, gaps, the end) carried out when the LLM asks for audio
-        self._steps: deque[tuple[str, object]] = deque()
+        # outside drivers: front-end steps (``_route``, gaps, the end) carried out when the LLM asks for audio, each
+        # with the ``advance`` it was given (whether a session alone lets its LLM work after each of its chunks)
+        self._steps: deque[tuple[str, object, bool]] = deque()
         self._cut_check = False  # outside drivers: the segment cut after the last chunk is still to be decided
         self._silent_end = False  # with VAD, the audio ended in silence after the last segment (nothing to read)
         self._segment_read_done = False  # the last unit of ``segment`` has been read
@@ -379,7 +380,7 @@ class StreamingSession:
         driver they are queued instead and carried out when its LLM asks for audio (``_pump``): a chunk's segment cut
         (``_cut_due``) depends on what the LLM has written by then, and a driver's LLM lags behind the feeds."""
         if self.llm is None:
-            self._steps.extend(steps)
+            self._steps.extend((kind, value, advance) for kind, value in steps)
             return self._advance() if advance else []
         events: list[Event] = []
         for step in steps:
@@ -397,19 +398,20 @@ class StreamingSession:
                     if self._cut_due():
                         self._end_front_segment()
                     continue
-                kind, value = self._steps.popleft()
-                if kind == "audio":  # up to the end of one chunk
+                kind, value, advance = self._steps.popleft()
+                if kind == "audio" and advance:  # up to the end of one chunk, whose cut waits for the LLM to read it
                     size = self.chunker.chunk_size
                     n = size - (self._released - self._front_start) % size if self._front_open else size
                     if n < value.size:
-                        self._steps.appendleft((kind, value[n:]))
+                        self._steps.appendleft((kind, value[n:], advance))
                         value = value[:n]
-                self._front((kind, value), advance=False)
+                # (the audio of an end or a gap is all queued with no LLM work between its chunks, as alone)
+                self._front((kind, value), advance=False, later=advance)
 
     @property
     def chunks_waiting(self) -> int:
         """Chunks the LLM has not read yet: encoded units, and (outside drivers) queued audio in whole chunks."""
-        queued = sum(value.size for kind, value in self._steps if kind == "audio")
+        queued = sum(value.size for kind, value, _ in self._steps if kind == "audio")
         return len(self.units) + queued // self.chunker.chunk_size
 
     def _check_whole(self) -> None:
@@ -468,9 +470,11 @@ class StreamingSession:
         self._routed = at
         return steps
 
-    def _front(self, step: tuple[str, object], advance: bool = True) -> list[Event]:
+    def _front(self, step: tuple[str, object], advance: bool = True, later: bool = False) -> list[Event]:
         """Carry out one routing step (``_route``), or ("gap", where the audio goes on) or ("end", None), on the front
-        end; return the events of the LLM work it allowed (none with ``advance`` False: the units are only queued)."""
+        end; return the events of the LLM work it allowed (none with ``advance`` False: the units are only queued).
+        ``later``: the cut after a chunk is left to ``_pump`` (``_cut_check``), which decides it once the LLM has read
+        the chunk."""
         kind, value = step
         if kind == "skip":
             self._released += value
@@ -506,7 +510,7 @@ class StreamingSession:
             self._released += piece.size
             for chunk in self.chunker.push(piece):
                 self._add_unit(chunk, final=False)
-                if self.llm is None:  # an outside driver: decided once its LLM has read the chunk (``_pump``)
+                if later:  # an outside driver: decided once its LLM has read the chunk (``_pump``)
                     self._cut_check = True
                     continue
                 events += self._advance() if advance else []

@@ -487,3 +487,35 @@ def test_a_batched_stream_is_cut_at_the_llms_positions_where_it_is_cut_alone(tin
     assert together.segment_starts == alone.segment_starts
     assert together.target_ids == alone.target_ids and together.transcript == alone.transcript
     assert waiting == (0, audio.size // 5120)  # (the server holds a stream's frames back by this count)
+
+
+def test_speech_heard_at_the_end_is_cut_at_the_llms_positions_where_it_is_alone(tiny_model, monkeypatch):
+    """With VAD, speech heard but not yet confirmed when the audio ends is read (``end_audio``), and alone its chunks
+    are all queued before the LLM reads any, each cut judged by that worst case. A batched session's front end, run
+    when the LLM asks for audio, judged them after the LLM had read each: its last segment (from 39424, 41 chunks of
+    40 ms) was not cut where it is alone (at 49024)."""
+    pytest.importorskip("silero_vad")
+    from pathlib import Path
+
+    from speechstream.audio import load_audio
+
+    monkeypatch.setattr(tiny_model.decoder.llm.config, "max_position_embeddings", 96)
+    jfk = load_audio(Path(__file__).resolve().parent.parent / "samples" / "jfk.wav")
+    audio = np.concatenate([jfk[15027 : 15027 + 34591], np.zeros(12709, np.float32), jfk[65333 : 65333 + 2676]])
+    decoding = DecodingConfig(chunk_ms=40, k=2, max_tokens_per_chunk=4, max_tail_tokens=8, max_repeats=0, vad=True,
+                              vad_min_silence_ms=300)
+    alone = StreamingSession(tiny_model, decoding, choose=_chatty(), partials=False)
+    alone.feed(audio)
+    alone.finish()
+    together = StreamingSession(tiny_model, decoding, choose=_chatty(), partials=False, own_llm=False)
+    batch = DynamicBatch(tiny_model)
+    batch.join(together)
+    with torch.no_grad():
+        together.feed(audio)
+        batch.run()
+        together.end_audio()
+        batch.run()
+    together.close()
+    assert alone.segment_starts[-2:] == [39424, 49024]  # (the cut this test is about)
+    assert together.segment_starts == alone.segment_starts
+    assert together.target_ids == alone.target_ids and together.transcript == alone.transcript
