@@ -7,11 +7,12 @@ LLM positions so that segments are cut at them) and a driver: ``DynamicBatch`` s
 ``DecodeWorker`` steps it (frames held back while 4 chunks wait), ``DynamicBatch.run`` after each pass, or a fixed
 ``BatchDecoder`` under any ablation. Per stream: its own chunk size, k, caps, repetition guard, chooser (text, the
 model's greedy, one that writes at every step, joint CTC), VAD (dynamic drivers) and context tokens; audio of noise,
-speech clips and silence, fed in pieces of 0, 1 or any number of samples, with gaps, joining late (sometimes fed
-before it joins), ended or closed mid-stream. Every stream's target ids, final and end events (kind, text, source
-time), segment starts and words must equal those of the same stream fed the same pieces alone; its partial texts must
-be ones it has alone; the batch's cache must hold no more than twice the fullest row's slots and nothing once every
-stream has left. Not collected by pytest (a campaign takes minutes); its failures become regression tests.
+speech clips and silence (with VAD at times a word cut short by the end), fed in pieces of 0, 1 or any number of
+samples, with gaps, joining late (sometimes fed before it joins), ended or closed mid-stream. Every stream's target
+ids, final and end events (kind, text, source time), segment starts and words must equal those of the same stream fed
+the same pieces alone; its partial texts must be ones it has alone; the batch's cache must hold no more than twice the
+fullest row's slots and nothing once every stream has left. Not collected by pytest (a campaign takes minutes); its
+failures become regression tests.
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ def draw_audio(rng, clips, vad: bool) -> np.ndarray:
             parts.append(clip[start : start + n])
         else:
             parts.append(np.zeros(int(rng.integers(8000, 24000)) if vad else n, np.float32))
+    if vad and rng.random() < 0.3:  # a pause, then a word cut short by the end: read at ``end_audio``
+        clip = clips[int(rng.integers(len(clips)))]
+        start = int(rng.integers(0, clip.size - 6000))
+        word = clip[start : start + int(rng.integers(800, 6000))]
+        parts += [np.zeros(int(rng.integers(8000, 20000)), np.float32), word]
     audio = np.concatenate(parts)
     return audio[: int(rng.integers(0, 400))] if rng.random() < 0.1 else audio  # very short, even empty
 
