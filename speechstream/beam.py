@@ -8,11 +8,13 @@ plans the text it writes after each read: ``plan`` keeps the N best hypotheses b
 and extends them together (one batched LLM step of N rows on copies of the stream's cache,
 ``decoder.select_rows``) until the best of them has ended its chunk: with end-of-chunk (or an end-of-text, which the
 policy takes as one) while audio is still coming, with end-of-text once all of it is read, or on reaching the
-policy's cap of tokens. The session then writes the winner's tokens through its own cache, one step each, so its
-events, word times and statistics are those of any other write; the plan is dropped at the next read, and at any
-token the policy writes other than the planned one (its caps and repetition guard still rule).
+policy's cap of tokens. The session then writes the winner's tokens one at a time, so its events, word times and
+statistics are those of any other write; as the search already scored each of them, they go into the stream's cache
+with its next LLM step, not a step each. The plan is dropped at the next read, and at any token the policy writes
+other than the planned one (its caps and repetition guard still rule).
 
-Each hypothesis follows the rules greedy joint decoding follows (``ctc.fuse``): end-of-chunk is taken when the
+Each hypothesis follows the rules greedy joint decoding follows (``ctc.joint_steps``, which ``ctc.fuse`` takes the
+best of): end-of-chunk is taken when the
 LLM ranks it first (and only then), end-of-text competes by its own fused score once the audio is read, and the
 text ends when it runs ``TAIL_MARGIN`` labels past the CTC head's best path. A beam of one would write the greedy
 text; a session with ``beam == 1`` does not plan at all. Every extension adds a score of at most zero (a prefix
@@ -31,7 +33,7 @@ import math
 import torch
 
 from speechstream import gpe
-from speechstream.ctc import EOC_RUN, NEG, SHORT_MARGIN, TAIL_MARGIN, CTCPrefixScorer
+from speechstream.ctc import NEG, CTCPrefixScorer, joint_steps, masked_log_probs, overran
 from speechstream.decoder import DecoderState, select_rows
 
 
@@ -56,35 +58,19 @@ class Limits:
 
 
 def extensions(joint, hyp: Hypothesis, logits: torch.Tensor, source_done: bool):
-    """The ways ``hyp`` may go on after ``logits`` (its next token's LLM scores): (token, score added, ends) for each,
-    ``ends``: the token ends the planned writing. Empty when the hypothesis has ended (all audio read and the text
-    overran the CTC head's best path, or the head cannot emit it) or no candidate is a CTC class: the caller then
-    treats it as ended as it is (a plan of nothing leaves the choice to ``ctc.fuse``)."""
-    model, scorer = joint.model, hyp.scorer
-    eoc, eos = model.eoc_id, model.eos_id
-    logp = torch.log_softmax(logits.float().cpu(), dim=-1).masked_fill(~joint.allowed, NEG)
-    top = int(torch.argmax(logp))
-    weight = joint.weight
-    if not math.isfinite(scorer.psi) or (source_done and len(scorer.labels) >= scorer.best_path_length() + TAIL_MARGIN):
+    """The ways ``hyp`` may go on after ``logits`` (its next token's LLM scores), by greedy joint decoding's rules
+    (``ctc.joint_steps``): (token, score added, ends) for each finite score, ``ends``: the token ends the planned
+    writing. Empty when the hypothesis has ended (the head cannot emit its text, or all audio is read and the text
+    overran the head's best path) or no candidate is a CTC class: the caller then treats it as ended as it is (a plan
+    of nothing leaves the choice to ``ctc.fuse``)."""
+    scorer, eoc, eos = hyp.scorer, joint.model.eoc_id, joint.model.eos_id
+    if not math.isfinite(scorer.psi) or (source_done and overran(scorer)):
         return []
-    if not source_done and top in (eoc, eos):  # the chunk ends where the LLM says (ctc.fuse)
-        return [(top, (1 - weight) * float(logp[top]), True)]
-    short = source_done and len(scorer.labels) + SHORT_MARGIN <= scorer.best_path_length()
-    if top == eoc and not (short and hyp.eoc_run + 1 >= EOC_RUN):
-        return [(eoc, (1 - weight) * float(logp[eoc]), False)]
-    out = []
-    if top == eos and not short:
-        end = (1 - weight) * float(logp[eos]) + weight * scorer.end_score()
-        if math.isfinite(end):
-            out.append((eos, end, True))
-    text = logp.clone()
-    text[[eoc, eos]] = NEG
-    ids = torch.topk(text, min(joint.candidates, text.numel())).indices
-    ids = ids[(joint.class_of[ids] >= 0) & torch.isfinite(text[ids])]
-    if len(ids):
-        fused = (1 - weight) * text[ids].double().numpy() + weight * scorer.scores(joint.class_of[ids].numpy())
-        out += [(int(token), float(score), False) for token, score in zip(ids, fused) if math.isfinite(score)]
-    return out
+    logp = masked_log_probs(logits, joint.allowed)
+    steps = joint_steps(logp, scorer, joint.class_of, joint.weight, joint.candidates, eoc, eos, source_done,
+                        hyp.eoc_run)
+    return [(token, score, token == eos or (token == eoc and not source_done))
+            for token, score in steps if math.isfinite(score)]
 
 
 def grown(joint, hyp: Hypothesis, token: int, added: float) -> Hypothesis:

@@ -255,29 +255,51 @@ def fuse(llm_logits: torch.Tensor, allowed: torch.Tensor, scorer: CTCPrefixScore
     so is every choice while the head has nothing to score with: before the segment's first frame, and mid-stream
     once the text ran ahead of the frames read (psi(g) = 0).
     """
-    logp = torch.log_softmax(llm_logits.float(), dim=-1).masked_fill(~allowed, NEG)
+    logp = masked_log_probs(llm_logits, allowed)
     top = int(torch.argmax(logp))
     if weight <= 0:
         return top  # (0 x a -inf CTC score would be NaN, and NaN wins np.argmax)
-    if source_done and scorer.frames and (not math.isfinite(scorer.psi)
-                                          or len(scorer.labels) >= scorer.best_path_length() + TAIL_MARGIN):
+    if source_done and scorer.frames and (not math.isfinite(scorer.psi) or overran(scorer)):
         return eos_id  # all the speech is read and the text is longer than the CTC head hears: it overran
     if scorer.frames == 0 or not math.isfinite(scorer.psi):
         return top  # (psi(g) = 0 before the end: the text ran ahead of the speech read so far)
+    steps = joint_steps(logp, scorer, class_of, weight, candidates, eoc_id, eos_id, source_done, eoc_run)
+    return max(steps, key=lambda step: step[1])[0] if steps else top  # (a tie goes to the first: end-of-text)
+
+
+def masked_log_probs(llm_logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """(V,) the LLM's log-probabilities on the CPU, -inf where a token may not be written (``allowed`` False)."""
+    return torch.log_softmax(llm_logits.float().cpu(), dim=-1).masked_fill(~allowed, NEG)
+
+
+def overran(scorer: CTCPrefixScorer) -> bool:
+    """The text has ``TAIL_MARGIN`` labels more than the CTC head's own best path over the frames so far."""
+    return len(scorer.labels) >= scorer.best_path_length() + TAIL_MARGIN
+
+
+def joint_steps(logp: torch.Tensor, scorer: CTCPrefixScorer, class_of: torch.Tensor, weight: float, candidates: int,
+                eoc_id: int, eos_id: int, source_done: bool, eoc_run: int) -> list[tuple[int, float]]:
+    """``fuse``'s rules for a text the head can still emit (psi(g) > 0, after the segment's first frame): the tokens
+    it may write next, each with its fused score (scores of -inf included), from the LLM's ``logp``
+    (``masked_log_probs``). The LLM's own end-of-chunk or (before the end of the audio) end-of-text comes alone; else
+    end-of-text (first, where it competes) and the CTC classes among the LLM's ``candidates`` best text tokens, in
+    the LLM's order. Empty when none of them can be scored: the LLM's choice then stands. ``fuse`` takes the best;
+    a beam search (``speechstream.beam``) goes on with several."""
+    top = int(torch.argmax(logp))
     short = source_done and len(scorer.labels) + SHORT_MARGIN <= scorer.best_path_length()
     if (top == eoc_id and not (short and eoc_run + 1 >= EOC_RUN)) or (top == eos_id and not source_done):
-        return top
+        return [(top, (1 - weight) * float(logp[top]))]
+    steps = []
+    if top == eos_id and not short:
+        steps.append((eos_id, (1 - weight) * float(logp[eos_id]) + weight * scorer.end_score()))
     text = logp.clone()
     text[[eoc_id, eos_id]] = NEG
     ids = torch.topk(text, min(candidates, text.numel())).indices
     ids = ids[(class_of[ids] >= 0) & torch.isfinite(text[ids])]
-    if len(ids) == 0:
-        return top
-    fused = (1 - weight) * text[ids].double().numpy() + weight * scorer.scores(class_of[ids].numpy())
-    best = int(np.argmax(fused))
-    if top == eos_id and not short and (1 - weight) * float(logp[eos_id]) + weight * scorer.end_score() >= fused[best]:
-        return top
-    return int(ids[best])
+    if len(ids):
+        fused = (1 - weight) * text[ids].double().numpy() + weight * scorer.scores(class_of[ids].numpy())
+        steps += [(int(token), float(score)) for token, score in zip(ids.tolist(), fused)]
+    return steps
 
 
 class JointCTC:
