@@ -489,9 +489,13 @@ class DecodeWorker:
         failure of the batched step itself stops the worker (``_run``)."""
         started = time.perf_counter()
         sessions = list(self.batch.sessions)
+        own_before = sum(session.compute_s for session in sessions)
         failed: dict[int, Exception] = {}
         served = self.batch.step(on_error=failed.__setitem__) or {}
-        share = (time.perf_counter() - started) / len(served) if served else 0.0
+        # the front ends the step ran (as streams asked for audio) are in those streams' own compute_s: the rest of
+        # the step (the batched LLM call, each stream's logits taken) is shared evenly among the streams served
+        own = sum(session.compute_s for session in sessions) - own_before
+        share = max(time.perf_counter() - started - own, 0.0) / len(served) if served else 0.0
         by_session = {id(live.session): live for live in self._live}
         for b, session in enumerate(sessions):
             live = by_session[id(session)]

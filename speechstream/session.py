@@ -390,7 +390,18 @@ class StreamingSession:
     def _pump(self) -> None:
         """Outside drivers: carry out queued front-end steps until a unit waits for the LLM or none is left. The cut
         after a chunk is decided here, once the LLM has read that chunk and written until it needs audio: a session
-        alone decides it at that point too, so a batched stream's segments are its solo ones however it is fed."""
+        alone decides it at that point too, so a batched stream's segments are its solo ones however it is fed. Its
+        time is this stream's own work (``compute_s``), not the driver's LLM step it runs inside."""
+        if self.llm is not None:  # (alone, the front end runs in the call that routes the audio, timed there)
+            return
+        start = time.perf_counter()
+        try:
+            self._pump_steps()
+        finally:
+            self._compute_s += time.perf_counter() - start
+
+    def _pump_steps(self) -> None:
+        """``_pump``'s work, untimed."""
         with torch.no_grad(), self._failing():
             while not self.units and (self._steps or self._cut_check):
                 if self._cut_check:
@@ -407,6 +418,13 @@ class StreamingSession:
                         value = value[:n]
                 # (the audio of an end or a gap is all queued with no LLM work between its chunks, as alone)
                 self._front((kind, value), advance=False, later=advance)
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds this stream has spent processing so far (the "end" event's ``compute_s``). With an outside driver:
+        its routing and its front end (run inside ``next_request``); the driver adds its share of the batched LLM
+        steps (``serve``: each step's time, less the front ends run in it, split evenly among the streams served)."""
+        return self._compute_s
 
     @property
     def chunks_waiting(self) -> int:

@@ -1,5 +1,7 @@
 """Dynamic batches: streams join, leave and reset rows at any time and still get their solo logits."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from speechstream.config import DecodingConfig
 from speechstream.session import LLMRequest, StreamingSession
 from speechstream.verify import TOLERANCE
 from tests.conftest import text_favouring_chooser
+from tests.helpers import noise
 
 
 class ScriptedStream:
@@ -534,3 +537,34 @@ def test_campaign_cases_that_cut_batched_streams_elsewhere_than_alone_now_agree(
     case = fuzz_batch.draw_case(seed, clips)
     assert case.limit is not None and case.driver == "server"  # (the draw these seeds make)
     assert fuzz_batch.run_case(case, tiny_model, seed) == []
+
+
+def test_a_batched_streams_front_end_time_is_in_its_own_compute_s(tiny_model):
+    """A batched session runs its front end when the LLM asks for audio (``_pump``, inside the driver's step): that
+    time is the stream's own ``compute_s``, not the step's (which ``serve`` shares among the streams served)."""
+    decoding = DecodingConfig(chunk_ms=320)
+    sessions = [StreamingSession(tiny_model, decoding, choose=text_favouring_chooser(tiny_model), partials=False,
+                                 own_llm=False) for _ in range(2)]
+    pause, slowed = 0.03, sessions[0]._add_unit
+
+    def slow_unit(*args, **kwargs):  # a slow encoder, in this stream alone
+        time.sleep(pause)
+        return slowed(*args, **kwargs)
+
+    sessions[0]._add_unit = slow_unit
+    batch = DynamicBatch(tiny_model)
+    for session in sessions:
+        batch.join(session)
+    audio = noise(7, 16000 * 2)
+    for start in range(0, audio.size, 5120):
+        for session in sessions:
+            session.feed(audio[start : start + 5120])
+        batch.run()
+    for session in sessions:
+        session.end_audio()
+    batch.run()
+    slow, fast = (session.close()[-1].compute_s for session in sessions)
+    encoded = pause * len(sessions[0].stats)  # every unit it made slept
+    assert len(sessions[0].stats) >= 6
+    assert slow >= encoded and slow == pytest.approx(sessions[0].compute_s, abs=1e-6)
+    assert fast < encoded / 2  # the other stream's compute holds none of it

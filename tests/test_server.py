@@ -1078,3 +1078,37 @@ def test_eight_clients_with_the_english_model_get_their_solo_transcripts_despite
         assert check_events(events, len(pcm) / 2 / 16000) == text
     assert len(set(expected)) == len(expected) and all(expected)
     assert state["status"] == "ok" and state["sessions"] == 0 and state["batch"] == 0
+
+
+def test_a_streams_compute_s_is_its_own_front_end_and_a_share_of_the_llm_steps(tiny_model, monkeypatch):
+    """A stream's front end runs inside the batched step (when the LLM asks for its audio): its time is that stream's
+    ``compute_s`` alone; the rest of a step is shared by the streams it served. A slow front end in one stream (a
+    deliberately slowed unit, in the stream of 640 ms chunks) is all in that stream's figure, none in the other's,
+    and together they count no more than the time that passed."""
+    pause, made = 0.05, []
+    add_unit = StreamingSession._add_unit
+
+    def add_unit_slowly(session, *args, **kwargs):
+        if session.decoding.chunk_ms == 640:
+            time.sleep(pause)
+            made.append(1)
+        return add_unit(session, *args, **kwargs)
+
+    monkeypatch.setattr(StreamingSession, "_add_unit", add_unit_slowly)
+    server = Server(tiny_model, "tiny-random", FAST, choose=text_favouring_chooser)
+    pcms = [to_pcm(audio) for audio in clips(4.0)[:2]]
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            started = time.perf_counter()
+            results = await asyncio.gather(stream(http, url, pcms[0], frame_bytes=640, start={"chunk_ms": 640}),
+                                           stream(http, url, pcms[1], frame_bytes=640))
+            return results, time.perf_counter() - started
+
+    (slow_events, fast_events), elapsed = asyncio.run(scenario())
+    slow, fast = slow_events[-1]["compute_s"], fast_events[-1]["compute_s"]
+    slept = pause * len(made)
+    assert len(made) >= 6
+    assert slow >= slept  # its front end, all of it (a share of it, before)
+    assert fast < slept / 2  # none of the other stream's front end
+    assert slow + fast <= elapsed
