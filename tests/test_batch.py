@@ -524,6 +524,39 @@ def test_speech_heard_at_the_end_is_cut_at_the_llms_positions_where_it_is_alone(
     assert together.target_ids == alone.target_ids and together.transcript == alone.transcript
 
 
+@pytest.mark.parametrize("vad", [False, True])
+def test_a_cut_at_the_llms_positions_alone_does_not_depend_on_the_feed_sizes(tiny_model, monkeypatch, vad):
+    """A session alone, its segments cut at the LLM's positions (``_cut_due``), fed the same audio whole and in
+    pieces of several sizes (single samples, less than a chunk, pieces across chunks and VAD windows), gives the same
+    events, target ids and segment starts: without VAD cuts inside noise, with VAD one inside a short word heard at
+    the end and read by ``end_audio`` (its chunks queued whole, each cut judged by that worst case)."""
+    from pathlib import Path
+
+    from speechstream.audio import load_audio
+
+    if vad:
+        pytest.importorskip("silero_vad")
+        monkeypatch.setattr(tiny_model.decoder.llm.config, "max_position_embeddings", 96)
+        jfk = load_audio(Path(__file__).resolve().parent.parent / "samples" / "jfk.wav")
+        audio = np.concatenate([jfk[15027 : 15027 + 34591], np.zeros(12709, np.float32), jfk[65333 : 65333 + 2676]])
+        decoding = DecodingConfig(chunk_ms=40, k=2, max_tokens_per_chunk=4, max_tail_tokens=8, max_repeats=0,
+                                  vad=True, vad_min_silence_ms=300)
+    else:
+        monkeypatch.setattr(tiny_model.decoder.llm.config, "max_position_embeddings", 128)
+        audio = noise(3, 6 * 16000)
+        decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=6, max_tail_tokens=10, max_repeats=0)
+    runs = []
+    for size in (audio.size, 7, 333, 5120 + 1):
+        session = StreamingSession(tiny_model, decoding, choose=_chatty(), partials=False)
+        with torch.no_grad():
+            events = sum((session.feed(audio[at : at + size]) for at in range(0, audio.size, size)), [])
+            events += session.finish()
+        runs.append(([(e.type, e.text, e.source_s) for e in events], session.target_ids, session.segment_starts))
+    assert all(run == runs[0] for run in runs[1:])
+    starts = runs[0][2]
+    assert starts[-2:] == [39424, 49024] if vad else starts == [76800]  # (the cuts at the positions this is about)
+
+
 @pytest.mark.parametrize("seed", [20, 30, 34])
 def test_campaign_cases_that_cut_batched_streams_elsewhere_than_alone_now_agree(tiny_model, seed):
     """Cases of the random campaign (``tests/fuzz_batch.py``) that failed before the batched front end waited for the
