@@ -492,8 +492,8 @@ class DecodeWorker:
         own_before = sum(session.compute_s for session in sessions)
         failed: dict[int, Exception] = {}
         served = self.batch.step(on_error=failed.__setitem__) or {}
-        # the front ends the step ran (as streams asked for audio) are in those streams' own compute_s: the rest of
-        # the step (the batched LLM call, each stream's logits taken) is shared evenly among the streams served
+        # each stream's own work in the step (its request, with the front end it ran, and its logits taken) is in its
+        # own compute_s (``StreamingSession.compute_s``): the rest, the batched LLM call, is shared by those served
         own = sum(session.compute_s for session in sessions) - own_before
         share = max(time.perf_counter() - started - own, 0.0) / len(served) if served else 0.0
         by_session = {id(live.session): live for live in self._live}

@@ -49,6 +49,7 @@ tokens until it needs audio that has not arrived.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import time
@@ -176,6 +177,25 @@ def check_placement(model: SpeechLLM, decoding: DecodingConfig) -> None:
     if decoding.int8 and not model.int8:
         raise InputError("DecodingConfig(int8=True), but the model's LLM is not int8: load it with "
                          "load_model(name, int8=True)")
+
+
+def _own_work(method: Callable) -> Callable:
+    """A session method an outside driver calls inside its batched step (``next_request``: the front end runs there
+    when the LLM asks for audio; ``apply``: the token choice, joint CTC's scoring, the text): with such a driver its
+    time counts in this stream's ``compute_s``, not in the step the driver shares. Alone, the call that routed the
+    audio (``feed``, ``gap``, ``finish``) times it."""
+
+    @functools.wraps(method)
+    def timed(self: "StreamingSession", *args, **kwargs):
+        if self.llm is not None:
+            return method(self, *args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._compute_s += time.perf_counter() - start
+
+    return timed
 
 
 class StreamingSession:
@@ -390,18 +410,7 @@ class StreamingSession:
     def _pump(self) -> None:
         """Outside drivers: carry out queued front-end steps until a unit waits for the LLM or none is left. The cut
         after a chunk is decided here, once the LLM has read that chunk and written until it needs audio: a session
-        alone decides it at that point too, so a batched stream's segments are its solo ones however it is fed. Its
-        time is this stream's own work (``compute_s``), not the driver's LLM step it runs inside."""
-        if self.llm is not None:  # (alone, the front end runs in the call that routes the audio, timed there)
-            return
-        start = time.perf_counter()
-        try:
-            self._pump_steps()
-        finally:
-            self._compute_s += time.perf_counter() - start
-
-    def _pump_steps(self) -> None:
-        """``_pump``'s work, untimed."""
+        alone decides it at that point too, so a batched stream's segments are its solo ones however it is fed."""
         with torch.no_grad(), self._failing():
             while not self.units and (self._steps or self._cut_check):
                 if self._cut_check:
@@ -422,8 +431,9 @@ class StreamingSession:
     @property
     def compute_s(self) -> float:
         """Seconds this stream has spent processing so far (the "end" event's ``compute_s``). With an outside driver:
-        its routing and its front end (run inside ``next_request``); the driver adds its share of the batched LLM
-        steps (``serve``: each step's time, less the front ends run in it, split evenly among the streams served)."""
+        its own work (``_own_work``: its routing, its requests with the front end they run, its logits taken); the
+        driver adds its share of the batched LLM calls (``serve``: each step's time, less the streams' own work in it,
+        split evenly among the streams served)."""
         return self._compute_s
 
     @property
@@ -784,6 +794,7 @@ class StreamingSession:
 
     # -- the policy loop ------------------------------------------------------------------------
 
+    @_own_work
     def next_request(self) -> LLMRequest | None:
         """Ask the policy what to do; return the LLM step it needs, or None to wait for audio / when stopped.
 
@@ -850,6 +861,7 @@ class StreamingSession:
             return 0
         return len(request.tokens) if self.record_logits else 1
 
+    @_own_work
     def apply(self, request: LLMRequest, logits: torch.Tensor) -> list[Event]:
         """Take the (n, V) logits of a request's last n rows, n >= ``logit_rows(request)`` (a driver computes
         only those: ``decoder.last_rows``); for target tokens, emit their text."""

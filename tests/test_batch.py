@@ -572,19 +572,23 @@ def test_campaign_cases_that_cut_batched_streams_elsewhere_than_alone_now_agree(
     assert fuzz_batch.run_case(case, tiny_model, seed) == []
 
 
-def test_a_batched_streams_front_end_time_is_in_its_own_compute_s(tiny_model):
-    """A batched session runs its front end when the LLM asks for audio (``_pump``, inside the driver's step): that
-    time is the stream's own ``compute_s``, not the step's (which ``serve`` shares among the streams served)."""
-    decoding = DecodingConfig(chunk_ms=320)
-    sessions = [StreamingSession(tiny_model, decoding, choose=text_favouring_chooser(tiny_model), partials=False,
-                                 own_llm=False) for _ in range(2)]
-    pause, slowed = 0.03, sessions[0]._add_unit
+def test_a_batched_streams_own_work_is_in_its_own_compute_s(tiny_model):
+    """A batched session runs its front end when the LLM asks for audio (``_pump``, inside the driver's step) and
+    chooses its tokens when the driver hands it its logits (``apply``): that time is the stream's own ``compute_s``,
+    not the step's (which ``serve`` shares among the streams served). Here one stream's encoder and chooser are slow."""
+    pause, slowed = 0.01, []
 
-    def slow_unit(*args, **kwargs):  # a slow encoder, in this stream alone
-        time.sleep(pause)
-        return slowed(*args, **kwargs)
+    def slowly(work):
+        def slow(*args, **kwargs):
+            time.sleep(pause)
+            slowed.append(work.__name__)
+            return work(*args, **kwargs)
 
-    sessions[0]._add_unit = slow_unit
+        return slow
+
+    sessions = [StreamingSession(tiny_model, DecodingConfig(chunk_ms=320), choose=text_favouring_chooser(tiny_model),
+                                 partials=False, own_llm=False) for _ in range(2)]
+    sessions[0].choose, sessions[0]._add_unit = slowly(sessions[0].choose), slowly(sessions[0]._add_unit)
     batch = DynamicBatch(tiny_model)
     for session in sessions:
         batch.join(session)
@@ -597,7 +601,6 @@ def test_a_batched_streams_front_end_time_is_in_its_own_compute_s(tiny_model):
         session.end_audio()
     batch.run()
     slow, fast = (session.close()[-1].compute_s for session in sessions)
-    encoded = pause * len(sessions[0].stats)  # every unit it made slept
-    assert len(sessions[0].stats) >= 6
-    assert slow >= encoded and slow == pytest.approx(sessions[0].compute_s, abs=1e-6)
-    assert fast < encoded / 2  # the other stream's compute holds none of it
+    assert slowed.count("_add_unit") == len(sessions[0].stats) >= 6 and slowed.count("choose") >= 6
+    assert slow >= pause * len(slowed) and slow == pytest.approx(sessions[0].compute_s, abs=1e-6)
+    assert fast < pause * len(slowed) / 2  # the other stream's compute holds none of it

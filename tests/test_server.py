@@ -1085,7 +1085,7 @@ def test_a_streams_compute_s_is_its_own_front_end_and_a_share_of_the_llm_steps(t
     ``compute_s`` alone; the rest of a step is shared by the streams it served. A slow front end in one stream (a
     deliberately slowed unit, in the stream of 640 ms chunks) is all in that stream's figure, none in the other's,
     and together they count no more than the time that passed."""
-    pause, made = 0.05, []
+    pause, made = 0.25, []
     add_unit = StreamingSession._add_unit
 
     def add_unit_slowly(session, *args, **kwargs):
