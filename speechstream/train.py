@@ -770,10 +770,12 @@ def file_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def recipe_record(config: TrainConfig) -> dict:
-    """What ``out_dir/recipe.json`` records: the resolved recipe and the digests of the train manifest and of
-    the model config it reads."""
+def recipe_record(config: TrainConfig, mixed_precision: str = "no") -> dict:
+    """What ``out_dir/recipe.json`` records: the resolved recipe, the digests of the train manifest and of
+    the model config it reads, and the mixed precision the launcher chose (accelerate's ``--mixed_precision`` or
+    ``ACCELERATE_MIXED_PRECISION``: "no", "bf16", "fp16"; not a recipe field, but it changes what a step computes)."""
     record = dataclasses.asdict(config)
+    record["mixed_precision"] = mixed_precision
     record["train_manifest_sha256"] = file_digest(config.train_manifest)
     record["model_config_sha256"] = file_digest(model_config_path(config.model))
     if config.init_checkpoint:
@@ -799,8 +801,12 @@ def check_same_recipe(out_dir: Path, record: dict, step: int) -> None:
         if key in FREE_FIELDS or (digest and digest in saved):
             continue  # (a file may move: its content is compared)
         old, new = saved.get(key), record.get(key)
-        if old == new:
+        if old == new or (key == "mixed_precision" and key not in saved):  # (an earlier version recorded none)
             continue
+        if key == "mixed_precision":  # (not in the recipe: the launcher's; a resumed run keeps its precision)
+            raise InputError(f"{out_dir} holds a run trained with mixed_precision={old!r}, not {new!r}: launch the "
+                             f"same command with --mixed_precision {old} (accelerate launch) or with "
+                             f"ACCELERATE_MIXED_PRECISION={old} to resume it, or {advice}")
         if key == "steps":
             raise InputError(f"{out_dir} holds a run of steps={old} (at step {step}); steps={new} would change its "
                              f"learning-rate schedule (cosine over steps): {advice}")
@@ -1019,7 +1025,7 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
         tidy_checkpoints(out_dir)
     accelerator.wait_for_everyone()
     state_dir = checkpoint_folder(out_dir)
-    record = recipe_record(config)
+    record = recipe_record(config, accelerator.mixed_precision)
     if state_dir is not None:
         try:
             start_record = checkpoint_record(state_dir)

@@ -25,7 +25,7 @@ DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "reci
 COMMANDS = ("transcribe", "verify", "eval", "train", "serve", "live", "bench", "fetch")
 # options of other tools that the docs mention (pip's, for how simuleval is installed; those of torchrun and accelerate
 # launch, which start a multi-process training run)
-FOREIGN_OPTIONS = {"--no-deps", "--nproc_per_node", "--multi_gpu", "--num_processes", "--cpu"}
+FOREIGN_OPTIONS = {"--no-deps", "--nproc_per_node", "--multi_gpu", "--num_processes", "--cpu", "--mixed_precision"}
 PATH_ROOTS = ("speechstream/", "recipes/", "tests/", "models/", "docs/", "samples/")
 
 

@@ -951,6 +951,35 @@ def test_a_resumed_run_refuses_a_changed_recipe(capsys, tmp_path):
     assert "already trained to step 4 of 4; nothing to do" in capsys.readouterr().err
 
 
+def test_a_resumed_run_keeps_the_mixed_precision_it_started_with(tmp_path, capsys):
+    """The mixed precision accelerate was given (ACCELERATE_MIXED_PRECISION, which ``accelerate launch
+    --mixed_precision`` sets) is recorded in recipe.json; a resume with another is refused on one line, exit 2,
+    before any step (it resumed a bf16 run in float32, unsaid), and the same precision resumes it."""
+    from speechstream.cli import main
+
+    recipe = write_recipe(tmp_path, steps=4, save_every=2)
+
+    def run_bf16(*args: str) -> subprocess.CompletedProcess:  # (a process of its own: accelerate's state is one per
+        # process, and this one's is float32)
+        env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT),
+                   ACCELERATE_MIXED_PRECISION="bf16")
+        return subprocess.run([sys.executable, "-m", "speechstream", "train", str(recipe), *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    assert run_bf16("--stop-after", "2").returncode == 0
+    assert json.loads((tmp_path / "run" / "recipe.json").read_text())["mixed_precision"] == "bf16"
+    assert main(["train", str(recipe)]) == 2
+    assert speechstream_lines(capsys.readouterr().err) == [
+        f"speechstream: error: {tmp_path / 'run'} holds a run trained with mixed_precision='bf16', not 'no': launch "
+        "the same command with --mixed_precision bf16 (accelerate launch) or with ACCELERATE_MIXED_PRECISION=bf16 "
+        f"to resume it, or give another out_dir (init_checkpoint= starts from this run's trainable.safetensors) or "
+        f"delete {tmp_path / 'run'} to start over"]
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 2
+    done = run_bf16()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 4
+
+
 def test_feature_cache_follows_the_audio_and_the_encoder_and_keeps_ids_inside(tmp_path):
     """An entry is encoded again when its audio file changes under the same id; another encoder (weights or
     config) gets a folder of its own; an id with '/' or '..' stays inside the cache folder."""
