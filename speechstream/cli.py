@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -587,17 +588,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
-    from speechstream.train import TrainingStopped, load_train_config, train
+    from speechstream.train import LAUNCHER_GRACE_S, TrainingStopped, load_train_config, main_process, raised_by, train
 
-    if args.stop_after is not None and args.stop_after < 1:
-        raise InputError("--stop-after must be at least 1")
-    config = load_train_config(args.recipe, args.overrides)
     try:
-        path = train(config, stop_after=args.stop_after)
+        with raised_by(every_rank=True):  # (but the steps' errors: `train` marks them as this process's)
+            if args.stop_after is not None and args.stop_after < 1:
+                raise InputError("--stop-after must be at least 1")
+            config = load_train_config(args.recipe, args.overrides)
+            path = train(config, stop_after=args.stop_after)
     except TrainingStopped as stopped:  # (with several processes the main one says it, once for all)
         if PartialState().is_main_process:
             raise
         return stopped.exit_code
+    except SpeechstreamError as error:  # one every process raised: the main one says it, once for all
+        if error.every_rank and not main_process():
+            time.sleep(LAUNCHER_GRACE_S)  # (the launcher ends this process once the main one has exited; if it
+            # has not by then, the main process did not raise it, and this one says it)
+        raise
     if PartialState().is_main_process:
         print(f"trainable weights: {path}")
     return 0

@@ -35,7 +35,7 @@ import shutil
 import sys
 import time
 import typing
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -980,6 +980,33 @@ def stop_requested(stop: DeferredStop, accelerator) -> bool:
     return agreed is not None
 
 
+# the launcher's variables that give a process its rank, as accelerate reads them (set before the processes connect)
+RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+# how long a process other than the main one keeps an error every process raised to itself: the main process says it
+# and exits, and the launcher (torchrun, accelerate launch: 0.1 s) then ends the others
+LAUNCHER_GRACE_S = 5.0
+
+
+def main_process() -> bool:
+    """Whether this is the main process of a multi-process launch, or a process run alone."""
+    from accelerate.utils import get_int_from_env
+
+    return get_int_from_env(list(RANK_VARIABLES), 0) == 0
+
+
+@contextmanager
+def raised_by(every_rank: bool):
+    """Marks the one-line errors the block raises (``error.every_rank``) as raised alike by every process of a
+    launch (checks of the same recipe, manifests and files: only the main process need say them) or by this one
+    alone (its share of the work); the mark of an inner block stands."""
+    try:
+        yield
+    except SpeechstreamError as error:
+        if not hasattr(error, "every_rank"):
+            error.every_rank = every_rank
+        raise
+
+
 def train(config: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the path of the trainable-weights checkpoint.
 
@@ -1091,8 +1118,9 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
         # passes of one list, which every process takes before any writes
         missing = cache.missing(examples + dev)
         accelerator.wait_for_everyone()
-        cache.encode_passes(missing, config.cache_batch_size, progress and accelerator.is_main_process,
-                            accelerator.process_index, accelerator.num_processes)
+        with raised_by(every_rank=False):  # (a clip that cannot be read is in one process's share)
+            cache.encode_passes(missing, config.cache_batch_size, progress and accelerator.is_main_process,
+                                accelerator.process_index, accelerator.num_processes)
     accelerator.wait_for_everyone()
     if unscored and accelerator.is_main_process:
         log_dev_score(accelerator.unwrap_model(objective).model, cache, dev, ctc_classes, config, log_path, start_step)
@@ -1105,7 +1133,7 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
     window = list(start_record.get("window", [])) if state_dir is not None else []
     started = time.perf_counter()
     last_step = config.steps if stop_after is None else min(config.steps, start_step + stop_after)
-    with DeferredStop() as stop:
+    with DeferredStop() as stop, raised_by(every_rank=False):
         for step in range(start_step, last_step):
             ctc_only = step < config.ctc_only_steps
             batch_size = config.ctc_only_batch_size if ctc_only and config.ctc_only_batch_size else config.batch_size

@@ -472,6 +472,29 @@ def test_two_process_ddp_without_ctc_loss(tmp_path):
     assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 2
 
 
+@pytest.mark.parametrize("case", ["manifest", "checkpoint"])
+def test_an_input_error_every_process_raises_is_said_once(tmp_path, case):
+    """A bad input every process finds (a manifest line naming a missing clip, read before the processes connect; a
+    checkpoint without a step, read after) is one line from the main process, not one from each; no process waits
+    for the other, and the main one exits 2 (the launcher then ends the other and exits 1)."""
+    recipe = write_recipe(tmp_path, steps=2, batch_size=2)
+    if case == "manifest":
+        manifest = tmp_path / "missing.jsonl"
+        manifest.write_text(json.dumps({"id": "gone", "audio": "gone.wav", "text": "a"}) + "\n")
+        recipe.write_text(yaml.safe_dump(yaml.safe_load(recipe.read_text()) | {"train_manifest": str(manifest)}))
+        said = f"speechstream: error: {manifest}:1: gone.wav: no such audio file"
+    else:
+        (tmp_path / "run" / "state").mkdir(parents=True)
+        (tmp_path / "run" / "state" / "step.json").write_text("{}")
+        said = (f"speechstream: error: {tmp_path / 'run' / 'state'}: cannot resume from this checkpoint (ValueError: "
+                f"no step number in {tmp_path / 'run' / 'state' / 'step.json'}); give another out_dir or delete this "
+                "one to start over")
+    done = run_two_processes(recipe, 29539 if case == "manifest" else 29540, check=False)
+    assert speechstream_lines(done.stderr) == [said], done.stderr[-3000:]
+    assert done.returncode == 1 and done.stderr.count("Traceback") == 1  # (the launcher's own, of ChildFailedError)
+    assert "exitcode  : 2 (pid" in done.stderr, done.stderr[-3000:]  # (the launcher's report of the main process)
+
+
 def test_a_log_row_ends_the_ctc_only_phase(tmp_path):
     train(load_train_config(str(write_recipe(tmp_path, steps=3, ctc_only_steps=1, log_every=3)), []), progress=False)
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
