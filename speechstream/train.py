@@ -1007,6 +1007,16 @@ def raised_by(every_rank: bool):
         raise
 
 
+def check_mixed_precision(name: str) -> None:
+    """Refuse (one line) a mixed precision accelerate does not know: it takes ACCELERATE_MIXED_PRECISION as it is
+    (``bfloat16`` trained in float32, unsaid; ``accelerate launch --mixed_precision`` checks its choices)."""
+    from accelerate.utils import PrecisionType
+
+    if name not in PrecisionType.list():
+        raise InputError(f"mixed precision {name!r} (ACCELERATE_MIXED_PRECISION) is none of "
+                         f"{', '.join(PrecisionType.list())}")
+
+
 def train(config: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the path of the trainable-weights checkpoint.
 
@@ -1031,7 +1041,11 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
 
     # the CTC-only warm-up leaves the LoRA weights without gradients, and ctc_weight 0 the CTC blank: DDP must be told
     ddp = DistributedDataParallelKwargs(find_unused_parameters=config.ctc_only_steps > 0 or config.ctc_weight == 0)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
+    try:
+        accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
+    except ValueError as error:  # (a launch setting it cannot honour: fp8 without its library)
+        raise InputError(f"accelerate: {one_line(error)}") from None
+    check_mixed_precision(accelerator.mixed_precision)
     out_dir = Path(config.out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -1003,6 +1003,18 @@ def test_a_resumed_run_keeps_the_mixed_precision_it_started_with(tmp_path, capsy
     assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 4
 
 
+def test_a_mixed_precision_accelerate_does_not_know_is_refused(tmp_path):
+    """accelerate takes ACCELERATE_MIXED_PRECISION as it is: 'bfloat16' trained in float32, unsaid (and would have
+    been recorded as the run's precision)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT),
+               ACCELERATE_MIXED_PRECISION="bfloat16")
+    done = subprocess.run([sys.executable, "-m", "speechstream", "train", str(write_recipe(tmp_path))], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "speechstream: error: mixed precision 'bfloat16' (ACCELERATE_MIXED_PRECISION) is none of no, fp8, fp16, bf16"]
+    assert not (tmp_path / "run" / "recipe.json").exists()
+
+
 def test_feature_cache_follows_the_audio_and_the_encoder_and_keeps_ids_inside(tmp_path):
     """An entry is encoded again when its audio file changes under the same id; another encoder (weights or
     config) gets a folder of its own; an id with '/' or '..' stays inside the cache folder."""
