@@ -1017,6 +1017,12 @@ def check_mixed_precision(name: str) -> None:
                          f"{', '.join(PrecisionType.list())}")
 
 
+def trained_precision(accelerator) -> str:
+    """The mixed precision the steps compute in: accelerate's, but "no" for fp16 where it runs no autocast (on a
+    CPU: float32)."""
+    return "no" if accelerator.mixed_precision == "fp16" and not accelerator.native_amp else accelerator.mixed_precision
+
+
 def train(config: TrainConfig, progress: bool = True, stop_after: int | None = None) -> Path:
     """Run (or resume) training; returns the path of the trainable-weights checkpoint.
 
@@ -1046,6 +1052,10 @@ def train(config: TrainConfig, progress: bool = True, stop_after: int | None = N
     except ValueError as error:  # (a launch setting it cannot honour: fp8 without its library)
         raise InputError(f"accelerate: {one_line(error)}") from None
     check_mixed_precision(accelerator.mixed_precision)
+    if trained_precision(accelerator) != accelerator.mixed_precision and accelerator.is_main_process:
+        print(f"speechstream: note: accelerate runs no {accelerator.mixed_precision} mixed precision on "
+              f"{accelerator.device.type}: the steps compute in float32 (recorded as mixed_precision='no')",
+              file=sys.stderr)
     out_dir = Path(config.out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -1066,7 +1076,7 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
         tidy_checkpoints(out_dir)
     accelerator.wait_for_everyone()
     state_dir = checkpoint_folder(out_dir)
-    record = recipe_record(config, accelerator.mixed_precision)
+    record = recipe_record(config, trained_precision(accelerator))
     if state_dir is not None:
         try:
             start_record = checkpoint_record(state_dir)

@@ -1006,13 +1006,31 @@ def test_a_resumed_run_keeps_the_mixed_precision_it_started_with(tmp_path, capsy
 def test_a_mixed_precision_accelerate_does_not_know_is_refused(tmp_path):
     """accelerate takes ACCELERATE_MIXED_PRECISION as it is: 'bfloat16' trained in float32, unsaid (and would have
     been recorded as the run's precision)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT),
-               ACCELERATE_MIXED_PRECISION="bfloat16")
-    done = subprocess.run([sys.executable, "-m", "speechstream", "train", str(write_recipe(tmp_path))], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = train_with_precision(tmp_path, "bfloat16")
     assert done.returncode == 2 and done.stderr.splitlines() == [
         "speechstream: error: mixed precision 'bfloat16' (ACCELERATE_MIXED_PRECISION) is none of no, fp8, fp16, bf16"]
     assert not (tmp_path / "run" / "recipe.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="accelerate runs fp16 autocast on a GPU")
+def test_fp16_on_a_cpu_is_recorded_as_the_float32_it_trains_in(tmp_path):
+    """accelerate runs no fp16 autocast on a CPU: the run says so and records 'no' (it recorded 'fp16', so a resume
+    on a GPU with fp16 would have passed the check and changed the precision)."""
+    done = train_with_precision(tmp_path, "fp16", "--stop-after", "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert speechstream_lines(done.stderr) == [
+        "speechstream: note: accelerate runs no fp16 mixed precision on cpu: the steps compute in float32 (recorded "
+        "as mixed_precision='no')"]
+    assert json.loads((tmp_path / "run" / "recipe.json").read_text())["mixed_precision"] == "no"
+
+
+def train_with_precision(tmp_path: Path, precision: str, *args: str) -> subprocess.CompletedProcess:
+    """``speechstream train`` of a tiny recipe in a process of its own with ACCELERATE_MIXED_PRECISION=precision
+    (accelerate's state is one per process, and the tests' is float32)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT),
+               ACCELERATE_MIXED_PRECISION=precision)
+    return subprocess.run([sys.executable, "-m", "speechstream", "train", str(write_recipe(tmp_path)), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_feature_cache_follows_the_audio_and_the_encoder_and_keeps_ids_inside(tmp_path):
