@@ -5,13 +5,13 @@ plans the text it writes after each read: ``plan`` keeps the N best hypotheses b
 
     sum over their tokens of (1 - w) * log p_LLM(c | ...) + w * (log psi(g + c) - log psi(g))
 
-and extends them together (one batched LLM step of N rows on copies of the stream's cache,
-``decoder.select_rows``) until the best of them has ended its chunk: with end-of-chunk (or an end-of-text, which the
-policy takes as one) while audio is still coming, with end-of-text once all of it is read, or on reaching the
-policy's cap of tokens. The session then writes the winner's tokens one at a time, so its events, word times and
-statistics are those of any other write; as the search already scored each of them, they go into the stream's cache
-with its next LLM step, not a step each. The plan is dropped at the next read, and at any token the policy writes
-other than the planned one (its caps and repetition guard still rule).
+and extends them together (one LLM step that feeds a token of each, as branches of the stream's own cache,
+``decoder.Branches``: no copy of it) until the best of them has ended its chunk: with end-of-chunk (or an
+end-of-text, which the policy takes as one) while audio is still coming, with end-of-text once all of it is read,
+or on reaching the policy's cap of tokens. The session then writes the winner's tokens one at a time, so its events,
+word times and statistics are those of any other write; as the search already scored each of them, they go into the
+stream's cache with its next LLM step, not a step each. The plan is dropped at the next read, and at any token the
+policy writes other than the planned one (its caps and repetition guard still rule).
 
 Each hypothesis follows the rules greedy joint decoding follows (``ctc.joint_steps``, which ``ctc.fuse`` takes the
 best of): end-of-chunk is taken when the
@@ -32,9 +32,8 @@ import math
 
 import torch
 
-from speechstream import gpe
 from speechstream.ctc import NEG, CTCPrefixScorer, joint_steps, masked_log_probs, overran
-from speechstream.decoder import DecoderState, select_rows
+from speechstream.decoder import Branches, DecoderState
 
 
 @dataclasses.dataclass
@@ -45,6 +44,7 @@ class Hypothesis:
     eoc_run: int  # end-of-chunk tokens at the end of its text
     text: int  # text tokens among ``tokens`` (no markers)
     rows: list[torch.Tensor] = dataclasses.field(default_factory=list)  # (V,) LLM scores after each fed token
+    slot: int = -1  # the branch slot of its last fed token (``decoder.Branches``; -1: none fed, the stream's own)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,17 +83,28 @@ def grown(joint, hyp: Hypothesis, token: int, added: float) -> Hypothesis:
             scorer = scorer.copy()
             scorer.append(label)
     run = hyp.eoc_run + 1 if token == joint.model.eoc_id else 0
-    return Hypothesis(hyp.score + added, hyp.tokens + [token], scorer, run, text, hyp.rows)
+    return Hypothesis(hyp.score + added, hyp.tokens + [token], scorer, run, text, hyp.rows, hyp.slot)
 
 
 def plan(joint, state: DecoderState, logits: torch.Tensor, limits: Limits, width: int) -> Hypothesis | None:
     """What to write next: the best of a beam of ``width`` hypotheses grown from the stream's LLM ``state`` (left
-    unchanged), whose next token's scores are ``logits`` (V,), until no live hypothesis can beat the best ended one
+    as it was), whose next token's scores are ``logits`` (V,), until no live hypothesis can beat the best ended one
     (module docstring): its ``tokens``, and in ``rows`` the LLM's scores after each of them but the last. None when
     the text has already ended (the caller's greedy rules then say so)."""
-    decoder, model = joint.model.decoder, joint.model
+    branches = Branches(joint.model.decoder, state)
+    try:
+        ended = _search(joint, branches, logits, limits, width)
+    finally:
+        branches.close()
+    best = max(ended, key=lambda h: h.score, default=None)
+    return best if best is not None and best.tokens else None
+
+
+def _search(joint, branches: Branches, logits: torch.Tensor, limits: Limits, width: int) -> list[Hypothesis]:
+    """``plan``'s search, its hypotheses fed as ``branches`` of the stream: the hypotheses it ended."""
+    model = joint.model
     live = [Hypothesis(0.0, [], joint.scorer, joint.eoc_run, 0)]
-    rows, beam_state = logits[None], state
+    rows = logits[None]
     ended: list[Hypothesis] = []
     while live:
         grown_live, parents = [], []
@@ -113,17 +124,13 @@ def plan(joint, state: DecoderState, logits: torch.Tensor, limits: Limits, width
                 ended.append(hyp)
             else:
                 grown_live.append(hyp)
-                parents.append(i)
+                parents.append(live[i].slot)
         best_ended = max((h.score for h in ended), default=NEG)
         keep = [j for j, hyp in enumerate(grown_live) if hyp.score > best_ended]  # scores only fall
         if not keep:
             break
         live = [grown_live[j] for j in keep]
-        beam_state = select_rows(beam_state, torch.tensor([parents[j] for j in keep]))
-        embeds = model.embed_ids([hyp.tokens[-1] for hyp in live])[:, None]
-        kinds = torch.full((len(live), 1), gpe.TARGET, dtype=torch.long)
-        rows = decoder.step(beam_state, embeds, kinds, keep=torch.ones(len(live), 1, dtype=torch.bool))
-        for hyp, row in zip(live, rows):
-            hyp.rows = hyp.rows + [row]
-    best = max(ended, key=lambda h: h.score, default=None)
-    return best if best is not None and best.tokens else None
+        rows, slots = branches.step(model.embed_ids([hyp.tokens[-1] for hyp in live]), [parents[j] for j in keep])
+        for hyp, row, slot in zip(live, rows, slots):
+            hyp.rows, hyp.slot = hyp.rows + [row], slot
+    return ended

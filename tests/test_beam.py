@@ -11,7 +11,7 @@ import torch
 from speechstream import beam, gpe
 from speechstream.config import DecodingConfig
 from speechstream.ctc import JointCTC
-from speechstream.decoder import select_rows
+from speechstream.decoder import Branches
 from speechstream.errors import InputError
 from speechstream.session import StreamingSession
 from tests.helpers import decoded_session, noise
@@ -29,26 +29,32 @@ def _target_step(model, state, tokens):
 
 
 @torch.no_grad()
-def test_select_rows_copies_rows_that_step_as_the_original_and_leaves_it_alone(tiny_model):
+def test_branches_step_as_copies_of_the_stream_would_and_leave_it_as_it_was(tiny_model):
     decoder = tiny_model.decoder
     state = decoder.new_state(1)
     hidden = decoder.llm.get_input_embeddings().weight.shape[1]
     source = torch.randn(1, 5, hidden, generator=torch.Generator().manual_seed(0))
     decoder.step(state, source, torch.full((1, 5), gpe.SOURCE, dtype=torch.long))
     _target_step(tiny_model, state, [65])
-    slots = state.cache.get_seq_length()
-    rows = select_rows(state, torch.tensor([0, 0, 0]))
-    together = _target_step(tiny_model, rows, [66, 67, 68])
-    assert state.cache.get_seq_length() == slots and state.kinds.shape == (1, 6)  # the original is untouched
-    for b, token in enumerate([66, 67, 68]):
+    keys = [layer.keys for layer in state.cache.layers]
+    branches = Branches(decoder, state)
+    first, slots = branches.step(tiny_model.embed_ids([66, 67, 68]), [-1, -1, -1])
+    assert slots == [0, 1, 2]
+    second, slots = branches.step(tiny_model.embed_ids([70, 71]), [2, 0])  # branches 68 -> 70 and 66 -> 71
+    assert slots == [3, 4]
+    third, _ = branches.step(tiny_model.embed_ids([72]), [3])  # and 68 -> 70 -> 72
+    branches.close()
+    assert all(layer.keys is key for layer, key in zip(state.cache.layers, keys)) and state.kinds.shape == (1, 6)
+    for b, token in enumerate([66, 67, 68]):  # each branch sees the stream and itself, not its siblings
         alone = _target_step(tiny_model, copy.deepcopy(state), [token])[0]
-        torch.testing.assert_close(together[b], alone, rtol=1e-4, atol=1e-4)
-    again = select_rows(rows, torch.tensor([2, 0]))  # rows taken from a beam state, reordered
-    torch.testing.assert_close(_target_step(tiny_model, again, [70, 70])[0],
-                               _target_step(tiny_model, select_rows(rows, torch.tensor([2])), [70])[0],
-                               rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(first[b], alone, rtol=1e-4, atol=1e-4)
+    for path, got in (([68, 70], second[0]), ([66, 71], second[1]), ([68, 70, 72], third[0])):
+        row = copy.deepcopy(state)
+        for token in path:
+            alone = _target_step(tiny_model, row, [token])[0]
+        torch.testing.assert_close(got, alone, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="GPE"):
-        select_rows(decoder.new_state(1, mode="interleaved"), torch.tensor([0]))
+        Branches(decoder, decoder.new_state(1, mode="interleaved"))
 
 
 def test_a_copied_scorer_shares_the_class_table_and_nothing_else(tiny_model):
@@ -199,3 +205,20 @@ def test_a_plan_fed_in_one_step_writes_what_feeding_it_token_by_token_writes(tin
     one_by_one = _session(tiny_model, decoding, audio)
     assert one_by_one.target_ids == deferred.target_ids and one_by_one.transcript == deferred.transcript
     assert deferred_steps < len(steps)  # (the beam's own steps counted on both sides)
+
+
+def test_a_beam_session_never_copies_its_cache_into_several_rows(tiny_model, monkeypatch):
+    """The search's hypotheses are branches of the stream's own row (``decoder.Branches``): copies of the cache in
+    ``beam`` rows made a plan's time and memory grow with the cache's length."""
+    llm = tiny_model.decoder.llm
+    original, rows, branch_steps = llm.forward, set(), []
+
+    def recording(*args, **kwargs):
+        rows.add(kwargs["inputs_embeds"].shape[0])
+        branch_steps.append(kwargs["inputs_embeds"].shape[1] > 1 and "logits_to_keep" not in kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(llm, "forward", recording)
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5, beam=4)
+    _session(tiny_model, decoding, noise(11, 30000))
+    assert rows == {1} and any(branch_steps)  # (several hypotheses were fed together, in the one row)
