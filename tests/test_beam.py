@@ -222,3 +222,114 @@ def test_a_beam_session_never_copies_its_cache_into_several_rows(tiny_model, mon
     decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5, beam=4)
     _session(tiny_model, decoding, noise(11, 30000))
     assert rows == {1} and any(branch_steps)  # (several hypotheses were fed together, in the one row)
+
+
+def _two_clips():
+    """Two real clips with a second of silence between them (a VAD pause), 16 kHz."""
+    from speechstream.audio import SAMPLE_RATE, load_audio
+
+    clips = [load_audio(f"samples/austen-{n}.wav") for n in ("0880", "0930")]
+    return np.concatenate([clips[0], np.zeros(SAMPLE_RATE, np.float32), clips[1]])
+
+
+def _recording_plans(monkeypatch):
+    """Record (the LLM state, limits, planned tokens) of every plan."""
+    plans, original = [], beam.plan
+
+    def recording(joint, state, logits, limits, width):
+        best = original(joint, state, logits, limits, width)
+        plans.append((state, limits, best.tokens if best is not None else []))
+        return best
+
+    monkeypatch.setattr(beam, "plan", recording)
+    return plans
+
+
+def test_beam_plans_in_every_vad_segment_with_context_and_caps_whatever_the_feed_sizes(tiny_model, monkeypatch):
+    """VAD cuts, context tokens and a cap of 2 text tokens a chunk: each segment plans on its own fresh LLM state,
+    no plan runs past the cap, what is written does not depend on the feed sizes, and writing the plans token by
+    token (a step each) writes the same."""
+    plans = _recording_plans(monkeypatch)
+    audio = _two_clips()
+    decoding = DecodingConfig(vad=True, context_tokens=3, max_tokens_per_chunk=2, max_tail_tokens=12,
+                              ctc_weight=0.5, beam=4)
+    whole = _session(tiny_model, decoding, audio, len(audio))
+    assert whole.segment == 1 and whole.segment_starts[1:] and len({id(state) for state, _, _ in plans}) == 2
+    for _, limits, tokens in plans:
+        specials = tiny_model.special_ids
+        used = len(tokens) if limits.source_done else len([t for t in tokens if t not in specials])
+        assert tokens and used <= limits.room <= (12 if limits.source_done else 2)
+    for step in (1234, 16000):
+        pieces = _session(tiny_model, decoding, audio, step)
+        assert (pieces.target_ids, pieces.transcript, pieces.segment_starts) == \
+            (whole.target_ids, whole.transcript, whole.segment_starts)
+    monkeypatch.setattr(JointCTC, "planned_scores", lambda self, tokens: None)
+    one_by_one = _session(tiny_model, decoding, audio, 4000)
+    assert one_by_one.target_ids == whole.target_ids
+
+
+def test_beam_writing_keeps_the_caps_and_the_repetition_guard(tiny_model, monkeypatch):
+    """The policy rules a plan's writing: at most ``max_tokens_per_chunk`` text tokens after each read, and no text
+    that ends in a block repeated ``max_repeats`` times (the untrained model's plans loop: the guard cuts them)."""
+    from speechstream.policy import WaitK, repeats_at_end
+
+    looped, original = [], WaitK._looping
+
+    def looping(self, view):
+        looped.append(original(self, view))
+        return looped[-1]
+
+    monkeypatch.setattr(WaitK, "_looping", looping)
+    decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=3, max_tail_tokens=30, max_repeats=2,
+                              ctc_weight=0.5, beam=4)
+    session = _session(tiny_model, decoding, _two_clips()[:48000], 4000)
+    assert any(looped)  # (the guard was needed)
+    written = session.target_ids[len(tiny_model.header_ids) :]
+    last_read = len(written) - written[::-1].index(tiny_model.eoc_id)  # (each read is followed by a marker)
+    text, since_read = [], 0
+    for at, token in enumerate(written):
+        if token == tiny_model.eoc_id:
+            since_read = 0
+            continue
+        text.append(token)
+        since_read += 1
+        assert since_read <= (30 if at >= last_read else 3) and not repeats_at_end(tuple(text), 2)
+    assert last_read < len(written)  # (a tail was written, after the audio)
+
+
+def test_beam_branches_stay_within_the_llms_positions_across_position_cuts(tiny_model, monkeypatch):
+    """With few LLM positions a segment is cut where one more chunk could pass them: the search's own steps (the
+    branches' target positions, up to the caps) stay below them too."""
+    limit = 96
+    monkeypatch.setattr(tiny_model.decoder.llm.config, "max_position_embeddings", limit)
+    llm = tiny_model.decoder.llm
+    original, highest = llm.forward, []
+
+    def recording(*args, **kwargs):
+        highest.append(int(kwargs["position_ids"].max()))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(llm, "forward", recording)
+    plans = _recording_plans(monkeypatch)
+    decoding = DecodingConfig(chunk_ms=640, k=2, max_tokens_per_chunk=8, max_tail_tokens=16, ctc_weight=0.5, beam=8)
+    audio = noise(13, 160000)
+    whole = _session(tiny_model, decoding, audio, len(audio))
+    assert whole.segment >= 1 and plans and max(highest) < limit
+    pieces = _session(tiny_model, decoding, audio, 3000)
+    assert (pieces.target_ids, pieces.segment_starts) == (whole.target_ids, whole.segment_starts)
+
+
+def test_a_gap_in_the_audio_ends_a_beam_segment_and_keeps_what_was_written(tiny_model):
+    """A gap (``live``: the capture queue overflowed) ends the segment while its last plan may wait for audio with
+    tokens written but not yet fed: they are read with the segment's tail, and the text written so far stays."""
+    decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=4, max_tail_tokens=12, ctc_weight=0.5, beam=4)
+    audio = _two_clips()
+    session = StreamingSession(tiny_model, decoding, partials=False)
+    with torch.no_grad():
+        session.feed(audio[:40000])
+        before = list(session.target_ids)
+        session.gap(8000)
+        session.feed(audio[48000:])
+        events = session.finish()
+    assert session.target_ids[: len(before)] == before and session.segment == 1
+    assert session.segment_start_times == [3.0] and events[-1].text == session.transcript != ""
