@@ -1325,6 +1325,8 @@ def test_threads_default_to_one_unless_the_environment_or_the_flag_says(capsys, 
 @pytest.mark.parametrize("argv, message", [
     (["transcribe", "--beam", "0", "x.wav"], "--beam must be at least 1, got 0"),
     (["transcribe", "--beam", "17", "x.wav"], "--beam must be at most 16, got 17"),
+    (["live", "--beam=-1"], "--beam must be at least 1, got -1"),
+    (["eval", "m.jsonl", "--out", "o", "--beam", "x"], "argument --beam: invalid int value: 'x'"),
     (["transcribe", "--beam", "2", "--ablation", "reencode", "x.wav"], "--beam above 1 decodes with GPE only"),
     (["eval", "m.jsonl", "--out", "o", "--baseline", "whisper-offline", "--beam", "4"],
      "--beam applies to the gpe system, not to whisper-offline"),
