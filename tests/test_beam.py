@@ -2,6 +2,7 @@
 the search against an exhaustive one, and sessions that write their plans."""
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from speechstream.config import DecodingConfig
 from speechstream.ctc import JointCTC
 from speechstream.decoder import Branches
 from speechstream.errors import InputError
+from speechstream.model import SpeechLLM
 from speechstream.session import StreamingSession
 from tests.helpers import decoded_session, noise
 
@@ -179,6 +181,11 @@ def test_beam_options_no_stream_could_use_are_refused(tiny_model):
         DecodingConfig(beam=2, ablation="interleaved")
     with pytest.raises(InputError, match="needs --ctc-weight above 0"):
         StreamingSession(tiny_model, DecodingConfig(beam=2, ctc_weight=0.0))
+    # a model whose CTC head hears the source language (smollm2-whisper-base-es-en): no weight would do
+    config = dataclasses.replace(tiny_model.config, ctc_is_output=False, ctc_weight=0.0)
+    translator = SpeechLLM(config, tiny_model.tokenizer, tiny_model.decoder.llm)
+    with pytest.raises(InputError, match="which model tiny-random cannot use: its CTC head transcribes the source"):
+        StreamingSession(translator, DecodingConfig(beam=2))
     with pytest.raises(InputError, match="runs its own LLM"):
         StreamingSession(tiny_model, DecodingConfig(beam=2, ctc_weight=0.5), own_llm=False)
     assert DecodingConfig(beam=16).beam == 16
