@@ -27,7 +27,15 @@ from speechstream.errors import InputError, SpeechstreamError
 from speechstream.projector import Projector
 from speechstream.text import byte_tokenizer
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"  # model configs shipped with the project
+
+def shipped_models_dir(package: Path) -> Path:
+    """Where the shipped models are: ``<package>/models`` in an installed wheel, else ``models/`` beside the package
+    (a checkout or an editable install: the repository root)."""
+    installed = package / "models"
+    return installed if installed.is_dir() else package.parent / "models"
+
+
+MODELS_DIR = shipped_models_dir(Path(__file__).resolve().parent)  # model configs and checkpoints shipped
 TRANSLATION_MODEL = "smollm2-whisper-base-es-en"  # Spanish speech -> English text (recipes/st/)
 ASR_MODEL = "smollm2-whisper-base"  # English speech -> English text (recipes/asr/)
 

@@ -1,0 +1,95 @@
+"""A non-editable install (``pip install .``, a wheel) carries the shipped models and the live page and finds them.
+
+The wheel is built offline from a copy of the project (the checkout's own ``build/`` is left alone) and installed
+with ``--target`` into a temporary folder, imported from there in a subprocess run outside the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PIP_ENV = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def pip(*args: str, cwd: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "pip", *args], cwd=cwd, env=PIP_ENV, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def shipped_files() -> set[str]:
+    """What a wheel must hold of ``models/``: each model's config.yaml, the checkpoint it names and its model card."""
+    wanted = set()
+    for config in sorted(ROOT.glob("models/*/config.yaml")):
+        name = config.parent.name
+        wanted.add(f"speechstream/models/{name}/config.yaml")
+        checkpoint = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("checkpoint")
+        if checkpoint:
+            wanted.add(f"speechstream/models/{name}/{checkpoint}")
+        if (config.parent / "MODEL_CARD.md").is_file():
+            wanted.add(f"speechstream/models/{name}/MODEL_CARD.md")
+    return wanted
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    pytest.importorskip("setuptools")  # the build backend, used without build isolation (offline)
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("speechstream", "models"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path_factory.mktemp("wheel")
+    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(out), ".", cwd=source)
+    (built,) = out.glob("speechstream-*.whl")
+    return built
+
+
+def test_the_wheel_holds_every_module_the_shipped_models_and_the_live_page(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {str(p.relative_to(ROOT)) for p in ROOT.glob("speechstream/**/*.py")}
+    web = {str(p.relative_to(ROOT)) for p in (ROOT / "speechstream/web").iterdir() if p.suffix in (".html", ".js")}
+    wanted = modules | web | shipped_files()
+    assert {"speechstream/cli.py", "speechstream/weights/fetch.py", "speechstream/web/index.html",
+            "speechstream/models/smollm2-whisper-base/trainable.safetensors",
+            "speechstream/models/smollm2-whisper-base-es-en/config.yaml",
+            "speechstream/models/tiny-random/config.yaml"} <= wanted
+    assert sorted(wanted - names) == []
+
+
+def test_an_installed_wheel_finds_its_shipped_models_and_page(wheel, tmp_path):
+    site = tmp_path / "site"
+    pip("install", "--no-deps", "--target", str(site), str(wheel), cwd=tmp_path)
+    probe = (
+        "import json; from speechstream import model, server\n"
+        "print(json.dumps({'file': model.__file__, 'models': str(model.MODELS_DIR), 'defaults': model.DEFAULT_MODELS,"
+        " 'asr': str(model.model_config_path(model.ASR_MODEL)), 'page': str(server.WEB_DIR / 'index.html')}))"
+    )
+    env = {**PIP_ENV, "PYTHONPATH": str(site)}
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[-1])
+    installed = site.resolve() / "speechstream"
+    assert found["file"] == str(installed / "model.py")  # the installed copy, not the checkout
+    assert found["models"] == str(installed / "models")
+    assert found["defaults"] == {"asr": "smollm2-whisper-base", "translate": "smollm2-whisper-base-es-en"}
+    assert found["asr"] == str(installed / "models/smollm2-whisper-base/config.yaml")
+    assert Path(found["page"]).is_file()
+
+
+def test_a_checkout_finds_the_models_at_the_repository_root():
+    from speechstream.model import MODELS_DIR, shipped_models_dir
+
+    assert MODELS_DIR == ROOT / "models"
+    assert shipped_models_dir(ROOT / "speechstream") == ROOT / "models"
