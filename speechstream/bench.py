@@ -22,10 +22,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from speechstream import shipped_dir
 from speechstream.audio import SAMPLE_RATE
 from speechstream.errors import InputError
 
-SAMPLES_DIR = Path(__file__).resolve().parent.parent / "samples"
+SAMPLES_DIR = shipped_dir(Path(__file__).resolve().parent, "samples")  # the real clips
 PAUSES_S = (0.8, 1.5, 3.0)  # pauses between clips, cycled (each is long enough to end a VAD segment)
 NOISE = 1e-3  # amplitude of the pauses' noise (a quiet room, not digital silence)
 

@@ -17,7 +17,7 @@ import torch
 from huggingface_hub.errors import EntryNotFoundError
 from torch import nn
 
-from speechstream import features, gpe, schedule
+from speechstream import features, gpe, schedule, shipped_dir
 from speechstream.chunker import chunk_samples
 from speechstream.config import LLMConfig, ModelConfig, check_device, load_model_config
 from speechstream.ctc_head import CTCHead
@@ -27,15 +27,7 @@ from speechstream.errors import InputError, SpeechstreamError
 from speechstream.projector import Projector
 from speechstream.text import byte_tokenizer
 
-
-def shipped_models_dir(package: Path) -> Path:
-    """Where the shipped models are: ``<package>/models`` in an installed wheel, else ``models/`` beside the package
-    (a checkout or an editable install: the repository root)."""
-    installed = package / "models"
-    return installed if installed.is_dir() else package.parent / "models"
-
-
-MODELS_DIR = shipped_models_dir(Path(__file__).resolve().parent)  # model configs and checkpoints shipped
+MODELS_DIR = shipped_dir(Path(__file__).resolve().parent, "models")  # model configs and checkpoints shipped
 TRANSLATION_MODEL = "smollm2-whisper-base-es-en"  # Spanish speech -> English text (recipes/st/)
 ASR_MODEL = "smollm2-whisper-base"  # English speech -> English text (recipes/asr/)
 

@@ -1,4 +1,5 @@
-"""A non-editable install (``pip install .``, a wheel) carries the shipped models and the live page and finds them.
+"""A non-editable install (``pip install .``, a wheel) carries the shipped models, real clips and live page and
+finds them.
 
 The wheel is built offline from a copy of the project (the checkout's own ``build/`` is left alone) and installed
 with ``--target`` into a temporary folder, imported from there in a subprocess run outside the repository.
@@ -28,8 +29,9 @@ def pip(*args: str, cwd: Path) -> None:
 
 
 def shipped_files() -> set[str]:
-    """What a wheel must hold of ``models/``: each model's config.yaml, the checkpoint it names and its model card."""
-    wanted = set()
+    """What a wheel must hold of ``models/`` and ``samples/``: each model's config.yaml, the checkpoint it names and its
+    model card; the clips, their manifest and their licences."""
+    wanted = {f"speechstream/samples/{p.name}" for p in ROOT.glob("samples/*") if p.suffix in (".wav", ".jsonl", ".md")}
     for config in sorted(ROOT.glob("models/*/config.yaml")):
         name = config.parent.name
         wanted.add(f"speechstream/models/{name}/config.yaml")
@@ -47,7 +49,7 @@ def wheel(tmp_path_factory) -> Path:
     source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for name in ("speechstream", "models"):
+    for name in ("speechstream", "models", "samples"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(out), ".", cwd=source)
@@ -63,17 +65,19 @@ def test_the_wheel_holds_every_module_the_shipped_models_and_the_live_page(wheel
     assert {"speechstream/cli.py", "speechstream/weights/fetch.py", "speechstream/web/index.html",
             "speechstream/models/smollm2-whisper-base/trainable.safetensors",
             "speechstream/models/smollm2-whisper-base-es-en/config.yaml",
-            "speechstream/models/tiny-random/config.yaml"} <= wanted
+            "speechstream/models/tiny-random/config.yaml", "speechstream/samples/jfk.wav",
+            "speechstream/samples/README.md"} <= wanted
     assert sorted(wanted - names) == []
 
 
-def test_an_installed_wheel_finds_its_shipped_models_and_page(wheel, tmp_path):
+def test_an_installed_wheel_finds_its_shipped_models_clips_and_page(wheel, tmp_path):
     site = tmp_path / "site"
     pip("install", "--no-deps", "--target", str(site), str(wheel), cwd=tmp_path)
     probe = (
-        "import json; from speechstream import model, server\n"
+        "import json; from speechstream import bench, model, server\n"
         "print(json.dumps({'file': model.__file__, 'models': str(model.MODELS_DIR), 'defaults': model.DEFAULT_MODELS,"
-        " 'asr': str(model.model_config_path(model.ASR_MODEL)), 'page': str(server.WEB_DIR / 'index.html')}))"
+        " 'asr': str(model.model_config_path(model.ASR_MODEL)), 'page': str(server.WEB_DIR / 'index.html'),"
+        " 'samples': str(bench.SAMPLES_DIR), 'clips': len(bench.load_clips())}))"
     )
     env = {**PIP_ENV, "PYTHONPATH": str(site)}
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -86,10 +90,23 @@ def test_an_installed_wheel_finds_its_shipped_models_and_page(wheel, tmp_path):
     assert found["defaults"] == {"asr": "smollm2-whisper-base", "translate": "smollm2-whisper-base-es-en"}
     assert found["asr"] == str(installed / "models/smollm2-whisper-base/config.yaml")
     assert Path(found["page"]).is_file()
+    assert found["samples"] == str(installed / "samples")
+    assert found["clips"] == len(list(ROOT.glob("samples/*.wav")))  # what `speechstream bench` streams
 
 
-def test_a_checkout_finds_the_models_at_the_repository_root():
-    from speechstream.model import MODELS_DIR, shipped_models_dir
+def test_a_checkout_finds_the_models_and_clips_at_the_repository_root():
+    from speechstream import shipped_dir
+    from speechstream.bench import SAMPLES_DIR
+    from speechstream.model import MODELS_DIR
 
-    assert MODELS_DIR == ROOT / "models"
-    assert shipped_models_dir(ROOT / "speechstream") == ROOT / "models"
+    assert MODELS_DIR == ROOT / "models" and SAMPLES_DIR == ROOT / "samples"
+    assert shipped_dir(ROOT / "speechstream", "models") == ROOT / "models"
+
+
+def test_the_installed_copy_wins_over_a_folder_beside_the_package(tmp_path):
+    from speechstream import shipped_dir
+
+    package = tmp_path / "speechstream"
+    (package / "models").mkdir(parents=True)
+    (tmp_path / "models").mkdir()  # e.g. another distribution's top-level models/ in site-packages
+    assert shipped_dir(package, "models") == package / "models"
