@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PIP_ENV = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def pip(*args: str, cwd: Path) -> None:
+def pip(*args: str, cwd: Path) -> str:
+    """Run pip offline; its output (stdout and stderr)."""
     result = subprocess.run([sys.executable, "-m", "pip", *args], cwd=cwd, env=PIP_ENV, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
 
 
 def shipped_files() -> set[str]:
@@ -44,7 +46,8 @@ def shipped_files() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def build(tmp_path_factory) -> tuple[Path, str]:
+    """The wheel built from a copy of the project, and the build's verbose log."""
     pytest.importorskip("setuptools")  # the build backend, used without build isolation (offline)
     source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md"):
@@ -52,9 +55,22 @@ def wheel(tmp_path_factory) -> Path:
     for name in ("speechstream", "models", "samples"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
-    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(out), ".", cwd=source)
+    log = pip("wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out), ".", cwd=source)
     (built,) = out.glob("speechstream-*.whl")
-    return built
+    return built, log
+
+
+@pytest.fixture(scope="module")
+def wheel(build) -> Path:
+    return build[0]
+
+
+def test_the_build_has_no_setuptools_warnings(build):
+    """A deprecated setting (the ``license`` table, which setuptools says builds stop supporting by 2027-02-18) or
+    a package missing from ``packages`` is a warning today and a broken ``pip install .`` later."""
+    log = build[1]
+    assert "Building wheel for speechstream" in log  # the log is the verbose one
+    assert "SetuptoolsDeprecationWarning" not in log and "_Warning" not in log, log
 
 
 def test_the_wheel_holds_every_module_the_shipped_models_and_the_live_page(wheel):
