@@ -43,5 +43,6 @@ test: weights
 verify: setup
 	$(BIN)/speechstream verify --all-architectures
 
+# build/ too: setuptools builds a wheel over what it finds there, files deleted since included.
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache build

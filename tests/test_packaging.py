@@ -126,3 +126,16 @@ def test_the_installed_copy_wins_over_a_folder_beside_the_package(tmp_path):
     (package / "models").mkdir(parents=True)
     (tmp_path / "models").mkdir()  # e.g. another distribution's top-level models/ in site-packages
     assert shipped_dir(package, "models") == package / "models"
+
+
+def test_make_clean_removes_the_build_folder_a_wheel_would_reuse(tmp_path):
+    """setuptools builds a wheel over ``build/lib`` as it finds it: a module deleted since the last build stays."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "build/lib/speechstream").mkdir(parents=True)
+    (tmp_path / "build/lib/speechstream/deleted.py").write_text("x = 1\n", encoding="utf-8")
+    (tmp_path / "speechstream.egg-info").mkdir()
+    result = subprocess.run(["make", "-C", str(tmp_path), "clean"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "build").exists() and not (tmp_path / "speechstream.egg-info").exists()
