@@ -7,11 +7,14 @@ with ``--target`` into a temporary folder, imported from there in a subprocess r
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -139,3 +142,62 @@ def test_make_clean_removes_the_build_folder_a_wheel_would_reuse(tmp_path):
     result = subprocess.run(["make", "-C", str(tmp_path), "clean"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "build").exists() and not (tmp_path / "speechstream.egg-info").exists()
+
+
+# Modules imported for the package by a dependency's own code, which its metadata does not require: silero-vad's
+# load_silero_vad(onnx=True) (speechstream/vad.py: the VAD, on by default) imports onnxruntime.
+INDIRECT_IMPORTS = {"onnxruntime"}
+
+
+def imported_modules(paths) -> set[str]:
+    """Top-level names of every module the files import (at their top or inside functions), stdlib left out."""
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"speechstream"}
+
+
+def provided_modules(requirements: list[str]) -> set[str]:
+    """Top-level modules of the installed distributions the requirements pull in, transitively (markers evaluated
+    here, extras followed)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    by_distribution: dict[str, set[str]] = {}
+    for module, distributions in metadata.packages_distributions().items():
+        for distribution in distributions:
+            by_distribution.setdefault(canonical(distribution), set()).add(module)
+    seen, todo, modules = set(), [(Requirement(r), "") for r in requirements], set()
+    while todo:
+        requirement, extra = todo.pop()
+        if requirement.marker and not requirement.marker.evaluate({"extra": extra}):
+            continue
+        name = canonical(requirement.name)
+        for wanted in ["", *requirement.extras]:
+            if (name, wanted) in seen:
+                continue
+            seen.add((name, wanted))
+            modules |= by_distribution.get(name, set())
+            todo += [(Requirement(r), wanted) for r in metadata.requires(requirement.name) or []]
+    return modules
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_pip_install_brings_every_module_the_package_imports():
+    """``pip install .`` installs the ``dependencies`` only (``.[synth]`` the synthesis extra too): each module the
+    package imports must come with them, or a command fails in a clean environment that ``make`` never set up."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    synthesis = {ROOT / "speechstream/data/synthesize.py"}
+    runtime = set(ROOT.glob("speechstream/**/*.py")) - synthesis
+    provided = provided_modules(project["dependencies"])
+    assert sorted((imported_modules(runtime) | INDIRECT_IMPORTS) - provided) == []
+    extra = provided_modules([*project["dependencies"], *project["optional-dependencies"]["synth"]])
+    assert sorted(imported_modules(synthesis) - extra) == []
