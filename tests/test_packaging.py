@@ -182,8 +182,12 @@ def provided_modules(requirements: list[str]) -> set[str]:
             if (name, wanted) in seen:
                 continue
             seen.add((name, wanted))
+            try:
+                requires = metadata.requires(requirement.name) or []
+            except metadata.PackageNotFoundError:  # not installed here: it provides nothing to import
+                continue
             modules |= by_distribution.get(name, set())
-            todo += [(Requirement(r), wanted) for r in metadata.requires(requirement.name) or []]
+            todo += [(Requirement(r), wanted) for r in requires]
     return modules
 
 
