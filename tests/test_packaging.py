@@ -1,5 +1,5 @@
 """A non-editable install (``pip install .``, a wheel) carries the shipped models, real clips and live page and
-finds them.
+finds them, brings every module the package imports, and builds without setuptools warnings.
 
 The wheel is built offline from a copy of the project (the checkout's own ``build/`` is left alone) and installed
 with ``--target`` into a temporary folder, imported from there in a subprocess run outside the repository.
