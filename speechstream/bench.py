@@ -42,6 +42,8 @@ class BenchConfig:
     model: str = "tiny-random"  # model name or directory
     device: str = "cpu"  # torch device
     threads: int = 1  # torch CPU threads (1: steady figures on a shared machine)
+    ctc_weight: float | None = None  # joint CTC decoding's weight (None: the model's own)
+    beam: int = 1  # joint CTC beam search's width (1: greedy)
     seed: int = 0  # seed of the pauses' noise
 
     def validate(self) -> "BenchConfig":
@@ -50,6 +52,7 @@ class BenchConfig:
 
         chunk_samples(self.chunk_ms)
         check_device(self.device)
+        self.decoding()  # (its own checks: the weight's range, the beam's width)
         chunk_minutes = self.chunk_ms / 60_000
         if not (np.isfinite(self.minutes) and chunk_minutes <= self.minutes <= MAX_MINUTES):
             raise InputError(f"--minutes must be from one chunk ({chunk_minutes:g}) to {MAX_MINUTES:g}, "
@@ -58,6 +61,13 @@ class BenchConfig:
             raise InputError(f"--window-minutes must be from one chunk ({chunk_minutes:g}) to --minutes "
                              f"({self.minutes:g}), got {self.window_minutes}")
         return self
+
+    def decoding(self):
+        """The session's decoding options: the commands' defaults but for these."""
+        from speechstream.config import DecodingConfig
+
+        return DecodingConfig(chunk_ms=self.chunk_ms, vad=self.vad, device=self.device, ctc_weight=self.ctc_weight,
+                              beam=self.beam)
 
 
 MAX_MINUTES = 100_000.0  # --minutes: about ten weeks of audio
@@ -182,14 +192,13 @@ def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
     import torch
 
     from speechstream.chunker import chunk_samples
-    from speechstream.config import DecodingConfig
     from speechstream.model import load_model
     from speechstream.session import StreamingSession
 
     clips = load_clips()
     torch.set_num_threads(config.threads)
     model = load_model(config.model, config.device)
-    decoding = DecodingConfig(chunk_ms=config.chunk_ms, vad=config.vad, device=config.device)
+    decoding = config.decoding()
     session = StreamingSession(model, decoding, partials=False)
     sync = device_sync(config.device)
     size = chunk_samples(config.chunk_ms)
@@ -199,7 +208,8 @@ def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
     window = max(size, int(round(config.window_minutes * 60 * SAMPLE_RATE)))  # samples per window
     decimals = minute_decimals(config.window_minutes)
     emit(f"speechstream bench: model {config.model}, {config.minutes:g} min of audio ({total // size} chunks of "
-         f"{config.chunk_ms} ms), VAD {'on' if config.vad else 'off'}, {config.threads} thread(s)")
+         f"{config.chunk_ms} ms), VAD {'on' if config.vad else 'off'}, {config.threads} thread(s)"
+         + (f", beam {config.beam}" if config.beam > 1 else ""))
     emit(format_header(decimals))
     windows: list[WindowStats] = []
     latencies: list[float] = []

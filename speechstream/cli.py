@@ -223,6 +223,10 @@ def _bench_args(parser: argparse.ArgumentParser) -> None:
                         help="end segments at pauses and reset the caches (default: off)")
     parser.add_argument("--device", default="cpu",
                         help="torch device: cpu, cuda, cuda:N or mps, where present (default: %(default)s)")
+    parser.add_argument("--ctc-weight", type=float, help="joint CTC decoding's weight, as transcribe's "
+                        "(default: the model's own)")
+    parser.add_argument("--beam", type=int, default=1, help="joint CTC beam search's width, as transcribe's "
+                        "(default: %(default)s, greedy)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -698,7 +702,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from speechstream import bench
 
     config = bench.BenchConfig(minutes=args.minutes, window_minutes=args.window_minutes, chunk_ms=args.chunk_ms,
-                               vad=args.vad, model=args.model or "tiny-random", device=args.device).validate()
+                               vad=args.vad, model=args.model or "tiny-random", device=args.device,
+                               ctc_weight=args.ctc_weight, beam=args.beam).validate()
     bench.run(config, print)
     return 0
 

@@ -35,7 +35,8 @@ def test_bench_prints_the_table(capsys):
 
 @pytest.mark.parametrize("argv", [["--minutes", "0"], ["--minutes", "nan"], ["--window-minutes", "-1"],
                                   ["--chunk-ms", "7"], ["--minutes", "1e308"], ["--minutes", "1e-9"],
-                                  ["--minutes", "0.05", "--window-minutes", "10"], ["--window-minutes", "1e-9"]])
+                                  ["--minutes", "0.05", "--window-minutes", "10"], ["--window-minutes", "1e-9"],
+                                  ["--beam", "17"], ["--ctc-weight", "1.5"], ["--beam", "2"]])
 def test_bad_options(capsys, argv):
     assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err
@@ -137,3 +138,19 @@ def test_the_largest_llm_cache_counts_a_segments_tail_before_its_reset(capsys, m
     row = capsys.readouterr().out.strip().splitlines()[2]
     end_cache, max_cache, segment = (int(x) for x in row.split()[-3:])
     assert segment >= 1 and max_cache == max(largest) > 200 > end_cache
+
+
+def test_bench_runs_the_beam_search_it_is_asked_for(capsys, monkeypatch):
+    """``--beam`` (with ``--ctc-weight``: tiny-random's own weight is 0) reaches the session: its plans are made."""
+    from speechstream import beam
+
+    plan, plans = beam.plan, []
+
+    def counted(joint, state, logits, limits, width):
+        plans.append(width)
+        return plan(joint, state, logits, limits, width)
+
+    monkeypatch.setattr(beam, "plan", counted)
+    assert main(["bench", "--minutes", "0.05", "--window-minutes", "0.05", "--beam", "3", "--ctc-weight", "0.5"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("1 thread(s), beam 3")
+    assert plans and set(plans) == {3}
