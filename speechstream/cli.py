@@ -632,7 +632,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from speechstream.server import ServerConfig, run
+    from speechstream.server import ServerConfig, check_served_decoding, run
 
     config = ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
                           max_frame_bytes=args.max_frame_bytes, max_session_s=args.max_session_s,
@@ -641,6 +641,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           send_timeout_s=args.send_timeout_s, record_dir=args.record_dir,
                           allowed_hosts=tuple(args.allowed_hosts)).validate()
     decoding = _decoding_config(args)
+    check_served_decoding(decoding)  # (before the model's own checks: a beam is refused whatever its weight)
     name = _model_name(args, decoding)  # (sets args.task)
     use_threads(args.threads)
     return run(config, decoding, name, args.task)

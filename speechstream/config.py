@@ -106,6 +106,7 @@ class ModelConfig:
 # The largest count any option takes (a C int): --k, --max-repeats, --threads and the other whole numbers.
 MAX_COUNT = 2**31 - 1
 MAX_BEAM = 16  # --beam: each hypothesis is a copy of the stream's cache and a row of every beam step
+BEAM_NEEDS_CTC = "--beam above 1 searches with joint CTC decoding: it needs --ctc-weight above 0"
 
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.
 ABLATIONS = ("none", "interleaved", "source-sees-target", "reencode")
@@ -176,6 +177,8 @@ class DecodingConfig:
             raise InputError(f"--ctc-weight must be at least 0 and below 1, got {weight!r}")
         if weight is not None:
             object.__setattr__(self, "ctc_weight", float(weight))  # numpy floats too, stored as float
+        if self.beam > 1 and weight == 0:
+            raise InputError(BEAM_NEEDS_CTC)
         if not isinstance(self.policy, str) or not isinstance(self.device, str):
             raise InputError("policy and device must be names (strings)")
         from speechstream.policy import POLICIES
@@ -215,6 +218,11 @@ def check_device(device: str) -> None:
 def with_model_defaults(decoding: DecodingConfig, model: ModelConfig) -> DecodingConfig:
     """``decoding`` with the options it leaves to the model (None) taken from the model's config."""
     if decoding.ctc_weight is None:
+        if decoding.beam > 1 and model.ctc_weight == 0:  # (an explicit 0 DecodingConfig refuses itself)
+            if not model.ctc_is_output:
+                raise InputError(f"--beam above 1 searches with joint CTC decoding, which model {model.name} cannot "
+                                 "use: its CTC head transcribes the source language, not the output text")
+            raise InputError(f"{BEAM_NEEDS_CTC} (model {model.name} decodes greedily by default)")
         return dataclasses.replace(decoding, ctc_weight=model.ctc_weight)
     if decoding.ctc_weight > 0 and not model.ctc_is_output:
         raise InputError(f"model {model.name}: its CTC head transcribes the source language, not the output text, "

@@ -956,13 +956,18 @@ async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[
         await runner.cleanup()
 
 
-def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> int:
-    """``speechstream serve``: check the options, listen, load the model, serve until interrupted."""
-    config.validate()
+def check_served_decoding(decoding) -> None:
+    """The decoding options a server refuses whatever its model: an ablation, a beam (InputError)."""
     if getattr(decoding, "ablation", "none") != "none":
         raise InputError("serve decodes with GPE only (--ablation none)")
     if getattr(decoding, "beam", 1) != 1:
         raise InputError("serve decodes its batched streams greedily (--beam 1)")
+
+
+def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> int:
+    """``speechstream serve``: check the options, listen, load the model, serve until interrupted."""
+    config.validate()
+    check_served_decoding(decoding)
     if config.record_dir:
         make_record_dir(config.record_dir)
     sock = listen_socket(config.host, config.port)  # a busy port fails here, before the model load

@@ -226,11 +226,6 @@ class StreamingSession:
         )
         if choose is not None and decoding.ctc_weight > 0:
             raise ValueError("joint CTC decoding (ctc_weight > 0) chooses the tokens itself: pass no choose")
-        if decoding.beam > 1 and decoding.ctc_weight <= 0:
-            if not model.config.ctc_is_output:  # (--ctc-weight above 0 is refused for it too: not the way out)
-                raise InputError(f"--beam above 1 searches with joint CTC decoding, which model {model.config.name} "
-                                 "cannot use: its CTC head transcribes the source language, not the output text")
-            raise InputError("--beam above 1 searches with joint CTC decoding: it needs --ctc-weight above 0")
         if decoding.beam > 1 and not own_llm:
             raise InputError("--beam above 1 needs a stream that runs its own LLM: batched streams (serve, "
                              "batch.BatchDecoder) decode greedily")

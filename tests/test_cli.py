@@ -239,6 +239,29 @@ def test_joint_ctc_with_the_translation_model_is_refused(capsys, tmp_path, clip)
 
 
 @pytest.mark.parametrize("argv, match", [
+    (["--ctc-weight", "0"], r"--beam above 1 .* needs --ctc-weight above 0$"),
+    ([], r"needs --ctc-weight above 0 \(model tiny-random decodes greedily by default\)"),
+    (["--model", "smollm2-whisper-base-es-en"], "smollm2-whisper-base-es-en cannot use: its CTC head transcribes"),
+])
+def test_a_beam_without_joint_ctc_is_refused_before_the_model_loads(capsys, tmp_path, clip, monkeypatch, argv, match):
+    """--beam searches with joint CTC: with a weight of 0, given or the model's default (tiny-random, the translation
+    model), it is refused as an option value, before any model loads and before eval makes --out (it was refused at
+    the first utterance, naming that utterance, with --out and its config.json already written)."""
+    from speechstream import model
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(model, "load_model", no_load)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hello"}) + "\n")
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "eval", manifest, "--out", out, "--beam", "2", *argv)
+    assert_one_error(code, err, match=match)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, match", [
     (["transcribe", "{clip}", "--model", "smollm2-whisper-base", "--source-lang", "fr"],
      "--source-lang fr: smollm2-whisper-base supports en speech to en text"),
     (["transcribe", "{clip}", "--model", "smollm2-whisper-base-es-en", "--task", "translate", "--target-lang", "de"],
