@@ -1,16 +1,17 @@
 """Joint CTC decoding: the auxiliary CTC head's prefix scores fused with the LLM's next-token scores.
 
 The models carry a CTC head over the projector's output (``SpeechLLM.ctc_logits``), trained beside the LM
-loss. While the session writes greedily, ``CTCPrefixScorer`` keeps the CTC forward variables of the text
+loss. While the session writes, ``CTCPrefixScorer`` keeps the CTC forward variables of the text
 written so far over the speech tokens read so far (both only grow, so every update is incremental), and
-``fuse`` re-ranks the LLM's best few next tokens by
+``fuse`` (greedy joint decoding; ``joint_steps`` gives the beam search of ``speechstream.beam`` the same scores
+for several tokens) re-ranks the LLM's best few next tokens by
 
     (1 - w) * log p_LLM(c | ...) + w * (log psi(g + c) - log psi(g))
 
 where ``g`` is the text so far and ``psi(h)`` is the CTC probability that the speech read so far begins
 with ``h`` (the prefix score of joint CTC/attention decoding, Watanabe et al. 2017). The end-of-chunk token
 stays the LLM's decision while audio is still coming (it encodes the wait-k lag, which CTC knows nothing of;
-after the end of the audio the rules of ``fuse`` may override it); the end of the text, once all audio is read,
+after the end of the audio the rules of ``joint_steps`` may override it); the end of the text, once all audio is read,
 compares ``log p_CTC(g complete)`` the same way. The recursions run in float64 log space (the head's class
 log-probabilities are computed in float32 and converted).
 

@@ -9,14 +9,15 @@ server's log notes it once): the stream still gets every event and its end event
 live page, ``GET /health`` a JSON status.
 
 Threads: the asyncio loop only moves bytes. One decode worker thread owns every torch object:
-it resamples and feeds each stream's audio into its ``StreamingSession`` (front end), and steps
-the LLM for all streams together in a ``batch.DynamicBatch``, which streams join when they start
-and leave when they end or disconnect. Each stream has a bounded input queue: the reader takes a
-credit before reading the next frame from the socket and the worker gives it back when it has
-consumed the frame. Per pass the worker takes at most ``MAX_UNITS_AHEAD`` chunks' worth of each
-stream's frames, and none while that many of its chunks wait for the LLM, then steps the LLM: a
-stream that outpaces the LLM stops being read (TCP backpressure) rather than piling up
-audio, and no stream's uploads hold up the other streams' text.
+it resamples each stream's audio and feeds it to its ``StreamingSession`` (which runs the VAD and
+queues the audio), and steps the LLM for all streams together in a ``batch.DynamicBatch``, which
+streams join when they start and leave when they end or disconnect; a session's front end
+(features, encoder, projector) encodes a chunk when the LLM asks for it, inside that step. Each
+stream has a bounded input queue: the reader takes a credit before reading the next frame from the
+socket and the worker gives it back when it has consumed the frame. Per pass the worker takes at
+most ``MAX_UNITS_AHEAD`` chunks' worth of each stream's frames, and none while that many of its
+chunks wait for the LLM, then steps the LLM: a stream that outpaces the LLM stops being read (TCP
+backpressure) rather than piling up audio, and no stream's uploads hold up the other streams' text.
 
 One stream cannot stop the others: a failure in its own decoding (join, request, logits, events, close)
 ends that stream alone; a stream that sends no frame for ``idle_timeout_s``, or whose client stops
@@ -479,7 +480,7 @@ class DecodeWorker:
         if samples.size:
             if self.record_dir is not None:
                 live.recorded.append(samples)
-            for event in live.session.feed(samples):  # front end only (the batch runs the LLM); events held
+            for event in live.session.feed(samples):  # VAD and queue only (the batch runs the rest); events held
                 live.stream.deliver(event)  # by the session since the last call (the end of a VAD segment)
             live.dirty = True
 
