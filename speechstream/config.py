@@ -141,23 +141,22 @@ class DecodingConfig:
         """Values no stream could decode with are input errors, named by their command-line flags."""
         from speechstream.chunker import chunk_samples
 
-        def integer(name: str, low: int) -> None:
+        def integer(name: str, low: int, high: int = MAX_COUNT) -> None:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise InputError(f"--{name.replace('_', '-')} must be a whole number, got {value!r}")
             object.__setattr__(self, name, int(value))  # numpy integers too, stored as int
             if value < low:
                 raise InputError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
-            if value > MAX_COUNT:  # (larger counts overflowed deep in the decoder, e.g. the repetition window)
-                raise InputError(f"--{name.replace('_', '-')} must be at most {MAX_COUNT}, got {value}")
+            if value > high:  # (counts past a C int overflowed deep in the decoder, e.g. the repetition window)
+                raise InputError(f"--{name.replace('_', '-')} must be at most {high}, got {value}")
 
         chunk_samples(self.chunk_ms)
         object.__setattr__(self, "chunk_ms", int(self.chunk_ms))  # 640.0 or numpy's 640 as the int 640 (config.json)
         for name, low in (("k", 1), ("max_tokens_per_chunk", 1), ("max_tail_tokens", 1), ("max_repeats", 0),
-                          ("vad_min_silence_ms", 32), ("context_tokens", 0), ("ctc_candidates", 1), ("beam", 1)):
+                          ("vad_min_silence_ms", 32), ("context_tokens", 0), ("ctc_candidates", 1)):
             integer(name, low)
-        if self.beam > MAX_BEAM:
-            raise InputError(f"--beam must be at most {MAX_BEAM}, got {self.beam}")
+        integer("beam", 1, MAX_BEAM)
         if self.beam > 1 and self.ablation != "none":
             raise InputError(f"--beam above 1 decodes with GPE only, not --ablation {self.ablation}")
         if self.max_repeats == 1:

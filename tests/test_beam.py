@@ -191,6 +191,16 @@ def test_beam_options_no_stream_could_use_are_refused(tiny_model):
     assert DecodingConfig(beam=16).beam == 16
 
 
+def test_a_beam_past_a_c_int_is_refused_with_the_beams_own_limit():
+    """--beam 99999999999 said "must be at most 2147483647" (the limit of every count), and --beam 1000 then "at most
+    16": the message names --beam's own limit, whatever the value."""
+    for value in (17, 2**31 - 1, 2**31, 10**11):
+        with pytest.raises(InputError, match=rf"^--beam must be at most 16, got {value}$"):
+            DecodingConfig(beam=value)
+    with pytest.raises(InputError, match="needs --ctc-weight above 0"):
+        DecodingConfig(beam=2, ctc_weight=0.0)
+
+
 def test_a_plan_fed_in_one_step_writes_what_feeding_it_token_by_token_writes(tiny_model, monkeypatch):
     """The session feeds a plan's tokens with its next LLM step (their scores came from the search); stepping for
     each of them instead, as the plan's first form did, gives the same tokens and a cache that steps alike."""
