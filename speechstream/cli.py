@@ -384,6 +384,28 @@ def _model_name(args: argparse.Namespace, decoding, languages: tuple[str | None,
     return name
 
 
+def no_readable_input(paths: list[str]) -> InputError | None:
+    """The first file's error (and how many more fail) when no input can be decoded: each is a file whose header
+    ``audio.check_audio`` refuses (stdin is not checked), so the model does not load for nothing. None when one can:
+    a bad file among good ones is reported in its place in the output."""
+    from speechstream.audio import check_audio
+
+    errors = []
+    for path in paths:
+        if path == "-":
+            return None
+        try:
+            check_audio(path)
+        except InputError as error:
+            errors.append(error)
+        else:
+            return None
+    if len(errors) > 1:
+        more = len(errors) - 1
+        return InputError(f"{errors[0]} (and {more} more file{'s' if more > 1 else ''} that cannot be read)")
+    return errors[0] if errors else None
+
+
 def cmd_transcribe(args: argparse.Namespace) -> int:
     # usage errors first, before the slow imports (torch, transformers) and the model load
     decoding = _decoding_config(args)
@@ -410,6 +432,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         raise InputError(f"{missing[0]}: no such file")
     if args.output and any(Path(args.output).resolve() == Path(p).resolve() for p in files):
         raise InputError(f"--output {args.output} is one of the input files; it would be overwritten")
+    unreadable = no_readable_input(args.audio)
+    if unreadable:
+        raise unreadable
     name = _model_name(args, decoding)
     check_writable(args.output)
 

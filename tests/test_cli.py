@@ -394,6 +394,27 @@ def test_a_bad_file_does_not_stop_the_next(capsys, tmp_path, clip):
     assert isinstance(documents, list) and [d["audio"] for d in documents] == [str(clip)]
 
 
+def test_unreadable_files_alone_are_refused_before_the_model_loads(capsys, tmp_path, clip, monkeypatch):
+    """README, Input and errors: an audio file that cannot be read is checked before any work starts. With no file
+    that can be decoded, transcribe loaded the model (seconds) and only then refused the file; a bad file beside good
+    ones still keeps its place in the output (test above)."""
+    from speechstream import model
+
+    bad, cut = tmp_path / "bad.wav", tmp_path / "cut.wav"
+    bad.write_text("RIFF but not really")
+    cut.write_bytes(write_wav(tmp_path / "whole.wav").read_bytes()[:-400])  # a WAV cut short
+    loads = []
+    monkeypatch.setattr(model, "load_model", lambda *args, **kwargs: loads.append(args))
+    for inputs, match in (([bad], "bad.wav: not a readable audio file"),
+                          ([cut, bad], r"cut.wav: the WAV file is cut .* \(and 1 more file that cannot be read\)$")):
+        code, out, err = run(capsys, "transcribe", *inputs, "--output", tmp_path / "out.txt")
+        assert_one_error(code, err, match=match)
+        assert not loads and not (tmp_path / "out.txt").exists()
+    from speechstream.cli import no_readable_input
+
+    assert no_readable_input([str(bad), str(clip)]) is None and no_readable_input(["-"]) is None
+
+
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_debug_shows_the_traceback_and_keeps_the_exit_code(capsys, tmp_path, where):
     """--debug adds the traceback, before or after the command; the error line and exit code 2 stay (INTERFACES)."""
