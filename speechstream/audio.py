@@ -34,7 +34,7 @@ def load_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None
     ``offset_s`` and ``duration_s`` read only that time range of the file (a segment of a long recording;
     ``duration_s`` None: to the end). Raises InputError with a one-line reason for a missing, unreadable,
     empty or non-finite file, or a range that is not inside the file. ``stream_audio`` reads the same samples
-    a block at a time (resampled buffer by buffer: equal to float rounding, 1e-6, at other rates than 16 kHz).
+    a block at a time (resampled buffer by buffer, in float64: equal to the bit at any rate).
     """
     path = Path(path)
     start, stop = check_audio(path, offset_s, duration_s)
