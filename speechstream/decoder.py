@@ -99,7 +99,9 @@ class GPEDecoder(nn.Module):
             raise InputError(f"unknown ablation {mode!r} (known: {', '.join(gpe.ABLATIONS)})")
         device = self.llm.get_input_embeddings().weight.device
         return DecoderState(
-            cache=DynamicCache(config=self.llm.config),
+            # (full layers in every family: a sliding-window one, gemma2's, keeps only the window's last slots,
+            # and GPE's own masks, which override the window, name them all)
+            cache=DynamicCache(),
             kinds=torch.zeros(batch, 0, dtype=torch.long, device=device),
             next_source_pos=torch.zeros(batch, dtype=torch.long, device=device),
             next_target_pos=torch.full((batch,), self.phi, dtype=torch.long, device=device),

@@ -59,6 +59,37 @@ def test_branches_step_as_copies_of_the_stream_would_and_leave_it_as_it_was(tiny
         Branches(decoder, decoder.new_state(1, mode="interleaved"))
 
 
+@torch.no_grad()
+def test_gemma2_branches_and_stream_step_past_the_sliding_window(monkeypatch):
+    """gemma2's sliding-window layers kept only the window's last slots, while GPE's masks (which override the
+    window) still name every slot: the branches, several hypotheses' tokens after the stream's, passed the window
+    before the stream did and their next step raised (a mask wider than the keys), as did the stream past it."""
+    from speechstream.model import build_model
+    from speechstream.verify import tiny_config
+
+    model = build_model(tiny_config("gemma2"))
+    monkeypatch.setattr(model.decoder.llm.config, "sliding_window", 24)
+    decoder = model.decoder
+    state = decoder.new_state(1)
+    hidden = decoder.llm.get_input_embeddings().weight.shape[1]
+    source = torch.randn(1, 20, hidden, generator=torch.Generator().manual_seed(0))
+    decoder.step(state, source, torch.full((1, 20), gpe.SOURCE, dtype=torch.long))
+    _target_step(model, state, [65])  # 21 slots: 3 hypotheses of 3 tokens take the branches' to 30
+    branches, parents, got = Branches(decoder, state), [-1, -1, -1], []
+    for tokens in ([66, 67, 68], [70, 71, 72], [73, 74, 75]):
+        rows, parents = branches.step(model.embed_ids(tokens), parents)
+        got.append(rows)
+    branches.close()
+    assert state.kinds.shape == (1, 21) and all(layer.keys.shape[-2] == 21 for layer in state.cache.layers)
+    for b, path in enumerate([[66, 70, 73], [67, 71, 74], [68, 72, 75]]):
+        row = copy.deepcopy(state)  # the stream alone, to 24 slots and past them
+        for depth, token in enumerate(path):
+            torch.testing.assert_close(got[depth][b], _target_step(model, row, [token])[0], rtol=1e-4, atol=1e-4)
+    for _ in range(3):
+        _target_step(model, row, [65])
+    assert row.kinds.shape[1] == 27 and all(layer.keys.shape[-2] == 27 for layer in row.cache.layers)
+
+
 def test_a_copied_scorer_shares_the_class_table_and_nothing_else(tiny_model):
     joint = JointCTC(tiny_model, 0.5, 8)
     joint.add_frames(np.random.default_rng(0).standard_normal((6, joint.table.shape[1])).astype(np.float32))
