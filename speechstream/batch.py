@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer
 
 from speechstream import gpe
 from speechstream.chunker import chunk_samples
@@ -96,7 +96,7 @@ class TrimmedRows:
         """The cache layers that hold keys/values (B, heads, L, d)."""
         layers = []
         for layer in self.state.cache.layers:
-            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            if type(layer) is not DynamicLayer:  # (``GPEDecoder.new_state``: full layers, every slot held)
                 raise TypeError(f"{type(self).__name__} cannot edit cache layers of type {type(layer).__name__}")
             if layer.is_initialized and layer.keys is not None and layer.keys.dim() == 4:
                 layers.append(layer)
@@ -104,10 +104,6 @@ class TrimmedRows:
 
     def _set_columns(self, layer, keys: torch.Tensor, values: torch.Tensor) -> None:
         layer.keys, layer.values = keys, values
-        if isinstance(layer, DynamicSlidingWindowLayer):
-            if keys.shape[-2] >= layer.sliding_window:
-                raise ValueError("a sliding-window layer past its window cannot be edited")
-            layer.cumulative_length = keys.shape[-2]
 
     def trim(self) -> None:
         """Drop cache columns that are padding in every row; pack rows when that would cut the width below

@@ -28,7 +28,7 @@ import dataclasses
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer
 
 from speechstream import gpe
 from speechstream.errors import InputError
@@ -202,20 +202,16 @@ def drop_slots(state: DecoderState, keep: torch.Tensor) -> None:
     """Drop the cache slots (columns) where ``keep`` (L,) is False, in every row: slots no row attends to.
 
     Used by ablation "reencode" (old text slots) and by ``batch.DynamicBatch`` (columns left padding in
-    every row). A sliding-window layer can be edited only while it still holds every slot it was given.
+    every row). The state's cache layers are full ones (``GPEDecoder.new_state``), which hold every slot.
     """
     if bool(keep.all()):
         return
     index = keep.nonzero().flatten()
     for layer in state.cache.layers:
-        if not isinstance(layer, DynamicLayer):
+        if type(layer) is not DynamicLayer:
             raise NotImplementedError(f"cannot drop slots from a {type(layer).__name__}")
         if getattr(layer, "keys", None) is None or layer.keys.dim() != 4:  # not filled yet
             continue
-        if isinstance(layer, DynamicSlidingWindowLayer):
-            if layer.cumulative_length != layer.keys.shape[-2]:  # the window has started to drop slots
-                raise NotImplementedError("cannot drop slots: stream longer than the sliding window")
-            layer.cumulative_length = len(index)
         layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
         layer.values = layer.values.index_select(-2, index.to(layer.values.device))
     state.kinds = state.kinds[:, keep]
