@@ -105,7 +105,7 @@ class ModelConfig:
 
 # The largest count any option takes (a C int): --k, --max-repeats, --threads and the other whole numbers.
 MAX_COUNT = 2**31 - 1
-MAX_BEAM = 16  # --beam: each hypothesis is a copy of the stream's cache and a row of every beam step
+MAX_BEAM = 16  # --beam: each hypothesis is a branch of the stream's cache (``decoder.Branches``) fed at every beam step
 BEAM_NEEDS_CTC = "--beam above 1 searches with joint CTC decoding: it needs --ctc-weight above 0"
 
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.
