@@ -1,16 +1,18 @@
 """A seeded random campaign for the beam search (``speechstream.beam``), run by hand:
 
-    HF_HUB_OFFLINE=1 python -m tests.fuzz_beam FIRST_SEED COUNT
+    HF_HUB_OFFLINE=1 python -m tests.fuzz_beam FIRST_SEED COUNT [ARCHITECTURE | all]
 
 Each case (one seed) draws a tiny model (the shipped seeded one with its weights perturbed, sometimes with a fine CTC
-head), audio (noise, a speech clip, silence), decoding options (chunk size, k, caps, repetition guard, CTC weight,
-1-2 candidates, a beam of 2-16, VAD, context tokens) and feed sizes. Checks:
+head; given an architecture of ``model.ARCHITECTURES``, that tiny model in that LLM family; given ``all``, seed s in
+family s mod 4), audio (noise, a speech clip, silence), decoding options (chunk size, k, caps, repetition guard, CTC
+weight, 1-2 candidates, a beam of 2-16, VAD, context tokens) and feed sizes. Checks:
 
 * at up to three plans of the session, on a vocabulary of 2 candidates and a room of at most 3 tokens (a width of 16
   is then exhaustive: at most 3 ways on from each hypothesis, 9 live after two tokens): the plan of width 16 has the
   best fused score of every hypothesis an exhaustive search ends with, and a score at least that of width 1
   (greedy joint decoding's own plan); its LLM scores after each planned token (``decoder.Branches``) are those the
-  stream's own steps give;
+  stream's own steps give; the stream's cache after the plan is the one before it to the bit (every attribute of
+  every layer);
 * the session never raises, and its target ids, transcript and segment starts do not depend on the feed sizes
   (pieces of 0, 1 or any number of samples against the audio whole), with few LLM positions at times (segments
   then cut where one more chunk could pass them).
@@ -35,9 +37,10 @@ from speechstream.audio import load_audio
 from speechstream.config import DecodingConfig
 from speechstream.ctc import JointCTC
 from speechstream.errors import InputError
-from speechstream.model import load_model
+from speechstream.model import ARCHITECTURES, build_model, load_model
 from speechstream.session import StreamingSession
-from tests.helpers import fine_head_model
+from tests.helpers import cache_attributes, fine_head_model, same_attributes
+from speechstream.verify import tiny_config
 from tests.test_beam import _exhaustive, _target_step
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
@@ -129,7 +132,9 @@ class PlanChecks:
 
     def check(self, joint, logits, state, limits):
         limits = beam.Limits(limits.source_done, min(limits.room, 3))
+        before = cache_attributes(state)
         wide = beam.plan(joint, state, logits, limits, EXHAUSTIVE_WIDTH)
+        assert same_attributes(cache_attributes(state), before), "the plan changed the stream's cache"
         greedy = beam.plan(joint, state, logits, limits, 1)
         root = beam.Hypothesis(0.0, [], joint.scorer, joint.eoc_run, 0)
         ended = _exhaustive(joint.model, joint, copy.deepcopy(state), logits, root, limits)
@@ -144,7 +149,8 @@ class PlanChecks:
         self.done += 1
 
 
-def run_case(base, seed: int) -> dict:
+def run_case(bases: dict, seed: int) -> dict:
+    base = bases[ARCHITECTURES[seed % len(ARCHITECTURES)]] if len(bases) > 1 else next(iter(bases.values()))
     rng = np.random.default_rng(seed)
     model = perturbed(fine_head_model(base) if rng.random() < 0.3 else base, rng)
     if rng.random() < 0.3:  # few positions: segments cut where one more chunk could pass them
@@ -165,13 +171,19 @@ def run_case(base, seed: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    first, count = (int(a) for a in argv) if argv else (0, 20)
+    first, count = (int(a) for a in argv[:2]) if argv else (0, 20)
+    family = argv[2] if len(argv) > 2 else None
+    if family not in (None, "all", *ARCHITECTURES):
+        print(f"unknown architecture {family!r} (known: {', '.join(ARCHITECTURES)}, all)", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
-    base = load_model("tiny-random")
+    families = ARCHITECTURES if family == "all" else (family,)
+    bases = {name: load_model("tiny-random") if name is None else build_model(tiny_config(name)).eval()
+             for name in families}
     failures, totals = [], {"cases": 0, "refused": 0, "checks": 0, "improved": 0, "segmented": 0}
     for seed in range(first, first + count):
         try:
-            result = run_case(base, seed)
+            result = run_case(bases, seed)
         except Exception:  # noqa: BLE001 (a campaign reports every failure)
             failures.append(seed)
             print(f"seed {seed}: FAILED\n{traceback.format_exc()}", flush=True)

@@ -89,3 +89,28 @@ def decoded_session(model, decoding, audio, step: int):
             session.feed(audio[start : start + step])
         session.finish()
     return session
+
+
+def cache_attributes(state) -> list[dict]:
+    """Every attribute of every cache layer of ``state``, tensors cloned, and its slot kinds."""
+    import copy
+
+    import torch
+
+    layers = [{name: value.clone() if torch.is_tensor(value) else copy.deepcopy(value)
+               for name, value in vars(layer).items()} for layer in state.cache.layers]
+    return layers + [{"kinds": state.kinds.clone()}]
+
+
+def same_attributes(one: list[dict], other: list[dict]) -> bool:
+    """``cache_attributes`` equal to the bit (tensors of one dtype, device and shape, equal values)."""
+    import torch
+
+    def same(a, b):
+        if torch.is_tensor(a) or torch.is_tensor(b):
+            return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.device == b.device \
+                and a.shape == b.shape and torch.equal(a, b)
+        return type(a) is type(b) and a == b
+
+    return len(one) == len(other) and all(
+        a.keys() == b.keys() and all(same(a[name], b[name]) for name in a) for a, b in zip(one, other))

@@ -14,9 +14,9 @@ from speechstream.config import DecodingConfig
 from speechstream.ctc import JointCTC
 from speechstream.decoder import Branches
 from speechstream.errors import InputError
-from speechstream.model import SpeechLLM
+from speechstream.model import ARCHITECTURES, SpeechLLM
 from speechstream.session import StreamingSession
-from tests.helpers import decoded_session, noise
+from tests.helpers import cache_attributes, decoded_session, noise, same_attributes
 
 
 def _session(model, decoding, audio, step=4000):
@@ -88,6 +88,37 @@ def test_gemma2_branches_and_stream_step_past_the_sliding_window(monkeypatch):
     for _ in range(3):
         _target_step(model, row, [65])
     assert row.kinds.shape[1] == 27 and all(layer.keys.shape[-2] == 27 for layer in row.cache.layers)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_a_beam_session_in_each_family_plans_as_the_stream_steps_and_gives_its_cache_back(architecture, monkeypatch):
+    """Every plan of a beam session leaves the stream's cache as it was, to the bit (each attribute of each layer);
+    its LLM scores after each planned token are those the stream's own steps give; and the session writes what
+    feeding the planned tokens a step each writes."""
+    from speechstream.model import build_model
+    from speechstream.verify import tiny_config
+
+    model = build_model(tiny_config(architecture)).eval()
+    original, checked = beam.plan, []
+
+    def checking(joint, state, logits, limits, width):
+        before = cache_attributes(state)
+        best = original(joint, state, logits, limits, width)
+        assert same_attributes(cache_attributes(state), before)
+        row = copy.deepcopy(state)
+        for token, scores in zip(best.tokens, best.rows) if best is not None else ():  # (rows: all tokens but the last)
+            torch.testing.assert_close(scores, _target_step(model, row, [token])[0], rtol=1e-4, atol=1e-4)
+            checked.append(token)
+        return best
+
+    monkeypatch.setattr(beam, "plan", checking)
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5, beam=4)
+    audio = noise(12, 30000)
+    planned = _session(model, decoding, audio)
+    assert len(checked) >= 10
+    monkeypatch.setattr(beam, "plan", original)
+    monkeypatch.setattr(JointCTC, "planned_scores", lambda self, tokens: None)
+    assert _session(model, decoding, audio).target_ids == planned.target_ids
 
 
 def test_a_copied_scorer_shares_the_class_table_and_nothing_else(tiny_model):
