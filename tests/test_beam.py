@@ -121,6 +121,35 @@ def test_a_beam_session_in_each_family_plans_as_the_stream_steps_and_gives_its_c
     assert _session(model, decoding, audio).target_ids == planned.target_ids
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_a_plan_stopped_inside_a_branch_step_leaves_no_branch_slot_in_the_cache(tiny_model, monkeypatch, stop):
+    """Ctrl-C or an error inside the search's LLM step, its first layer's cache already holding the branch tokens:
+    the stream's cache is given back as it was before the plan, every attribute of every layer."""
+    decoding = DecodingConfig(chunk_ms=320, k=2, max_tokens_per_chunk=6, max_tail_tokens=20, ctc_weight=0.5, beam=4)
+    second, original_plan, stopped = tiny_model.decoder.llm.model.layers[1], beam.plan, []
+
+    def planning(joint, state, logits, limits, width):
+        before, slots = cache_attributes(state), state.kinds.shape[1]
+
+        def stopping(*args, **kwargs):
+            stopped.append(state.cache.layers[0].keys.shape[-2] - slots)  # branch tokens in the first layer
+            raise stop("stopped")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(second, "forward", stopping)
+            try:
+                return original_plan(joint, state, logits, limits, width)  # (a plan that ended before any step)
+            except stop:
+                pass
+        assert stopped[-1] > 0 and same_attributes(cache_attributes(state), before)
+        return original_plan(joint, state, logits, limits, width)
+
+    monkeypatch.setattr(beam, "plan", planning)
+    stopped_once = _session(tiny_model, decoding, noise(12, 30000))
+    monkeypatch.setattr(beam, "plan", original_plan)
+    assert stopped and _session(tiny_model, decoding, noise(12, 30000)).target_ids == stopped_once.target_ids
+
+
 def test_a_copied_scorer_shares_the_class_table_and_nothing_else(tiny_model):
     joint = JointCTC(tiny_model, 0.5, 8)
     joint.add_frames(np.random.default_rng(0).standard_normal((6, joint.table.shape[1])).astype(np.float32))
