@@ -99,7 +99,7 @@ class GPEDecoder(nn.Module):
             raise InputError(f"unknown ablation {mode!r} (known: {', '.join(gpe.ABLATIONS)})")
         device = self.llm.get_input_embeddings().weight.device
         return DecoderState(
-            # (full layers in every family: a sliding-window one, gemma2's, keeps only the window's last slots,
+            # (full layers in every family: a sliding-window one (gemma2, phi3) keeps only the window's last slots,
             # and GPE's own masks, which override the window, name them all)
             cache=DynamicCache(),
             kinds=torch.zeros(batch, 0, dtype=torch.long, device=device),

@@ -59,15 +59,17 @@ def test_branches_step_as_copies_of_the_stream_would_and_leave_it_as_it_was(tiny
         Branches(decoder, decoder.new_state(1, mode="interleaved"))
 
 
+@pytest.mark.parametrize("architecture", ["gemma2", "phi3"])
 @torch.no_grad()
-def test_gemma2_branches_and_stream_step_past_the_sliding_window(monkeypatch):
-    """gemma2's sliding-window layers kept only the window's last slots, while GPE's masks (which override the
-    window) still name every slot: the branches, several hypotheses' tokens after the stream's, passed the window
-    before the stream did and their next step raised (a mask wider than the keys), as did the stream past it."""
+def test_branches_and_stream_step_past_a_sliding_window(architecture, monkeypatch):
+    """Sliding-window cache layers (gemma2's every other layer; phi3's all, where its config names a window, as
+    Phi-3-mini's 2047) kept only the window's last slots, while GPE's masks (which override the window) still name
+    every slot: the branches, several hypotheses' tokens after the stream's, passed the window before the stream
+    did and their next step raised (a mask wider than the keys), as did the stream past it."""
     from speechstream.model import build_model
     from speechstream.verify import tiny_config
 
-    model = build_model(tiny_config("gemma2"))
+    model = build_model(tiny_config(architecture))
     monkeypatch.setattr(model.decoder.llm.config, "sliding_window", 24)
     decoder = model.decoder
     state = decoder.new_state(1)
