@@ -65,7 +65,8 @@ def test_branches_and_stream_step_past_a_sliding_window(architecture, monkeypatc
     """Sliding-window cache layers (gemma2's every other layer; phi3's all, where its config names a window, as
     Phi-3-mini's 2047) kept only the window's last slots, while GPE's masks (which override the window) still name
     every slot: the branches, several hypotheses' tokens after the stream's, passed the window before the stream
-    did and their next step raised (a mask wider than the keys), as did the stream past it."""
+    did and their next step raised (a mask wider than the keys), as did the stream past it. Past it, the stream
+    equals its one-pass forward."""
     from speechstream.model import build_model
     from speechstream.verify import tiny_config
 
@@ -88,8 +89,13 @@ def test_branches_and_stream_step_past_a_sliding_window(architecture, monkeypatc
         for depth, token in enumerate(path):
             torch.testing.assert_close(got[depth][b], _target_step(model, row, [token])[0], rtol=1e-4, atol=1e-4)
     for _ in range(3):
-        _target_step(model, row, [65])
+        last = _target_step(model, row, [65])[0]
     assert row.kinds.shape[1] == 27 and all(layer.keys.shape[-2] == 27 for layer in row.cache.layers)
+    embeds = torch.cat([source[0], model.embed_ids([65, 68, 72, 75, 65, 65, 65])])[None]  # the stream in one pass
+    mask = gpe.additive(gpe.cache_attention_mask(row.kinds[:, :0], row.kinds), decoder.dtype)
+    positions = gpe.group_positions(torch.zeros(1, dtype=torch.long), torch.full((1,), decoder.phi), row.kinds)
+    whole = decoder.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=False)
+    torch.testing.assert_close(whole.logits[0, -1], last, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
