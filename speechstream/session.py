@@ -20,7 +20,8 @@ because the shipped models were trained without such context (their targets alwa
 start at the audio's first word), so they tend to treat context words as already
 transcribed speech.
 Without VAD a segment ends only where its source group would pass the LLM's positions
-(``max_position_embeddings``), as at a VAD cut; with or without VAD it also ends, after a chunk, where the writing the
+(``max_position_embeddings``; under LongRoPE its ``original_max_position_embeddings``: ``llm_positions``), as at a VAD
+cut; with or without VAD it also ends, after a chunk, where the writing the
 decoding caps still allow could take its target group (positions phi on) past them (``_cut_due``). Under ablation
 "interleaved" both groups share one sequence of positions: a segment holds as many chunks as fit with their worst-case
 writing (``_interleaved_limit``).
@@ -179,6 +180,20 @@ def check_placement(model: SpeechLLM, decoding: DecodingConfig) -> None:
                          "load_model(name, int8=True)")
 
 
+def llm_positions(llm_config) -> int | None:
+    """The positions one segment may give the LLM: ``max_position_embeddings`` (None: no limit); under LongRoPE
+    (Phi-3-128k, Phi-3.5) only its ``original_max_position_embeddings``, because transformers picks the short or the
+    long RoPE factors per call from that call's largest position: steps on both sides of the threshold would rotate
+    one segment's keys with two sets of frequencies, its one-pass forward with one."""
+    limit = getattr(llm_config, "max_position_embeddings", None)
+    rope = getattr(llm_config, "rope_parameters", None) or getattr(llm_config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type")) != "longrope":
+        return limit
+    original = rope.get("original_max_position_embeddings") or getattr(llm_config, "original_max_position_embeddings",
+                                                                       None)
+    return min(limit, original) if limit and original else original or limit
+
+
 def _own_work(method: Callable) -> Callable:
     """A session method an outside driver calls inside its batched step (``next_request``: the front end runs there
     when the LLM asks for audio; ``apply``: the token choice, joint CTC's scoring, the text): with such a driver its
@@ -304,9 +319,9 @@ class StreamingSession:
 
     def _position_limit(self) -> tuple[int | None, int | None]:
         """(samples, target tokens) of one segment whose source group (prompt, speech tokens, end marker) and whose
-        target group (positions phi on) take every position the LLM has (``max_position_embeddings``); (None, None)
-        when its config names no limit."""
-        limit = getattr(self.model.decoder.llm.config, "max_position_embeddings", None)
+        target group (positions phi on) take every position the LLM has (``llm_positions``); (None, None) when its
+        config names no limit."""
+        limit = llm_positions(self.model.decoder.llm.config)
         if not limit:
             return None, None
         if self.decoding.ablation == "interleaved":

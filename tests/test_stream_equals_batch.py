@@ -136,6 +136,7 @@ class Case:
     ctc_weight: float = 0.0
     context_tokens: int = 0
     feed: int = 4000  # samples per feed (0: random sizes)
+    longrope: int = 0  # phi3 with LongRoPE from this original_max_position_embeddings on (0: plain RoPE)
 
 
 CASES = {
@@ -162,7 +163,7 @@ _models: dict[tuple, object] = {}
 
 def case_model(case: Case):
     """The tiny seeded model of the case's sizes, its attention sharpened (q and k weights times 6)."""
-    key = (case.architecture, case.stack, case.lookahead, case.left_frames, case.phi, case.ctc_hop)
+    key = (case.architecture, case.stack, case.lookahead, case.left_frames, case.phi, case.ctc_hop, case.longrope)
     if key not in _models:
         config = tiny_config(case.architecture)
         config = dataclasses.replace(
@@ -182,8 +183,22 @@ def case_model(case: Case):
                 else:
                     attention.q_proj.weight.mul_(6.0)
                     attention.k_proj.weight.mul_(6.0)
+        if case.longrope:
+            use_longrope(model.decoder.llm, case.longrope)
         _models[key] = model
     return _models[key]
+
+
+def use_longrope(llm, original: int) -> None:
+    """Switch a tiny phi3 to LongRoPE (as Phi-3-128k and Phi-3.5 name it): its long factors, far from the short
+    ones, take over in a call whose largest position reaches ``original``."""
+    config = llm.config
+    half = config.hidden_size // config.num_attention_heads // 2
+    config.original_max_position_embeddings = original
+    config.rope_parameters = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * half,
+                              "long_factor": [2.0 + i for i in range(half)],
+                              "original_max_position_embeddings": original}
+    llm.model.rotary_emb = type(llm.model.rotary_emb)(config)
 
 
 def stream(case: Case, model, audios: list[np.ndarray], rng: np.random.Generator, monkeypatch):
@@ -247,6 +262,12 @@ def test_streaming_equals_the_batch_forward(name, monkeypatch):
     with torch.no_grad():
         session, segments = stream(case, model, audios, rng, monkeypatch)
         assert len(segments) == len(audios) == session.segment + 1
+        check_segments(case, model, session, segments, audios)
+
+
+def check_segments(case: Case, model, session, segments, audios) -> None:
+    """Each segment's source, the source each text row saw and its logits against the references, from its audio."""
+    with torch.no_grad():
         row = 0
         for j, (audio, steps) in enumerate(zip(audios, segments)):
             kinds = [kind for step_kinds, _ in steps for kind in step_kinds]
@@ -280,5 +301,21 @@ def test_streaming_equals_the_batch_forward(name, monkeypatch):
                                          group_positions(layout, model.decoder.phi),
                                          training_mask(n_source, r + 1, [seen[r]] * (r + 1), n_source, r + 1))[r])
                 expected = torch.stack(rows)
-            assert (logits - expected).abs().max() <= TOLERANCE, name
+            assert (logits - expected).abs().max() <= TOLERANCE, (j, case)
         assert row == len(session.logits) == len(session.target_ids)
+
+
+def test_a_longrope_stream_stays_below_the_threshold_and_equals_the_batch_forward(monkeypatch):
+    """transformers picks LongRoPE's short or long factors per call from that call's largest position: a stream
+    whose early steps stayed below ``original_max_position_embeddings`` and whose later ones passed it rotated keys
+    with both sets, its one-pass forward with the long set only (logits off by 0.4). Now its segments end where
+    they would pass the threshold, so every call, and each segment's one-pass forward, uses the short set."""
+    case = Case(architecture="phi3", longrope=64, lengths=((20, 777),), max_tokens=2)
+    model = case_model(case)
+    rng = np.random.default_rng(7)
+    (chunks, extra), = case.lengths
+    audio = (0.1 * rng.standard_normal(chunks * chunk_samples(case.chunk_ms) + extra)).astype(np.float32)
+    with torch.no_grad():
+        session, segments = stream(case, model, [audio], rng, monkeypatch)
+    check_segments(case, model, session, segments, np.split(audio, session.segment_starts))
+    assert session.segment >= 2 and len(segments) == session.segment + 1
