@@ -42,6 +42,22 @@ def output_format(given: str | None, output: str | None, formats: tuple[str, ...
     return given or named or formats[0]
 
 
+class StoreGiven(argparse.Action):
+    """Store the value, and True in ``<dest>_given`` (a default cannot be told from the same value typed)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
+def wav_rate_note(layout, given_rate: int | None) -> str | None:
+    """A note when a WAV header on stdin names a rate other than the --input-rate given (None: none given)."""
+    if given_rate is None or not layout.offset or layout.rate == given_rate:
+        return None
+    return (f"speechstream: note: stdin is a WAV stream at {layout.rate} Hz, as its header says; --input-rate "
+            f"{given_rate} is for raw PCM and is not used")
+
+
 def check_writable(output: str | None) -> None:
     """``--output`` can be written (an InputError if not), checked before the model loads and any audio is read.
     Nothing is written: an existing file is opened to append nothing, a missing one is created and removed again (a
@@ -239,9 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="audio files (wav, flac, ogg, mp3); - reads raw little-endian int16 mono PCM from "
                             "stdin as it arrives (e.g. from ffmpeg -f s16le -ac 1 -), or a 16-bit WAV stream (ffmpeg "
                             "-f wav -, cat x.wav), whose header gives its rate and channels")
-    transcribe.add_argument("--input-rate", type=int, default=16000,
-                            help="sample rate of the raw PCM on stdin (with -; resampled to 16 kHz; "
-                            "default: %(default)s)")
+    transcribe.add_argument("--input-rate", type=int, default=16000, action=StoreGiven,
+                            help="sample rate of the raw PCM on stdin (with -; resampled to 16 kHz; a WAV header's "
+                            "rate comes first; default: %(default)s)")
+    transcribe.set_defaults(input_rate_given=False)
     _decoding_args(transcribe, vad=True)
     transcribe.add_argument("--format", choices=(*TRANSCRIBE_FORMATS, *FORMAT_ALIASES),
                             help="default: from the extension of --output (.txt, .jsonl, .json, .srt, .vtt); else text")
@@ -488,8 +505,16 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
         interrupted = None
         try:
             if path == "-":
+                given = args.input_rate if args.input_rate_given else None
+
+                def on_layout(layout):
+                    note = wav_rate_note(layout, given)
+                    if note:
+                        print(note, file=sys.stderr)
+
                 events = transcribe_pcm(model, decoding, sys.stdin.buffer, args.input_rate, on_event,
-                                        partials=args.format == "jsonl", segment_starts=starts, words=words)
+                                        partials=args.format == "jsonl", segment_starts=starts, words=words,
+                                        on_layout=on_layout)
             else:
                 events = transcribe_file(model, decoding, path, on_event, partials=args.format == "jsonl",
                                          segment_starts=starts, words=words)

@@ -64,7 +64,7 @@ import torch
 from speechstream import gpe, schedule
 from speechstream.align import Word, alignable, segment_words, token_pieces
 from speechstream.beam import Limits
-from speechstream.audio import HOP_LENGTH, SAMPLE_RATE, check_finite
+from speechstream.audio import HOP_LENGTH, SAMPLE_RATE, PcmLayout, check_finite
 from speechstream.chunker import Chunker
 from speechstream.config import DecodingConfig, with_model_defaults
 from speechstream.ctc import JointCTC
@@ -1086,7 +1086,8 @@ def transcribe_file(model: SpeechLLM, decoding: DecodingConfig, path: str, on_ev
 
 def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO, sample_rate: int,
                    on_event: Callable[[Event], None], partials: bool = True, block_bytes: int = 6400,
-                   segment_starts: list[float] | None = None, words: list[Word] | None = None) -> list[Event]:
+                   segment_starts: list[float] | None = None, words: list[Word] | None = None,
+                   on_layout: Callable[[PcmLayout], None] | None = None) -> list[Event]:
     """Stream raw little-endian int16 mono PCM from a binary file object (a pipe, stdin) as it arrives: each read
     returns what the pipe holds (up to ``block_bytes``), resampled to 16 kHz buffer by buffer and fed to one session,
     so text comes while the audio does. A stream that starts with a WAV header (16-bit PCM: ``ffmpeg -f wav -``,
@@ -1096,7 +1097,8 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
     would leave its caches half-updated), one while the pipe is waited on at once. A last incomplete sample is
     dropped. The audio a file would hold gives the events that file gives. A second Ctrl-C while the stream ends
     closes it as in ``transcribe_file`` (`StreamInterrupted`). ``segment_starts``, ``words``: as in
-    ``transcribe_file``."""
+    ``transcribe_file``. ``on_layout``: called once with the stream's layout (``offset`` > 0: it had a WAV header)
+    when its first bytes tell it."""
     from speechstream.audio import StreamResampler, pcm_frames_to_float, stream_layout
 
     if isinstance(stream, io.TextIOBase) or not callable(getattr(stream, "read", None)):
@@ -1125,6 +1127,8 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
                 carry = data
                 return b""
             resampler, left, data = StreamResampler(layout.rate), layout.length, data[layout.offset :]
+            if on_layout is not None:
+                on_layout(layout)
         if left is not None:
             data, left = data[:left], left - min(left, len(data))
         frame = 2 * layout.channels

@@ -960,6 +960,30 @@ def test_a_wav_stream_on_stdin_gives_what_the_file_gives(capsys, monkeypatch, tm
     assert without_clock(piped) == without_clock(filed) and without_clock(piped)[-1]["audio_s"] == pytest.approx(2.3)
 
 
+@pytest.mark.parametrize("header, argv, note", [
+    (True, ["--input-rate", "8000"], "stdin is a WAV stream at 44100 Hz, as its header says; --input-rate 8000 is for "
+                                     "raw PCM and is not used"),
+    (True, ["--input-rate", "44100"], None),  # the header's own rate
+    (True, [], None),  # no --input-rate given
+    (True, ["--input-rate", "16000"], "--input-rate 16000 is for raw PCM"),  # given, though the default's value
+    (False, ["--input-rate", "44100"], None),  # raw PCM: the rate given is used
+])
+def test_an_input_rate_a_wav_header_overrides_is_noted(capsys, monkeypatch, tmp_path, header, argv, note):
+    """A WAV stream on stdin is read at its header's rate: an --input-rate given that differs was dropped silently.
+    Now a one-line note says so (and the stream is read as before); raw PCM and an unspoken default are quiet."""
+    import io
+
+    path = write_wav(tmp_path / "clip.wav", seconds=0.5, rate=44100, subtype="PCM_16")
+    data = path.read_bytes() if header else soundfile.read(path, dtype="int16")[0].astype("<i2").tobytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out, err = run(capsys, "transcribe", "-", *argv, "--format", "jsonl")
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if "--input-rate" in line]
+    assert len(notes) == (note is not None) and all(line.startswith("speechstream: note: ") for line in notes)
+    assert note is None or note in notes[0]
+    assert json.loads(out.splitlines()[-1])["audio_s"] == pytest.approx(0.5)  # read at 44.1 kHz all the same
+
+
 @pytest.mark.parametrize("stdin, argv, match", [
     (b"", ["-"], "stdin: no audio"),
     (b"\x01", ["-"], "stdin: no audio"),
