@@ -8,11 +8,12 @@ every system is measured by the same word delays, latency metrics and RTF.
   (the loop ``speechstream transcribe`` uses, so evaluation measures what ships). Its model is a GPE model.
 - ``whisper-offline``: a Whisper model (an asset name such as ``whisper-base`` or ``whisper-tiny.en``, a
   transformers Whisper directory, or a hub id) run offline with transformers'
-  ``WhisperForConditionalGeneration.generate``: greedy, English (``language="en"``, ``task="transcribe"`` for
-  multilingual models), no timestamps, at most ``max_target_positions // 2`` new tokens per window (OpenAI's
-  ``sample_len``). It reads the whole audio before writing anything, then emits every word in one "final" event:
-  each word's delay is the source length (AL = source length by construction) and its elapsed time adds the
-  compute time. Whisper sees at most one 30 s window (its encoder's input length); longer audio is cut into
+  ``WhisperForConditionalGeneration.generate``: greedy, told the speech language (``--source-lang``, else the
+  manifest's ``source_lang``, else English; no language detection) and, for multilingual models, the task
+  (``transcribe``, or ``translate`` for task translate: Whisper translates into English only), no timestamps, at
+  most ``max_target_positions // 2`` new tokens per window (OpenAI's ``sample_len``). It reads the whole audio
+  before writing anything, then emits every word in one "final" event: each word's delay is the source length (AL
+  = source length by construction) and its elapsed time adds the compute time. Whisper sees at most one 30 s window (its encoder's input length); longer audio is cut into
   ``ceil(duration / 30 s)`` equal windows, each transcribed on its own (no previous-text prompt) and the texts
   joined with a space, so a word straddling a cut may be garbled, lost or doubled.
 - ``whisper-la2``: the same Whisper models re-run over a growing audio buffer with LocalAgreement-2, as
@@ -49,8 +50,11 @@ BASELINES = ("gpe", "whisper-offline", "whisper-la2")
 # The model each baseline other than gpe runs when none is given (`--baseline-model`).
 DEFAULT_BASELINE_MODELS = {"whisper-offline": "whisper-base", "whisper-la2": "whisper-base"}
 # Tasks each baseline can do (gpe: every task the eval driver knows).
-BASELINE_TASKS = {"gpe": ("asr", "translate"), "whisper-offline": ("asr",), "whisper-la2": ("asr",)}
-WHISPER_LANGUAGE = "en"  # language of the speech, given to multilingual Whisper models (no language detection)
+BASELINE_TASKS = {"gpe": ("asr", "translate"), "whisper-offline": ("asr", "translate"),
+                  "whisper-la2": ("asr", "translate")}
+# The Whisper baselines' speech language where neither --source-lang nor the manifest names one (they detect none),
+# the only one an English-only model takes, and the one Whisper translates into.
+WHISPER_LANGUAGE = "en"
 # whisper-la2: trim the buffer at a committed sentence or segment end once it is longer than this (s);
 # whisper_streaming's default buffer_trimming_sec
 LA2_TRIM_S = 15.0
@@ -98,7 +102,7 @@ class StreamingSystem(System):
 class WhisperOffline(System):
     """Offline Whisper: features of the whole audio, greedy ``generate``, all words at once at the end."""
 
-    def __init__(self, model_name: str, device: str = "cpu"):
+    def __init__(self, model_name: str, device: str = "cpu", task: str = "asr", language: str = WHISPER_LANGUAGE):
         from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
         from speechstream.audio import ENCODER_STRIDE
@@ -120,8 +124,14 @@ class WhisperOffline(System):
         self.window_samples = config.max_source_positions * ENCODER_STRIDE * self.features.hop_length
         self.generate_options = {"do_sample": False, "num_beams": 1, "return_timestamps": False,
                                  "max_new_tokens": config.max_target_positions // 2}
-        if getattr(self.model.generation_config, "is_multilingual", False):
-            self.generate_options |= {"language": WHISPER_LANGUAGE, "task": "transcribe"}
+        generation = self.model.generation_config
+        if getattr(generation, "is_multilingual", False):
+            if f"<|{language}|>" not in (getattr(generation, "lang_to_id", None) or {}):
+                raise InputError(f"{model_name} does not take {language} speech (not among its languages)")
+            self.generate_options |= {"language": language,
+                                      "task": "translate" if task == "translate" else "transcribe"}
+        elif task == "translate" or language != WHISPER_LANGUAGE:
+            raise InputError(f"{model_name} is an English-only Whisper model: it transcribes English speech only")
 
     def decode(self, audio_path: str, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:
         import torch
@@ -150,10 +160,11 @@ class WhisperOffline(System):
 class WhisperLocalAgreement(WhisperOffline):
     """Whisper re-run over a growing buffer every chunk; LocalAgreement-2 commits what two runs agree on."""
 
-    def __init__(self, model_name: str, device: str = "cpu", chunk_ms: int = 1000, trim_s: float = LA2_TRIM_S):
+    def __init__(self, model_name: str, device: str = "cpu", chunk_ms: int = 1000, trim_s: float = LA2_TRIM_S,
+                 task: str = "asr", language: str = WHISPER_LANGUAGE):
         from speechstream.chunker import chunk_samples
 
-        super().__init__(model_name, device)
+        super().__init__(model_name, device, task, language)
         self.chunk_samples = chunk_samples(chunk_ms)
         if self.chunk_samples >= self.window_samples:
             raise InputError(f"whisper-la2: a chunk of {chunk_ms} ms does not fit twice in the model's window")
@@ -291,43 +302,96 @@ def check_baseline(baseline: str, task: str) -> None:
         raise InputError(f"baseline {baseline} does not do task {task} (it does: {tasks})")
 
 
-def system_options(baseline: str, decoding: DecodingConfig) -> dict:
-    """The options that shape a baseline's output, as recorded in config.json (a resume must match them)."""
+def system_options(baseline: str, decoding: DecodingConfig, language: str | None = WHISPER_LANGUAGE) -> dict:
+    """The options that shape a baseline's output, as recorded in config.json (a resume must match them);
+    ``language``: the speech language a Whisper baseline is told (the task is recorded beside these)."""
     import dataclasses
 
     if baseline == "gpe":
         return dataclasses.asdict(decoding)
     if baseline == "whisper-la2":
-        return {"device": decoding.device, "search": "greedy", "language": WHISPER_LANGUAGE, "timestamps": True,
+        return {"device": decoding.device, "search": "greedy", "language": language, "timestamps": True,
                 "policy": "local-agreement-2", "min_chunk_ms": decoding.chunk_ms, "trim_s": LA2_TRIM_S}
-    return {"device": decoding.device, "search": "greedy", "language": WHISPER_LANGUAGE, "timestamps": False}
+    return {"device": decoding.device, "search": "greedy", "language": language, "timestamps": False}
 
 
-def model_languages(baseline: str, model_name: str) -> tuple[str | None, str | None]:
-    """(speech language, text language) the model of ``baseline`` supports; None where it declares none.
+def gpe_languages(model_name: str) -> tuple[str | None, str | None]:
+    """(speech language, text language) of the GPE model ``model_name``: ``source_lang`` and ``target_lang`` of
+    its config.yaml, None where it declares none."""
+    from speechstream.config import load_model_config
+    from speechstream.model import model_config_path
 
-    gpe: ``source_lang`` and ``target_lang`` of its config.yaml; the Whisper baselines: English to English (they
-    are told the speech is English and transcribe it)."""
-    if baseline == "gpe":
-        from speechstream.config import load_model_config
-        from speechstream.model import model_config_path
-
-        config = load_model_config(model_config_path(model_name))
-        return config.source_lang, config.target_lang
-    return WHISPER_LANGUAGE, WHISPER_LANGUAGE
+    config = load_model_config(model_config_path(model_name))
+    return config.source_lang, config.target_lang
 
 
-def resolve_languages(baseline: str, model_name: str, source_lang: str | None,
-                      target_lang: str | None) -> tuple[str | None, str | None]:
-    """The languages a run decodes with: the model's where not given (None); InputError, naming what the model
-    supports, for a given language it does not (a model that declares none takes any)."""
-    supported = model_languages(baseline, model_name)
+def whisper_speech_languages(model_name: str) -> frozenset[str]:
+    """The speech languages the Whisper model ``model_name`` takes, known before it loads: from its
+    generation_config.json where that is on this machine (an asset in the cache, a directory): English alone where
+    it says ``is_multilingual: false``, else the codes of its ``lang_to_id``. Otherwise (an asset not fetched yet,
+    a hub id) English alone for a name ending in ".en" (OpenAI's English-only models), else Whisper's language
+    codes; loading checks again (`WhisperOffline`)."""
+    import json
+    from pathlib import Path
+
+    from speechstream.weights.fetch import ASSETS, cache_root
+
+    directory = cache_root() / model_name if model_name in ASSETS else Path(model_name).expanduser()
+    try:
+        generation = json.loads((directory / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        generation = None
+    if isinstance(generation, dict) and "is_multilingual" in generation:
+        if not generation["is_multilingual"]:
+            return frozenset({WHISPER_LANGUAGE})
+        codes = frozenset(key[2:-2] for key in generation.get("lang_to_id") or {}
+                          if key.startswith("<|") and key.endswith("|>"))
+        if codes:
+            return codes
+    if model_name.rstrip("/").endswith(".en"):
+        return frozenset({WHISPER_LANGUAGE})
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    return frozenset(LANGUAGES)
+
+
+def _given_language(flag: str, given) -> str | None:
+    """A ``--source-lang`` / ``--target-lang`` value stripped and in lower case (None: not given); InputError for
+    one that is not a language code."""
+    if given is not None and (not isinstance(given, str) or not given.strip()):
+        raise InputError(f"{flag} must be a language code such as en, got {given!r}")
+    return None if given is None else given.strip().lower()
+
+
+def resolve_languages(baseline: str, model_name: str, source_lang: str | None, target_lang: str | None,
+                      task: str = "asr", declared: tuple[str | None, str | None] = (None, None)
+                      ) -> tuple[str | None, str | None]:
+    """The (speech, text) languages a run decodes with; InputError, naming what the model supports, for a given
+    language it does not.
+
+    gpe: the model's where not given (None); a model that declares none takes any. The Whisper baselines: the
+    speech language given, else the one the manifest's lines declare (``declared``), else English; the text
+    language is the speech's for task asr and English for task translate (an English-only model does not
+    translate)."""
+    source, target = _given_language("--source-lang", source_lang), _given_language("--target-lang", target_lang)
+    if baseline != "gpe":
+        source = source or declared[0] or WHISPER_LANGUAGE
+        known = whisper_speech_languages(model_name)
+        english_only = known == {WHISPER_LANGUAGE}
+        if source not in known:
+            what = "an English-only Whisper model" if english_only else "not one of its language codes"
+            raise InputError(f"{model_name} does not take {source} speech ({what})")
+        if task == "translate" and english_only:
+            raise InputError(f"{model_name} is an English-only Whisper model: it does not translate "
+                             "(whisper-base does, into English)")
+        text = WHISPER_LANGUAGE if task == "translate" else source
+        if target is not None and target != text:
+            why = "Whisper translates into English only" if task == "translate" else "it transcribes the speech"
+            raise InputError(f"--target-lang {target}: the {baseline} baseline writes {text} text here ({why})")
+        return source, text
+    supported = gpe_languages(model_name)
     resolved = []
-    for flag, given, language in (("--source-lang", source_lang, supported[0]),
-                                  ("--target-lang", target_lang, supported[1])):
-        if given is not None and (not isinstance(given, str) or not given.strip()):
-            raise InputError(f"{flag} must be a language code such as en, got {given!r}")
-        given = None if given is None else given.strip().lower()
+    for flag, given, language in (("--source-lang", source, supported[0]), ("--target-lang", target, supported[1])):
         if given is not None and language is not None and given != language:
             what = "speech" if flag == "--source-lang" else "text"
             raise InputError(f"{flag} {given}: {model_name} supports {supported[0]} speech to {supported[1]} "
@@ -381,14 +445,16 @@ def model_fingerprint(baseline: str, model_name: str) -> dict:
     return {"asset" if model_name in ASSETS else "hub_id": model_name}
 
 
-def load_system(baseline: str, model_name: str, decoding: DecodingConfig) -> System:
-    """Build the system ``baseline`` with its model (loads weights: slow)."""
+def load_system(baseline: str, model_name: str, decoding: DecodingConfig, task: str = "asr",
+                language: str | None = WHISPER_LANGUAGE) -> System:
+    """Build the system ``baseline`` with its model (loads weights: slow). ``task`` and the speech ``language``
+    (as `resolve_languages` gave it) are for the Whisper baselines; a GPE model's config holds its own."""
     if baseline == "gpe":
         return StreamingSystem(model_name, decoding)
     if baseline == "whisper-offline":
-        return WhisperOffline(model_name, decoding.device)
+        return WhisperOffline(model_name, decoding.device, task, language)
     if baseline == "whisper-la2":
-        return WhisperLocalAgreement(model_name, decoding.device, decoding.chunk_ms)
+        return WhisperLocalAgreement(model_name, decoding.device, decoding.chunk_ms, task=task, language=language)
     raise InputError(f"unknown baseline {baseline!r} (known: {', '.join(BASELINES)})")
 
 

@@ -289,8 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "whisper-la2 (Whisper re-run every --chunk-ms over a growing buffer, LocalAgreement-2, as "
                           "whisper_streaming, whose own default is --chunk-ms 1000; default: %(default)s)")
     evaluate.add_argument("--baseline-model", type=nonempty, help="model of a baseline other than gpe; "
-                          "whisper-offline, whisper-la2: whisper-base (default), whisper-tiny.en or a transformers "
-                          "Whisper directory")
+                          "whisper-offline, whisper-la2: whisper-base (default; multilingual: transcribes, or "
+                          "translates into English for --task translate), whisper-tiny.en (English only) or a "
+                          "transformers Whisper directory. The Whisper baselines are told the speech language "
+                          "(--source-lang, else the manifest's source_lang, else en)")
 
     train = commands.add_parser(
         "train", help="train projector and LoRA adapters from a recipe (accelerate)",
@@ -367,7 +369,7 @@ def default_model(task: str | None, source_lang: str | None, target_lang: str | 
     """The model a run without ``--model`` decodes with, the default for the task and languages: ``task``'s; without
     one, the first default (asr's, then translate's) that supports the languages given (``--source-lang es``: the
     translation model), else asr's, whose refusal then names the languages it supports."""
-    from speechstream.baselines import model_languages
+    from speechstream.baselines import gpe_languages
     from speechstream.model import DEFAULT_MODELS
 
     if task is not None:
@@ -376,7 +378,7 @@ def default_model(task: str | None, source_lang: str | None, target_lang: str | 
              for language in (source_lang, target_lang)]
     for name in (DEFAULT_MODELS["asr"], DEFAULT_MODELS["translate"]):
         if all(wanted is None or supported is None or wanted == supported
-               for wanted, supported in zip(given, model_languages("gpe", name))):
+               for wanted, supported in zip(given, gpe_languages(name))):
             return name
     return DEFAULT_MODELS["asr"]
 
@@ -386,12 +388,12 @@ def _model_name(args: argparse.Namespace, decoding, languages: tuple[str | None,
     declares, where no flag gives them); the ``decoding`` options are checked against the model's config first,
     before any weights load. ``--source-lang`` / ``--target-lang`` must be languages the model supports
     (InputError naming them); ``args.task`` becomes the model's (``model_task``)."""
-    from speechstream.baselines import model_languages, resolve_languages
+    from speechstream.baselines import gpe_languages, resolve_languages
     from speechstream.config import chunk_note, load_model_config, with_model_defaults
     from speechstream.model import model_config_path
 
     name = args.model or default_model(args.task, args.source_lang or languages[0], args.target_lang or languages[1])
-    args.task = model_task(name, model_languages("gpe", name), args.task)
+    args.task = model_task(name, gpe_languages(name), args.task)
     config = load_model_config(model_config_path(name))
     with_model_defaults(decoding, config)
     note = chunk_note(decoding, config)
@@ -596,6 +598,18 @@ GPE_ONLY_OPTIONS = ("policy", "k", "max_tokens_per_chunk", "max_repeats", "ablat
                     "ctc_candidates", "beam", "vad", "vad_min_silence_ms")
 
 
+def baseline_task(source_lang: str | None, target_lang: str | None,
+                  declared: tuple[str | None, str | None]) -> str:
+    """The task of a Whisper baseline run without ``--task``: translate where the text language (``--target-lang``,
+    else the manifest's ``declared`` one) differs from the speech language (``--source-lang``, else declared, else
+    English), else asr."""
+    from speechstream.baselines import WHISPER_LANGUAGE
+
+    source = (source_lang or declared[0] or WHISPER_LANGUAGE).strip().lower()
+    target = (target_lang or declared[1] or source).strip().lower()
+    return "translate" if target != source else "asr"
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from speechstream.baselines import DEFAULT_BASELINE_MODELS
     from speechstream.eval.run import BASELINES, SUMMARY_FILE, evaluate  # light: torch loads when decoding starts
@@ -629,7 +643,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 flag = "--" + name.replace("_", "-")
                 raise InputError(f"{flag} applies to the gpe system, not to {args.baseline}")
         name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
-        args.task = args.task or "asr"
+        if not args.task:
+            from speechstream.manifest import declared_languages, read_manifest
+
+            utterances = read_manifest(args.manifest)
+            args.task = baseline_task(args.source_lang, args.target_lang,
+                                      declared_languages(utterances, args.manifest))
     use_threads(args.threads)
     evaluate(args.manifest, args.out, name, decoding, args.task, progress=True, baseline=args.baseline,
              source_lang=args.source_lang, target_lang=args.target_lang, utterances=utterances)

@@ -268,8 +268,8 @@ def test_a_beam_without_joint_ctc_is_refused_before_the_model_loads(capsys, tmp_
      "--target-lang de: smollm2-whisper-base-es-en supports es speech to en text"),
     (["eval", "{manifest}", "--out", "{tmp}/out", "--model", "smollm2-whisper-base-es-en", "--task", "translate",
       "--source-lang", "en"], "--source-lang en: .* supports es speech"),
-    (["eval", "{manifest}", "--out", "{tmp}/out", "--baseline", "whisper-offline", "--source-lang", "es"],
-     "--source-lang es: whisper-base supports en speech to en text"),
+    (["eval", "{manifest}", "--out", "{tmp}/out", "--baseline", "whisper-offline", "--baseline-model",
+      "whisper-tiny.en", "--source-lang", "es"], "whisper-tiny.en does not take es speech"),
     (["serve", "--model", "smollm2-whisper-base", "--target-lang", "es"], "--target-lang es: "),
     (["transcribe", "{clip}", "--source-lang", ""], "--source-lang must be a language code"),
 ])
@@ -335,16 +335,46 @@ def test_an_asr_eval_takes_a_manifest_whose_lines_translate_into_several_languag
     assert_one_error(code, err, match=r"split the manifest \(or give --task asr: it scores the transcripts\)$")
 
 
-def test_a_whisper_baseline_refusing_a_manifests_language_does_not_point_at_a_flag_it_refuses_too(capsys, tmp_path,
-                                                                                                  clip):
-    """A Spanish manifest under --baseline whisper-offline was refused with 'give a model for es (--source-lang
-    es)', and --source-lang es then with 'whisper-base supports en speech to en text'."""
+def test_a_whisper_baseline_decodes_the_language_its_manifest_declares(capsys, tmp_path, clip, monkeypatch):
+    """A Spanish manifest under --baseline whisper-offline was refused ('the whisper-offline baseline decodes en
+    only'), though whisper-base is multilingual: it now takes the manifest's source_lang as --source-lang, and a
+    manifest with English translations runs task translate (Whisper's, into English) without --task."""
+    import speechstream.eval.run as run_module
+
+    built = []
+
+    class Echo:  # the system eval builds, as load_system was asked for it
+        last_stats = None
+
+        def decode(self, audio_path, offset_s=0.0, duration_s=None):
+            from speechstream.session import Event
+
+            return [Event("final", "hola", 0.5, 0.1), Event("end", "hola", 0.5, 0.1, audio_s=0.5, compute_s=0.1)]
+
+    def load_system(baseline, model, decoding, task, language):
+        built.append((baseline, model, task, language))
+        return Echo()
+
+    monkeypatch.setattr(run_module, "load_system", load_system)
     manifest = tmp_path / "m.jsonl"
-    manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hola", "source_lang": "es"}) + "\n")
-    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "out", "--baseline", "whisper-offline")
-    assert_one_error(code, err, match=r"its lines declare source_lang es, and this run decodes en with whisper-base; "
-                     r"the whisper-offline baseline decodes en only$")
-    assert not (tmp_path / "out" / "instances.log").exists()
+    line = {"id": "a", "audio": str(clip), "text": "hola", "source_lang": "es"}
+    manifest.write_text(json.dumps(line) + "\n")
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "asr", "--baseline", "whisper-offline")
+    assert code == 0, err
+    manifest.write_text(json.dumps(line | {"translation": "hello", "target_lang": "en"}) + "\n")
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "st", "--baseline", "whisper-la2")
+    assert code == 0, err
+    assert built == [("whisper-offline", "whisper-base", "asr", "es"),
+                     ("whisper-la2", "whisper-base", "translate", "es")]
+    for folder, task, target in (("asr", "asr", "es"), ("st", "translate", "en")):
+        config = json.loads((tmp_path / folder / "config.json").read_text())
+        assert (config["task"], config["source_lang"], config["target_lang"]) == (task, "es", target)
+        assert config["decoding"]["language"] == "es"
+    code, _, err = run(capsys, "eval", manifest, "--out", tmp_path / "other", "--baseline", "whisper-offline",
+                       "--source-lang", "pt")
+    assert_one_error(code, err, match=r"its lines declare source_lang es, and this run decodes pt with whisper-base; "
+                     r"give --source-lang es$")
+    assert not (tmp_path / "other").exists()
 
 
 def test_eval_without_a_model_reads_its_manifest_once(capsys, tmp_path, clip, monkeypatch):

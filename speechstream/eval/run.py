@@ -143,11 +143,11 @@ def evaluate(
     if task not in REFERENCE_FIELDS:
         raise InputError(f"unknown task {task!r} (known: {', '.join(REFERENCE_FIELDS)})")
     check_baseline(baseline, task)
-    source_lang, target_lang = resolve_languages(baseline, model, source_lang, target_lang)
     manifest_path, out_dir = Path(manifest_path), Path(out_dir)
     utterances = read_manifest(manifest_path) if utterances is None else list(utterances)
-    check_languages(declared_languages(utterances, manifest_path, task), (source_lang, target_lang), task, model,
-                    manifest_path, baseline)
+    declared = declared_languages(utterances, manifest_path, task)
+    source_lang, target_lang = resolve_languages(baseline, model, source_lang, target_lang, task, declared)
+    check_languages(declared, (source_lang, target_lang), task, model, manifest_path, baseline)
     references = manifest_references(utterances, task, manifest_path)
     sentences = sentence_references(utterances, task, manifest_path)
     if sentences[0] is not None and baseline == "gpe" and not decoding.vad:
@@ -171,7 +171,7 @@ def evaluate(
         "source_lang": source_lang,
         "target_lang": target_lang,
         "baseline": baseline,
-        "decoding": system_options(baseline, decoding),
+        "decoding": system_options(baseline, decoding, source_lang),
         "manifest": str(manifest_path.absolute()),  # for the record only: resuming checks the utterances instead
     }
     with hold_folder(out_dir):  # a second run into the same folder stops here: both would log every utterance
@@ -189,7 +189,7 @@ def evaluate(
             _check_audio(todo, manifest_path)
         if todo:
             records += _decode(todo, references, sentences, out_dir / INSTANCES_FILE, baseline, model, decoding,
-                               progress, len(utterances))
+                               progress, len(utterances), task, source_lang)
         records.sort(key=lambda record: record["index"])
 
         scores = score_instances(records, task)
@@ -203,14 +203,16 @@ def check_languages(declared: tuple[str | None, str | None], run: tuple[str | No
     """Refuse a manifest whose lines declare another language than the run decodes (a French manifest decoded as
     Spanish by the es-en model was scored without a word of warning). The target language counts for task
     translate only: an ASR run scores the transcript (``text``) of a translation corpus's lines. The refusal names
-    what would decode them: a GPE model for that language (``baseline`` gpe); a Whisper baseline takes English only."""
+    what would decode them: a GPE model for that language (``baseline`` gpe); for a Whisper baseline, the speech
+    language to give it (it writes English translations only)."""
     for key, flag, said, used in zip(("source_lang", "target_lang"), ("--source-lang", "--target-lang"), declared,
                                      run):
         if key == "target_lang" and task != "translate":
             continue
         if said is not None and used is not None and said != used:
             hint = (f"give a model for {said} ({flag} {said})" if baseline == "gpe"
-                    else f"the {baseline} baseline decodes {used} only")
+                    else f"give {flag} {said}" if key == "source_lang"
+                    else f"the {baseline} baseline translates into {used} only")
             raise InputError(f"{manifest_path}: its lines declare {key} {said}, and this run decodes {used} with "
                              f"{model}; {hint}")
 
@@ -604,7 +606,7 @@ def _check_sentence_times(utterance: Utterance, length_s: float) -> None:
 
 
 def _decode(todo, references, sentences, log_path: Path, baseline: str, model_name: str, decoding, progress: bool,
-            total: int) -> list[dict]:
+            total: int, task: str = "asr", source_lang: str | None = None) -> list[dict]:
     """Decode each (index, utterance) with the baseline's system; append and fsync its record as soon as it is done.
 
     Ctrl-C or SIGTERM stops the run with `Interrupted`: the records written so far stay, the utterance in progress
@@ -618,7 +620,7 @@ def _decode(todo, references, sentences, log_path: Path, baseline: str, model_na
     show = progress and sys.stderr.isatty()
     try:
         with TerminateAsInterrupt():
-            system = load_system(baseline, model_name, decoding)
+            system = load_system(baseline, model_name, decoding, task, source_lang)
             _warm_up(system, todo[0][1])
             with open(log_path, "a", encoding="utf-8") as log, tqdm(
                 total=total, initial=total - len(todo), unit="utt", desc="eval", file=sys.stderr, disable=not show

@@ -17,7 +17,7 @@ import pytest
 import soundfile
 
 from speechstream.audio import HOP_LENGTH, SAMPLE_RATE
-from speechstream.baselines import WhisperOffline, split_windows
+from speechstream.baselines import WhisperOffline, resolve_languages, split_windows, whisper_speech_languages
 from speechstream.cli import main
 from speechstream.config import DecodingConfig
 from speechstream.errors import InputError
@@ -161,20 +161,61 @@ def test_real_whisper_windows_are_30_s(tiny_whisper):
     assert 1500 * 2 * HOP_LENGTH == 30 * SAMPLE_RATE  # whisper-base / tiny.en: max_source_positions 1500
 
 
-def test_multilingual_models_are_told_english_and_transcribe(tiny_whisper, tmp_path):
-    multilingual = tmp_path / "multilingual"
-    multilingual.mkdir()
+@pytest.fixture
+def multilingual(tiny_whisper, tmp_path) -> Path:
+    """The tiny Whisper's directory with a multilingual generation config: English and German, both tasks."""
+    directory = tmp_path / "multilingual"
+    directory.mkdir()
     for path in tiny_whisper.iterdir():
-        (multilingual / path.name).write_bytes(path.read_bytes())
+        (directory / path.name).write_bytes(path.read_bytes())
     generation = json.loads((tiny_whisper / "generation_config.json").read_text())
     generation |= {"is_multilingual": True, "lang_to_id": {"<|en|>": 258, "<|de|>": 259},
                    "task_to_id": {"translate": 260, "transcribe": 261}}
-    (multilingual / "generation_config.json").write_text(json.dumps(generation))
+    (directory / "generation_config.json").write_text(json.dumps(generation))
+    return directory
+
+
+def test_multilingual_models_are_told_the_language_and_the_task(multilingual, tmp_path):
     system = WhisperOffline(str(multilingual))
     assert system.generate_options["language"] == "en" and system.generate_options["task"] == "transcribe"
     manifest = write_manifest(tmp_path / "data", (0.3,))
     events = system.decode(str(manifest.parent / "clip0.wav"))
     assert [event.type for event in events] == ["final", "end"] and events[0].text == events[1].text
+    system = WhisperOffline(str(multilingual), task="translate", language="de")
+    assert system.generate_options["language"] == "de" and system.generate_options["task"] == "translate"
+    with pytest.raises(InputError, match="does not take fr speech"):
+        WhisperOffline(str(multilingual), language="fr")
+
+
+def test_an_english_only_model_neither_translates_nor_hears_another_language(tiny_whisper):
+    assert whisper_speech_languages(str(tiny_whisper)) == {"en"}
+    assert "translate" not in WhisperOffline(str(tiny_whisper)).generate_options.values()
+    for options in ({"task": "translate"}, {"language": "de"}):
+        with pytest.raises(InputError, match="English-only Whisper model"):
+            WhisperOffline(str(tiny_whisper), **options)
+
+
+def test_whisper_languages_are_read_before_the_model_loads(multilingual, tiny_whisper):
+    """The speech language: --source-lang, else the manifest's, else English; the text: the speech's (asr) or
+    English (translate)."""
+    assert whisper_speech_languages(str(multilingual)) == {"en", "de"}
+    assert whisper_speech_languages("someone/whisper-small.en") == {"en"}  # a hub id: OpenAI's naming
+    assert {"es", "de", "ja"} <= whisper_speech_languages("someone/whisper-small")
+    model = str(multilingual)
+    assert resolve_languages("whisper-offline", model, None, None) == ("en", "en")
+    assert resolve_languages("whisper-offline", model, None, None, "asr", ("de", "en")) == ("de", "de")
+    assert resolve_languages("whisper-la2", model, None, None, "translate", ("de", "en")) == ("de", "en")
+    assert resolve_languages("whisper-la2", model, " DE ", "en", "translate", ("en", None)) == ("de", "en")
+    for args, message in [((model, "fr", None, "asr"), "does not take fr speech .not one of its language codes"),
+                          ((model, "de", "fr", "translate"), "--target-lang fr: .* writes en text here .Whisper "
+                                                               "translates into English only"),
+                          ((model, "de", "en", "asr"), "--target-lang en: .* writes de text here"),
+                          ((str(tiny_whisper), None, None, "translate"), "English-only Whisper model: it does not "
+                                                                         "translate"),
+                          ((str(tiny_whisper), "de", None, "asr"), "does not take de speech .an English-only"),
+                          ((model, "", None, "asr"), "--source-lang must be a language code")]:
+        with pytest.raises(InputError, match=message):
+            resolve_languages("whisper-offline", *args)
 
 
 def test_a_directory_that_is_not_whisper_is_an_input_error(tmp_path):
@@ -202,8 +243,15 @@ def test_cli_runs_the_whisper_baseline(tiny_whisper, tmp_path, capsys):
      "unknown baseline 'whisper-streaming' (known: gpe, whisper-offline, whisper-la2)"),
     (["--baseline-model", "whisper-base"], "--baseline-model is for baselines other than gpe"),
     (["--baseline", "whisper-offline", "--model", "tiny-random"], "--model names a GPE model"),
-    (["--baseline", "whisper-offline", "--task", "translate"], "baseline whisper-offline does not do task translate"),
-    (["--baseline", "whisper-la2", "--task", "translate"], "baseline whisper-la2 does not do task translate"),
+    (["--baseline", "whisper-offline", "--baseline-model", "whisper-tiny.en", "--task", "translate"],
+     "whisper-tiny.en is an English-only Whisper model: it does not translate (whisper-base does, into English)"),
+    (["--baseline", "whisper-la2", "--baseline-model", "whisper-tiny.en", "--source-lang", "es"],
+     "whisper-tiny.en does not take es speech (an English-only Whisper model)"),
+    (["--baseline", "whisper-la2", "--source-lang", "xx"], "whisper-base does not take xx speech (not one of its"),
+    (["--baseline", "whisper-offline", "--source-lang", "es", "--target-lang", "de"],
+     "--target-lang de: the whisper-offline baseline writes en text here (Whisper translates into English only)"),
+    (["--baseline", "whisper-offline", "--source-lang", "es", "--target-lang", "en", "--task", "asr"],
+     "--target-lang en: the whisper-offline baseline writes es text here (it transcribes the speech)"),
     (["--baseline", "whisper-la2", "--model", "tiny-random"], "--model names a GPE model; give the whisper-la2 model"),
     (["--baseline", "whisper-la2", "--chunk-ms", "10"], "chunk_ms must be between 40 and 30000"),
     (["--baseline", "whisper-la2", "--vad"], "--vad applies to the gpe system, not to whisper-la2"),
