@@ -13,9 +13,10 @@ every system is measured by the same word delays, latency metrics and RTF.
   (``transcribe``, or ``translate`` for task translate: Whisper translates into English only), no timestamps, at
   most ``max_target_positions // 2`` new tokens per window (OpenAI's ``sample_len``). It reads the whole audio
   before writing anything, then emits every word in one "final" event: each word's delay is the source length (AL
-  = source length by construction) and its elapsed time adds the compute time. Whisper sees at most one 30 s window (its encoder's input length); longer audio is cut into
-  ``ceil(duration / 30 s)`` equal windows, each transcribed on its own (no previous-text prompt) and the texts
-  joined with a space, so a word straddling a cut may be garbled, lost or doubled.
+  = source length by construction) and its elapsed time adds the compute time. Whisper sees at most one 30 s
+  window (its encoder's input length); longer audio is cut into ``ceil(duration / 30 s)`` equal windows, each
+  transcribed on its own (no previous-text prompt) and the texts joined with a space, so a word straddling a cut
+  may be garbled, lost or doubled.
 - ``whisper-la2``: the same Whisper models re-run over a growing audio buffer with LocalAgreement-2, as
   ufal/whisper_streaming does (`speechstream.local_agreement`): every ``--chunk-ms`` of new audio (whisper_streaming's
   ``min_chunk``; it defaults to 1 s, so ``--chunk-ms 1000`` matches it) the buffer since its last trim point is
