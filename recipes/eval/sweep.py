@@ -295,12 +295,18 @@ def collect(out: Path, model: str, manifest: Path, ctc_weight: float = 0.0) -> l
     return rows
 
 
-def quality_metric(rows: list[Row]) -> tuple[str, str]:
-    """(scores key, column title) of the quality column: normalised WER for asr, BLEU for translation."""
+def quality_columns(rows: list[Row]) -> list[tuple[str, str]]:
+    """(scores key, column title) of the quality columns: normalised WER for asr, BLEU and chrF for translation.
+    The first is the plot's."""
     tasks = {row.run.config.get("task", "asr") for row in rows}
     if tasks == {"translate"}:
-        return "BLEU", "BLEU"
-    return "WER_normalized", "WER norm. (%)"
+        return [("BLEU", "BLEU"), ("chrF", "chrF")]
+    return [("WER_normalized", "WER norm. (%)")]
+
+
+def quality_metric(rows: list[Row]) -> tuple[str, str]:
+    """(scores key, axis title) of the quality the plot shows: normalised WER for asr, BLEU for translation."""
+    return quality_columns(rows)[0]
 
 
 # -- the report --------------------------------------------------------------------------------------
@@ -317,10 +323,10 @@ def latency_columns(long_form: bool) -> tuple[str, ...]:
     return (*LATENCY_COLUMNS, LONG_FORM_LATENCY) if long_form else LATENCY_COLUMNS
 
 
-def _cells(row: Row, metric: str, long_form: bool = False) -> list[str]:
+def _cells(row: Row, metrics: list[str], long_form: bool = False) -> list[str]:
     scores = row.run.scores
-    return [_number(scores.get(metric), 1), *(_number(scores.get(name), 0) for name in latency_columns(long_form)),
-            _number(scores.get("RTF"), 2)]
+    return [*(_number(scores.get(metric), 1) for metric in metrics),
+            *(_number(scores.get(name), 0) for name in latency_columns(long_form)), _number(scores.get("RTF"), 2)]
 
 
 def _table(title: str, rows: list[list[str]], columns: list[str]) -> list[str]:
@@ -334,14 +340,15 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
                      long_form: bool = False) -> str:
     """RESULTS.md: the command, model, data and date, then one table per kind of point. ``long_form``: the
     manifest's lines are whole recordings (``segments``): a StreamLAAL column, and the GPE grid is cut at pauses."""
-    metric, title = quality_metric(rows)
+    qualities = quality_columns(rows)
+    metric = qualities[0][0]
     model = shown(Path(model)) if Path(model).is_absolute() else model  # a model folder: as in the repository
-    columns = [title, *(f"{name} (ms)" for name in latency_columns(long_form)), "RTF"]
+    columns = [*(title for _, title in qualities), *(f"{name} (ms)" for name in latency_columns(long_form)), "RTF"]
     audio = f", {audio_s:.1f} s of audio" if audio_s is not None else ""
     unit = "recording" if long_form else "utterance"
 
     def cells(row: Row) -> list[str]:
-        return _cells(row, metric, long_form)
+        return _cells(row, [key for key, _ in qualities], long_form)
 
     def plain(row: Row) -> bool:
         return _plain(row, long_form)
@@ -359,7 +366,7 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         + (f"joint CTC decoding, weight {ctc_weight:g} (`ctc_weight` in its config.yaml)" if ctc_weight > 0
            else "greedy"),
         f"- data: `{shown(manifest)}` ({utterances} {unit}{'s' if utterances != 1 else ''}{audio})",
-        "- quality: " + ("BLEU (higher is better)" if metric == "BLEU" else
+        "- quality: " + ("BLEU and chrF (sacrebleu, higher is better)" if metric == "BLEU" else
                          "normalised WER (%, lower is better; both sides through "
                          "`speechstream.eval.quality.normalize_english`)"),
         "- latency: SimulEval AL, LAAL, StartOffset, EndOffset in ms of audio read (not computation-aware); "
@@ -452,8 +459,11 @@ def _plain(row: Row, long_form: bool = False) -> bool:
 
 def _baseline_label(row: Row) -> str:
     """A baseline's name, its model and, for re-run baselines, how often it re-runs."""
-    every = row.run.config.get("decoding", {}).get("min_chunk_ms")
-    model = row.run.config.get("model", "?") + (f", re-run every {every} ms of audio" if every else "")
+    config = row.run.config
+    every = config.get("decoding", {}).get("min_chunk_ms")
+    model = config.get("model", "?") + (f", re-run every {every} ms of audio" if every else "")
+    if config.get("task") == "translate":
+        model += f", translating {config.get('source_lang') or '?'} -> {config.get('target_lang') or '?'}"
     return f"{row.point.system} ({model})"
 
 

@@ -50,8 +50,10 @@ def _fake_run(out: Path, name: str, manifest: Path, baseline: str = "gpe", model
             decoding["min_chunk_ms"] = chunk_ms
     config = {"model": model, "task": task, "baseline": baseline, "decoding": decoding,
               "manifest": str(manifest.absolute())}
+    if task == "translate":
+        config |= {"source_lang": "es", "target_lang": "en"}
     scores = {"AL": al, "LAAL": al + 10, "StartOffset": al / 2, "EndOffset": 300.0, "RTF": 0.5, "num_instances": n}
-    scores |= {"BLEU": wer} if task == "translate" else {"WER_normalized": wer, "WER": wer + 1}
+    scores |= {"BLEU": wer, "chrF": wer + 20} if task == "translate" else {"WER_normalized": wer, "WER": wer + 1}
     scores |= extra or {}
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "scores.json").write_text(json.dumps(scores))
@@ -154,7 +156,12 @@ def test_report_for_translation_uses_bleu_and_handles_no_results(sweep, tmp_path
     _fake_run(out, "gpe-c640-k1", manifest, k=1, task="translate", wer=21.5)
     sweep.write_report(out, tmp_path / "bleu", "m", manifest, "cmd", [], date="d")
     text = (tmp_path / "bleu" / "RESULTS.md").read_text()
-    assert "| chunk (ms), k | BLEU |" in text and "| 640 ms, k=1 (`gpe-c640-k1`) | 21.5 |" in text
+    assert "| chunk (ms), k | BLEU | chrF | AL (ms) |" in text
+    assert "| 640 ms, k=1 (`gpe-c640-k1`) | 21.5 | 41.5 |" in text
+    _fake_run(out, "whisper-offline", manifest, task="translate", wer=1.5, baseline="whisper-offline")
+    sweep.write_report(out, tmp_path / "bleu", "m", manifest, "cmd", [], date="d")
+    text = (tmp_path / "bleu" / "RESULTS.md").read_text()
+    assert "| whisper-offline (m, translating es -> en) (`whisper-offline`) | 1.5 | 21.5 |" in text
 
 
 def test_bad_input_is_one_error_line(sweep, tmp_path, capsys):
