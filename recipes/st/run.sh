@@ -8,14 +8,16 @@
 #            then 2b: 600 steps more on frames with the encoder's right context (640 ms)     -> runs/smollm2-whisper-base-es-en-b/
 #   stage 3: export stage 2b's weights into the model (it then becomes the translate default) -> models/smollm2-whisper-base-es-en/
 #   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency)        -> runs/eval-smollm2-whisper-base-es-en/
+#   stage 5: the quick quality-latency sweep on them: wait-k over chunks, the ablations and the Whisper baselines
+#            translating the same audio (recipes/eval/sweep.py --quick)                        -> recipes/st/RESULTS.md
 # HOURS (default 8.0), HELDOUT_HOURS (default 0.1) and WORKERS (default 2) size stage 1. Stages 0 and 1 are one script (prepare_st.py); stage 0
 # stops it after the text and the plan (--text-only), stage 1 runs it through (the text and plan are kept).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-first=${1:-0}; last=${2:-4}
+first=${1:-0}; last=${2:-5}
 if [ $# -gt 2 ] || ! [[ "$first" =~ ^[0-9]+$ && "$last" =~ ^[0-9]+$ ]] \
-    || [ "$first" -gt "$last" ] || [ "$last" -gt 4 ]; then
-  echo "usage: $0 [first_stage] [last_stage] (stages 0-4, first <= last)" >&2
+    || [ "$first" -gt "$last" ] || [ "$last" -gt 5 ]; then
+  echo "usage: $0 [first_stage] [last_stage] (stages 0-5, first <= last)" >&2
   exit 2
 fi
 SS=.venv/bin/speechstream
@@ -48,4 +50,8 @@ if [ "$first" -le 4 ] && [ "$last" -ge 4 ]; then
     --chunk-ms 640 --k 2 --out $out/heldout-640ms
   $SS eval $DATA/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
     --chunk-ms 30000 --k 1 --out $out/heldout-offline
+fi
+if [ "$first" -le 5 ] && [ "$last" -ge 5 ]; then
+  recipes/eval/run.sh --model $MODEL --manifest $DATA/heldout.jsonl --out runs/sweep-st --quick --report-dir recipes/st \
+    --threads 2
 fi
