@@ -163,6 +163,7 @@ class WhisperLocalAgreement(WhisperOffline):
 
     def __init__(self, model_name: str, device: str = "cpu", chunk_ms: int = 1000, trim_s: float = LA2_TRIM_S,
                  task: str = "asr", language: str = WHISPER_LANGUAGE):
+        from speechstream.audio import ENCODER_STRIDE
         from speechstream.chunker import chunk_samples
 
         super().__init__(model_name, device, task, language)
@@ -170,6 +171,10 @@ class WhisperLocalAgreement(WhisperOffline):
         if self.chunk_samples >= self.window_samples:
             raise InputError(f"whisper-la2: a chunk of {chunk_ms} ms does not fit twice in the model's window")
         self.trim_s = trim_s
+        # The least audio a run is given: one encoder frame. Only the last scraps of a recording after a cut at
+        # the buffer's end are shorter; Whisper hears nothing in them but writes a stock phrase ("Thank you for
+        # watching."), without word times, so the end then commits what the run before heard.
+        self.min_run_samples = ENCODER_STRIDE * self.features.hop_length
         generation = self.model.generation_config
         if not getattr(generation, "alignment_heads", None):
             raise InputError(f"{model_name}: its generation config has no alignment_heads (needed for word times)")
@@ -197,9 +202,10 @@ class WhisperLocalAgreement(WhisperOffline):
         while read < len(audio):
             read = min(read + self.chunk_samples, len(audio))
             start_s, end_s = buffer_start / SAMPLE_RATE, read / SAMPLE_RATE
-            hypothesis = self.transcribe(audio[buffer_start:read], start_s,
-                                         prompt_text(agreement.committed, start_s))
-            words = agreement.insert(hypothesis)
+            words = []
+            if read - buffer_start >= self.min_run_samples:
+                words = agreement.insert(self.transcribe(audio[buffer_start:read], start_s,
+                                                         prompt_text(agreement.committed, start_s)))
             if read == len(audio):
                 words += agreement.flush()
             emit(words, read)
@@ -462,14 +468,20 @@ def load_system(baseline: str, model_name: str, decoding: DecodingConfig, task: 
 @contextlib.contextmanager
 def _quiet_transformers():
     """Hide transformers' advice warnings (about its own generate arguments) and its "Loading weights" bar while
-    Whisper loads and runs."""
+    Whisper loads and runs, and torch's warning about a standard deviation over no rows, which transformers' token
+    timestamps raise for a run that wrote no text token (whisper-la2 over a buffer without speech; those times are
+    not used)."""
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     previous, shown = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"std\(\): degrees of freedom is <= 0", category=UserWarning)
+            yield
     finally:
         hf_logging.set_verbosity(previous)
         if shown:
