@@ -304,6 +304,15 @@ def quality_columns(rows: list[Row]) -> list[tuple[str, str]]:
     return [("WER_normalized", "WER norm. (%)")]
 
 
+def plot_latency(rows: list[Row], long_form: bool = False) -> str:
+    """The latency on the plot's axis: StreamLAAL for whole talks; LAAL for translation, where a text longer than
+    its reference (a model repeating itself) drives AL below zero and LAAL, which divides by the longer of the
+    two, does not; AL otherwise."""
+    if long_form:
+        return LONG_FORM_LATENCY
+    return "LAAL" if {row.run.config.get("task", "asr") for row in rows} == {"translate"} else "AL"
+
+
 def quality_metric(rows: list[Row]) -> tuple[str, str]:
     """(scores key, axis title) of the quality the plot shows: normalised WER for asr, BLEU for translation."""
     return quality_columns(rows)[0]
@@ -374,6 +383,9 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         "load, so compare RTFs of one sweep only)",
         "- every number comes from the `scores.json` of the folder named in the first column "
         "(`speechstream eval --out`); `-`: undefined (no utterance produced a word, so there is no latency)",
+        f"- plot (`quality_latency.png`): {qualities[0][1]} against {plot_latency(rows, long_form)}"
+        + (" (AL goes below zero for a text longer than its reference, as a model repeating itself writes; LAAL "
+           "divides by the longer of the two)" if plot_latency(rows, long_form) == "LAAL" else ""),
     ]
     if long_form:
         lines += [
@@ -468,8 +480,8 @@ def _baseline_label(row: Row) -> str:
 
 
 def plot(rows: list[Row], path: Path, model: str, long_form: bool = False) -> None:
-    """quality_latency.png: quality vs AL (StreamLAAL for ``long_form``); one line per chunk size over k; ablations
-    and baselines as points."""
+    """quality_latency.png: quality vs latency (`plot_latency`); one line per chunk size over k; ablations and
+    baselines as points."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -477,7 +489,7 @@ def plot(rows: list[Row], path: Path, model: str, long_form: bool = False) -> No
 
     metric, title = quality_metric(rows)
 
-    latency = LONG_FORM_LATENCY if long_form else "AL"
+    latency = plot_latency(rows, long_form)
 
     def xy(row: Row):
         lag, quality = row.run.scores.get(latency), row.run.scores.get(metric)

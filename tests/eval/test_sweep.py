@@ -162,6 +162,9 @@ def test_report_for_translation_uses_bleu_and_handles_no_results(sweep, tmp_path
     sweep.write_report(out, tmp_path / "bleu", "m", manifest, "cmd", [], date="d")
     text = (tmp_path / "bleu" / "RESULTS.md").read_text()
     assert "| whisper-offline (m, translating es -> en) (`whisper-offline`) | 1.5 | 21.5 |" in text
+    assert "- plot (`quality_latency.png`): BLEU against LAAL (AL goes below zero" in text
+    rows = sweep.collect(out, "m", manifest)
+    assert sweep.plot_latency(rows) == "LAAL" and sweep.plot_latency(rows, long_form=True) == "StreamLAAL"
 
 
 def test_bad_input_is_one_error_line(sweep, tmp_path, capsys):
