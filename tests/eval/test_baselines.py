@@ -17,13 +17,7 @@ import pytest
 import soundfile
 
 from speechstream.audio import HOP_LENGTH, SAMPLE_RATE
-from speechstream.baselines import (
-    WhisperLocalAgreement,
-    WhisperOffline,
-    resolve_languages,
-    split_windows,
-    whisper_speech_languages,
-)
+from speechstream.baselines import WhisperOffline, resolve_languages, split_windows, whisper_speech_languages
 from speechstream.cli import main
 from speechstream.config import DecodingConfig
 from speechstream.errors import InputError
@@ -222,35 +216,6 @@ def test_whisper_languages_are_read_before_the_model_loads(multilingual, tiny_wh
                           ((model, "", None, "asr"), "--source-lang must be a language code")]:
         with pytest.raises(InputError, match=message):
             resolve_languages("whisper-offline", *args)
-
-
-def test_la2_does_not_run_whisper_on_the_scraps_after_a_cut(tiny_whisper, tmp_path, monkeypatch):
-    """A buffer cut at its end (a window without a committed word) and then given the last 100 samples of the
-    recording was run through Whisper, which writes a stock phrase for such scraps ("Thank you for watching.") and
-    torch warned about the token times. Such a scrap is not run; the end commits what the run before heard."""
-    from speechstream.local_agreement import Word
-
-    directory = tmp_path / "aligned"
-    directory.mkdir()
-    for path in tiny_whisper.iterdir():
-        (directory / path.name).write_bytes(path.read_bytes())
-    generation = json.loads((tiny_whisper / "generation_config.json").read_text())
-    (directory / "generation_config.json").write_text(json.dumps(generation | {"alignment_heads": [[0, 0]]}))
-    system = WhisperLocalAgreement(str(directory), chunk_ms=80)
-    chunk, window = system.chunk_samples, system.window_samples  # 1280 and 5120 samples
-    assert system.min_run_samples == 320 and window == 4 * chunk
-    runs = []
-
-    def transcribe(samples, offset_s, prompt):  # one word per run, never the same twice: nothing agrees
-        runs.append(len(samples))
-        return [Word(f"w{len(runs)}", offset_s, offset_s + len(samples) / SAMPLE_RATE)]
-
-    monkeypatch.setattr(system, "transcribe", transcribe)
-    path = tmp_path / "clip.wav"
-    soundfile.write(path, np.zeros(window + 100, np.float32), SAMPLE_RATE)
-    events = system.decode(str(path))
-    assert runs == [chunk, 2 * chunk, 3 * chunk, 4 * chunk]  # the 5th read, 100 samples after the cut, is not run
-    assert [(event.type, event.text) for event in events] == [("final", "w4"), ("end", "w4")]
 
 
 def test_a_directory_that_is_not_whisper_is_an_input_error(tmp_path):

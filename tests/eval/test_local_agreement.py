@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from speechstream.audio import SAMPLE_RATE
+from speechstream.audio import ENCODER_STRIDE, HOP_LENGTH, SAMPLE_RATE
 from speechstream.baselines import WhisperLocalAgreement, hypothesis_words
 from speechstream.local_agreement import (
     NGRAM_WINDOW_S,
@@ -229,6 +229,7 @@ def scripted_system(script: list[Word], chunk_ms: int, trim_s: float, window_s: 
     system.chunk_samples = chunk_ms * SAMPLE_RATE // 1000
     system.window_samples = round(window_s * SAMPLE_RATE)
     system.trim_s = trim_s
+    system.min_run_samples = ENCODER_STRIDE * HOP_LENGTH  # one encoder frame, as the real constructor sets it
     system.transcribe = ScriptedWhisper(script)
     return system
 
@@ -285,6 +286,26 @@ def test_loop_cuts_a_buffer_that_would_outgrow_the_window(ten_seconds):
     check_events(events, script)
     assert all(length <= 3.0 for _, length, _ in system.transcribe.calls)
     assert max(start for start, _, _ in system.transcribe.calls) > 5.0
+
+
+def test_loop_does_not_run_whisper_on_the_scraps_after_a_cut(tmp_path):
+    """A buffer cut at its end (a window without a committed word) and then given the last 100 samples of the
+    recording was run through Whisper, which writes a stock phrase for such scraps ("Thank you for watching.",
+    for 10 ms of silence) and torch warned about its token times. Such a scrap is not run; the end commits what
+    the run before heard."""
+    system = scripted_system([], chunk_ms=500, trim_s=100.0, window_s=2.0)  # silence: cuts at the buffer's end
+    hearing = system.transcribe
+
+    def transcribe(samples, offset_s, prompt):  # Whisper on scraps: a phrase nobody said
+        heard = hearing(samples, offset_s, prompt)
+        return [Word("Thanks.", offset_s, offset_s + 0.01)] if len(samples) < SAMPLE_RATE // 50 else heard
+
+    system.transcribe = transcribe
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, np.zeros(4 * SAMPLE_RATE + 100, dtype=np.float32), SAMPLE_RATE)
+    events = system.decode(str(path))
+    assert [(event.type, event.text) for event in events] == [("end", "")]
+    assert [length for _, length, _ in hearing.calls] == [0.5, 1.0, 1.5, 2.0] * 2  # cut at 2 s and 4 s; no scrap
 
 
 def test_loop_on_silence_writes_only_the_end_event(ten_seconds):
