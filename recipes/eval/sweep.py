@@ -351,6 +351,7 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
     manifest's lines are whole recordings (``segments``): a StreamLAAL column, and the GPE grid is cut at pauses."""
     qualities = quality_columns(rows)
     metric = qualities[0][0]
+    plotted = plot_latency(rows, long_form)
     model = shown(Path(model)) if Path(model).is_absolute() else model  # a model folder: as in the repository
     columns = [*(title for _, title in qualities), *(f"{name} (ms)" for name in latency_columns(long_form)), "RTF"]
     audio = f", {audio_s:.1f} s of audio" if audio_s is not None else ""
@@ -383,9 +384,9 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         "load, so compare RTFs of one sweep only)",
         "- every number comes from the `scores.json` of the folder named in the first column "
         "(`speechstream eval --out`); `-`: undefined (no utterance produced a word, so there is no latency)",
-        f"- plot (`quality_latency.png`): {qualities[0][1]} against {plot_latency(rows, long_form)}"
+        f"- plot (`quality_latency.png`): {qualities[0][1]} against {plotted}"
         + (" (AL goes below zero for a text longer than its reference, as a model repeating itself writes; LAAL "
-           "divides by the longer of the two)" if plot_latency(rows, long_form) == "LAAL" else ""),
+           "divides by the longer of the two)" if plotted == "LAAL" else ""),
     ]
     if long_form:
         lines += [
