@@ -805,8 +805,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
-        args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args)
+        with TerminateAsInterrupt():  # SIGTERM before a command takes it (a model still loading): one line, 143
+            args = build_parser().parse_args(argv)
+            return COMMANDS[args.command](args)
     except SpeechstreamError as error:
         if debug:  # the traceback, then the same error line and exit code as without --debug
             traceback.print_exc()

@@ -2,10 +2,10 @@
 
 `SignalHandler` is the shared part: as a context manager it routes its ``SIGNALS`` to its ``_handle`` in the main
 thread (signals are only delivered there; elsewhere nothing is installed) and puts the previous handlers back on
-exit. `SigintHandler` takes Ctrl-C (SIGINT): `speechstream.live.StopFlag` (stop recording, then skip, then
-interrupt) and `HeldInterrupts` (``transcribe -``) are its uses. `DeferredStop` (``train``) also takes SIGTERM: the
-step in progress finishes and is saved. `TerminateAsInterrupt` (``eval``, ``transcribe``, the sweep) unwinds SIGTERM
-as Ctrl-C.
+exit. `SigintHandler` takes Ctrl-C (SIGINT): `HeldInterrupts` (``transcribe -``) is its use.
+`speechstream.live.StopFlag` (stop recording, then skip, then interrupt) takes SIGINT and SIGTERM alike.
+`DeferredStop` (``train``) also takes SIGTERM: the step in progress finishes and is saved. `TerminateAsInterrupt`
+(``eval``, ``transcribe``, the sweep, and the CLI around every command) unwinds SIGTERM as Ctrl-C.
 """
 
 from __future__ import annotations

@@ -12,12 +12,13 @@ Ctrl-C sets a flag (``StopFlag``) that the main loop checks between blocks: reco
 blocks already queued (audio captured before the Ctrl-C, waiting for a busy model) are still read, so
 the last words spoken are not lost, then the session is finished (its tail read and written), the
 transcript saved, and the command exits 0. A second Ctrl-C skips the queued audio; a third
-interrupts at once.
+interrupts at once. SIGTERM (a service manager's stop, ``timeout``) does the same as Ctrl-C.
 """
 
 from __future__ import annotations
 
 import queue
+import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import numpy as np
 
 from speechstream.audio import SAMPLE_RATE
 from speechstream.errors import InputError, SpeechstreamError
-from speechstream.interrupts import SigintHandler
+from speechstream.interrupts import SignalHandler, Terminated
 
 INT16_SCALE = 32768.0  # int16 PCM -> float in [-1, 1), as soundfile reads 16-bit files
 BLOCK_MS = 100  # PortAudio block size
@@ -35,7 +36,7 @@ POLL_S = 0.1  # how often the main loop looks at the stop flag while waiting for
 MAX_QUEUED_S = 120  # audio the queue holds when the model falls behind; newer blocks are then dropped (counted)
 # A note when Ctrl-C leaves at least this much captured audio to read.
 BACKLOG_NOTE_S = 1.0
-BACKLOG_NOTE = ("speechstream: finishing: reading the {seconds:.1f} s of audio captured before Ctrl-C (Ctrl-C again "
+BACKLOG_NOTE = ("speechstream: finishing: reading the {seconds:.1f} s of audio captured before {by} ({by} again "
                 "skips it)")
 GAP_WARNING = ("speechstream: warning: the model fell {behind:g} s behind the microphone: audio is being dropped "
                "(first gap at {at:.1f} s); the transcript skips it, its times stay those of the real audio")
@@ -47,7 +48,7 @@ class LiveResult:
 
     events: list  # every session event, the last one "end"
     samples: int  # samples fed to the session (lost ones not included)
-    interrupted: bool  # stopped by Ctrl-C
+    interrupted: bool  # stopped by Ctrl-C (or SIGTERM)
     overflows: int  # blocks PortAudio reported as overflowed (audio lost before the queue)
     dropped: int = 0  # blocks dropped because the queue was full (the model fell far behind)
     lost_samples: int = 0  # the samples of those blocks (the session counts them on its timeline)
@@ -157,17 +158,25 @@ def to_float(block: np.ndarray) -> np.ndarray:
     return (np.asarray(block).reshape(len(block), -1)[:, 0].astype(np.float32)) / INT16_SCALE
 
 
-class StopFlag(SigintHandler):
+class StopFlag(SignalHandler):
     """Ctrl-C handling: the first SIGINT sets the flag (stop recording, read what was captured), the second sets
-    ``skip`` (leave the captured audio unread), a third raises KeyboardInterrupt."""
+    ``skip`` (leave the captured audio unread), a third raises KeyboardInterrupt. SIGTERM counts as a Ctrl-C (its
+    third raises `Terminated`), so a service manager's stop also saves the transcript; ``by`` names the first
+    signal as the user knows it."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
 
     def __init__(self):
         self.event = threading.Event()
         self.skip_event = threading.Event()
+        self.by = "Ctrl-C"
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
+        terminate = signum == getattr(signal, "SIGTERM", None)
         if self.skip_event.is_set():
-            raise KeyboardInterrupt
+            raise Terminated if terminate else KeyboardInterrupt
+        if not self.event.is_set():
+            self.by = "SIGTERM" if terminate else "Ctrl-C"
         (self.skip_event if self.event.is_set() else self.event).set()
 
     @property
@@ -307,7 +316,7 @@ def record(session, device: dict, limit: int | None, on_event: Callable, sd, blo
     def stop_recording(queued_s: float) -> None:  # Ctrl-C: no more audio; what was captured is still read
         stream.stop()
         if queued_s >= BACKLOG_NOTE_S:
-            say(BACKLOG_NOTE.format(seconds=queued_s))
+            say(BACKLOG_NOTE.format(seconds=queued_s, by=stop.by))
 
     with StopFlag() as stop:
         with stream:  # closed before the finish: an unpaced device would fill the queue meanwhile

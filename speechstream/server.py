@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import signal
 import socket
 import sys
 import threading
@@ -942,7 +943,8 @@ def page_url(host: str, port: int) -> str:
 
 
 async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[[str], None] | None = None) -> None:
-    """Run ``server`` on a listening socket until cancelled."""
+    """Run ``server`` on a listening socket until cancelled (Ctrl-C) or, in the main thread, until SIGTERM (a service
+    manager's stop), which returns: either way every open connection is told and closed (``runner.cleanup``)."""
     from aiohttp import web
 
     runner = web.AppRunner(server.app(), access_log=None)
@@ -951,9 +953,19 @@ async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[
     await site.start()
     if on_ready:
         on_ready(page_url(*sock.getsockname()[:2]))
+    terminated = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    watching = threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGTERM")
+    previous = signal.getsignal(signal.SIGTERM) if watching else None
+    if watching:
+        loop.add_signal_handler(signal.SIGTERM, terminated.set)
     try:
-        await asyncio.Event().wait()
+        await terminated.wait()
     finally:
+        if watching:
+            loop.remove_signal_handler(signal.SIGTERM)
+            if previous is not None:  # (removing sets the default action, not the handler found)
+                signal.signal(signal.SIGTERM, previous)
         await runner.cleanup()
 
 
@@ -983,6 +995,7 @@ def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> i
                   file=sys.stderr, flush=True)
 
         asyncio.run(serve_forever(server, sock, ready))
+        print("speechstream: stopped (SIGTERM)", file=sys.stderr)
     except KeyboardInterrupt:
         print("speechstream: stopped", file=sys.stderr)
     finally:

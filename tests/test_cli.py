@@ -762,6 +762,32 @@ def test_sigterm_inside_a_long_file_keeps_its_text_so_far(capsys, monkeypatch, t
     assert len(re.findall(r" --> ", output.read_text(encoding="utf-8"))) >= 1
 
 
+def test_sigterm_while_the_model_loads_says_so_in_one_line(capsys, monkeypatch, tmp_path):
+    """SIGTERM before a command's own handling starts (the model still loading) ended the process at once, exit 143
+    with no word; now it is one line, as Ctrl-C there is, and the handler found is put back."""
+    import speechstream.model
+
+    real_load = speechstream.model.load_model
+
+    def load_then_terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_load(*args, **kwargs)  # (the signal's handler runs at the next bytecode, inside this call)
+
+    def default_action(signum, frame):
+        raise AssertionError("SIGTERM reached the process's own handler: the command would have died with no word")
+
+    monkeypatch.setattr(speechstream.model, "load_model", load_then_terminated)
+    audio = write_wav(tmp_path / "a.wav", seconds=1.0)
+    previous = signal.signal(signal.SIGTERM, default_action)
+    try:
+        code, out, err = run(capsys, "transcribe", audio, "--model", "tiny-random")
+        assert signal.getsignal(signal.SIGTERM) is default_action
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert_one_error(code, err, 143, r"terminated \(SIGTERM\)$")
+    assert out == ""
+
+
 def test_verify(capsys):
     code, out, err = run(capsys, "verify", "--k", "1")
     assert code == 0, err

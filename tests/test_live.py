@@ -18,6 +18,7 @@ import soundfile as sf
 
 from speechstream import live
 from speechstream.audio import SAMPLE_RATE
+from speechstream.interrupts import Terminated
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEECHSTREAM = str(Path(sys.executable).parent / "speechstream")
@@ -302,6 +303,22 @@ def test_first_sigint_sets_the_flag_second_skips_third_interrupts():
     assert signal.getsignal(signal.SIGINT) is before  # the handler it found is back
 
 
+def test_sigterm_stops_as_ctrl_c_does_and_is_named():
+    """A service manager's stop (SIGTERM) killed `live` with the transcript unsaved; now it counts as a Ctrl-C."""
+    before = signal.getsignal(signal.SIGTERM)
+    with live.StopFlag() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stop.set and not stop.skip and stop.by == "SIGTERM"
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert stop.skip and stop.by == "SIGTERM"  # (named by the first)
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_option_parsing():
     assert live.parse_device("3") == 3 and live.parse_device(" default ") == "default"
     assert live.parse_device(None) is None
@@ -361,8 +378,9 @@ def test_live_equals_transcribe_on_the_same_audio(tmp_path):
 
 
 @needs_alsa
-def test_ctrl_c_finishes_and_saves(tmp_path):
-    """SIGINT while it runs: the session is finished, the transcript saved, exit 0."""
+@pytest.mark.parametrize("how, by", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_ctrl_c_finishes_and_saves(tmp_path, how, by):
+    """SIGINT (or SIGTERM) while it runs: the session is finished, the transcript saved, exit 0."""
     env = virtual_mic(tmp_path, np.tile(jfk(), 30))  # 5.5 minutes: far more than is read before the signal
     out = tmp_path / "live.json"
     command = [SPEECHSTREAM, "live", "--model", "tiny-random", "--output", str(out), "--format", "json"]
@@ -373,7 +391,7 @@ def test_ctrl_c_finishes_and_saves(tmp_path):
             if "listening on" in line or time.time() > deadline:
                 break
         time.sleep(3)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(how)
         stdout, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
@@ -383,5 +401,5 @@ def test_ctrl_c_finishes_and_saves(tmp_path):
     # (the ALSA file device is not paced: by the signal it has delivered far more audio than was read, which the
     # queue held or dropped; what it held is read before the end, with a note, and dropped audio counts as time)
     assert document["audio_s"] > 0 and document["compute_s"] > 0
-    assert "captured before Ctrl-C" in stderr
+    assert f"captured before {by} ({by} again skips it)" in stderr
     assert stdout.endswith("\n") and "Traceback" not in stderr

@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -798,6 +799,43 @@ def test_a_stream_that_starts_after_the_decoder_died_gets_an_error_event(tiny_mo
 
     events, status = asyncio.run(scenario())
     assert events == [{"type": "error", "message": "decoder failure: RuntimeError: boom"}] and status == 503
+
+
+def test_sigterm_stops_the_server_as_ctrl_c_does(tiny_model):
+    """SIGTERM (a service manager's stop) ended `serve` at once: open streams got no word. Now serve_forever returns,
+    each open connection gets the shutdown error, and the handler it found is put back."""
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(), choose=text_favouring_chooser)
+    pcm = to_pcm(clips(1.0)[6])
+
+    def default_action(signum, frame):
+        raise AssertionError("SIGTERM reached the process's own handler: the server would have died at once")
+
+    async def scenario():
+        sock = listen_socket("127.0.0.1", 0)
+        urls, ready = [], asyncio.Event()
+        serving = asyncio.create_task(serve_forever(server, sock, lambda url: (urls.append(url), ready.set())))
+        await ready.wait()
+        async with aiohttp.ClientSession() as http:
+            ws = await http.ws_connect(urls[0] + "ws")
+            await ws.send_str(START)
+            await ws.send_bytes(pcm)
+            await asyncio.sleep(0.5)
+            reader = asyncio.create_task(receive_all(ws))
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(serving, 10)  # returns: not cancelled, no exception
+            events = await reader
+            await ws.close()
+        sock.close()
+        return events
+
+    previous = signal.signal(signal.SIGTERM, default_action)
+    try:
+        events = asyncio.run(scenario())
+        assert signal.getsignal(signal.SIGTERM) is default_action
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert events[-1] == {"type": "error", "message": "the server is shutting down"}
+    assert {e["type"] for e in events[:-1]} <= {"final", "partial"}
 
 
 def test_a_stopping_server_tells_its_open_connections_and_does_not_wait_for_them(tiny_model):
