@@ -8,6 +8,7 @@ before that line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -790,6 +791,11 @@ COMMANDS = {
 }
 
 
+# Commands that SIGTERM ends at once outside their own handling: `train`'s launchers (torchrun) end the other
+# processes with it once one has failed, and they should go without a word (`train` takes it during its steps).
+KILLED_BY_SIGTERM = ("train",)
+
+
 def one_line(message: str) -> str:
     """An error message as one line: messages of other libraries may span several (sounddevice lists the devices a
     name matches one per line). The bytes of a file name that is not UTF-8 (lone surrogates in Python, which a UTF-8
@@ -805,9 +811,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
-        with TerminateAsInterrupt():  # SIGTERM before a command takes it (a model still loading): one line, 143
-            args = build_parser().parse_args(argv)
-            return COMMANDS[args.command](args)
+        args = build_parser().parse_args(argv)
+        with TerminateAsInterrupt() if args.command not in KILLED_BY_SIGTERM else contextlib.nullcontext():
+            return COMMANDS[args.command](args)  # SIGTERM before a command takes it (a model loading): one line, 143
     except SpeechstreamError as error:
         if debug:  # the traceback, then the same error line and exit code as without --debug
             traceback.print_exc()

@@ -5,7 +5,7 @@ thread (signals are only delivered there; elsewhere nothing is installed) and pu
 exit. `SigintHandler` takes Ctrl-C (SIGINT): `HeldInterrupts` (``transcribe -``) is its use.
 `speechstream.live.StopFlag` (stop recording, then skip, then interrupt) takes SIGINT and SIGTERM alike.
 `DeferredStop` (``train``) also takes SIGTERM: the step in progress finishes and is saved. `TerminateAsInterrupt`
-(``eval``, ``transcribe``, the sweep, and the CLI around every command) unwinds SIGTERM as Ctrl-C.
+(``eval``, ``transcribe``, the sweep, and the CLI around every command but ``train``) unwinds SIGTERM as Ctrl-C.
 """
 
 from __future__ import annotations
