@@ -310,7 +310,8 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
     try:
         if offset_s or duration_s is not None:  # (opening the file checks it as soundfile.info does)
             return _frame_range(*audio_frames(path), offset_s, duration_s)  # an MP3's guessed length: counted
-        soundfile.info(os.fsencode(path))  # bytes: a name that is not UTF-8 too
+        if soundfile.info(os.fsencode(path)).frames == 0:  # bytes: a name that is not UTF-8 too
+            raise InputError("the audio holds no samples")  # (a header and nothing after it)
         return 0, None
     except InputError as error:
         raise InputError(f"{path}: {error}") from None

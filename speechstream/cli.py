@@ -328,13 +328,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# --threads at most: 10,000 OpenMP threads took minutes to start, 100,000 failed to map a library
+MAX_THREADS = 1024
+
+
 def _decoding_config(args: argparse.Namespace):
-    from speechstream.config import MAX_COUNT, DecodingConfig
+    from speechstream.config import DecodingConfig
 
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be at least 1, got {args.threads}")
-    if args.threads is not None and args.threads > MAX_COUNT:  # (torch takes a C int)
-        raise InputError(f"--threads must be at most {MAX_COUNT}, got {args.threads}")
+    if args.threads is not None and args.threads > MAX_THREADS:
+        raise InputError(f"--threads must be at most {MAX_THREADS}, got {args.threads} (this machine has "
+                         f"{os.cpu_count()} CPUs)")
     return DecodingConfig(  # validates its values (the policy's name too, and --vad-min-silence-ms only with --vad)
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
         device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
@@ -447,9 +452,6 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if args.format in ("srt", "vtt") and len(args.audio) > 1:
         raise InputError(f"--format {args.format} makes one subtitle file per audio file: give one file at a time")
     files = [p for p in args.audio if p != "-"]
-    missing = [p for p in files if not Path(p).exists()]
-    if missing:
-        raise InputError(f"{missing[0]}: no such file")
     if args.output and any(Path(args.output).resolve() == Path(p).resolve() for p in files):
         raise InputError(f"--output {args.output} is one of the input files; it would be overwritten")
     unreadable = no_readable_input(args.audio)
@@ -811,9 +813,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
-        args = build_parser().parse_args(argv)
-        with TerminateAsInterrupt() if args.command not in KILLED_BY_SIGTERM else contextlib.nullcontext():
-            return COMMANDS[args.command](args)  # SIGTERM before a command takes it (a model loading): one line, 143
+        with TerminateAsInterrupt() as terminate:  # SIGTERM before a command takes it (a model loading): one line, 143
+            args = build_parser().parse_args(argv)  # (which imports numpy: a quarter of a second)
+            with terminate.suspended() if args.command in KILLED_BY_SIGTERM else contextlib.nullcontext():
+                return COMMANDS[args.command](args)
     except SpeechstreamError as error:
         if debug:  # the traceback, then the same error line and exit code as without --debug
             traceback.print_exc()

@@ -37,6 +37,17 @@ class SignalHandler:
         """What the signal does (each subclass says)."""
         raise NotImplementedError
 
+    @contextmanager
+    def suspended(self):
+        """The handlers found on entry, back in force for the ``with`` block; this one's again after it."""
+        saved = self._previous
+        self.__exit__()
+        try:
+            yield
+        finally:
+            if saved is not None:
+                self.__enter__()
+
 
 class SigintHandler(SignalHandler):
     """Installs ``self._handle`` for SIGINT while the ``with`` block runs (main thread only)."""

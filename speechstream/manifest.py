@@ -104,6 +104,8 @@ def read_manifest(path: str | Path) -> list[Utterance]:
             first = first_line_of[utterance.id]
             raise InputError(f'{path}:{number}: duplicate id "{utterance.id}" (first on line {first})')
         first_line_of[utterance.id] = number
+        if utterance.audio.is_dir():
+            raise InputError(f"{path}:{number}: {utterance.audio}: is a directory, not an audio file")
         if not utterance.audio.is_file():
             missing.setdefault(utterance.audio, []).append(number)
         utterances.append(utterance)

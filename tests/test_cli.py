@@ -155,8 +155,9 @@ def test_bad_audio(capsys, tmp_path, kind, match):
     # counts past a C int overflowed deep inside (exit 1): the repetition window, torch's threads, numpy's arrays
     (["transcribe", "{clip}", "--max-repeats", "99999999999999999999"], "--max-repeats must be at most 2147483647"),
     (["eval", "{clip}", "--out", "{tmp}/e", "--k", "99999999999999999999"], "--k must be at most 2147483647"),
-    (["transcribe", "{clip}", "--threads", "99999999999999999999"], "--threads must be at most 2147483647"),
-    (["serve", "--threads", "2147483648"], "--threads must be at most 2147483647"),
+    (["transcribe", "{clip}", "--threads", "99999999999999999999"], r"--threads must be at most 1024, got 9+ \(this"),
+    (["serve", "--threads", "2147483648"], "--threads must be at most 1024"),
+    (["eval", "{clip}", "--out", "{tmp}/e", "--threads", "100000"], "--threads must be at most 1024"),
     (["verify", "--k", "1", "101"], "--k must be at most 100, got 101"),
     (["transcribe", "{clip}", "--input-rate", "8000"], "--input-rate is the rate of raw PCM on stdin"),
     (["transcribe", "{clip}", "--no-vad", "--vad-min-silence-ms", "300"], "--vad-min-silence-ms .* needs --vad"),
@@ -422,6 +423,15 @@ def test_a_bad_file_does_not_stop_the_next(capsys, tmp_path, clip):
     assert_one_error(code, err)
     documents = json.loads(out)
     assert isinstance(documents, list) and [d["audio"] for d in documents] == [str(clip)]
+
+
+def test_a_missing_file_among_others_is_reported_in_its_place(capsys, tmp_path, clip):
+    """A missing file refused the whole run (nothing transcribed), where an unreadable one kept its place."""
+    code, out, err = run(capsys, "transcribe", clip, tmp_path / "gone.wav", "--format", "jsonl")
+    assert_one_error(code, err, match=r"gone\.wav: no such file$")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[-2]["type"] == "end" and events[-2]["audio_s"] == pytest.approx(0.8)
+    assert events[-1] == {"type": "error", "message": f"{tmp_path / 'gone.wav'}: no such file"}
 
 
 def test_unreadable_files_alone_are_refused_before_the_model_loads(capsys, tmp_path, clip, monkeypatch):
@@ -786,6 +796,27 @@ def test_sigterm_while_the_model_loads_says_so_in_one_line(capsys, monkeypatch, 
         signal.signal(signal.SIGTERM, previous)
     assert_one_error(code, err, 143, r"terminated \(SIGTERM\)$")
     assert out == ""
+
+
+def test_a_wav_with_a_header_and_no_samples_is_refused_before_the_model_loads(capsys, monkeypatch, tmp_path):
+    """The check before the load read the header alone, which a 0-sample WAV passes: the model loaded first (10 s
+    with the default one), and eval's line lacked the manifest and the "found before decoding" of other files."""
+    import speechstream.baselines
+    import speechstream.model
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(speechstream.model, "load_model", no_load)
+    monkeypatch.setattr(speechstream.baselines, "load_system", no_load)
+    empty = tmp_path / "empty.wav"
+    soundfile.write(empty, np.zeros(0, np.float32), 16000)
+    code, out, err = run(capsys, "transcribe", empty)
+    assert_one_error(code, err, 2, r"empty\.wav: the audio holds no samples$")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": str(empty), "text": "a"}) + "\n")
+    code, out, err = run(capsys, "eval", manifest, "--out", tmp_path / "run")
+    assert_one_error(code, err, 2, r"m\.jsonl.*empty\.wav: the audio holds no samples")
 
 
 def test_verify(capsys):

@@ -25,3 +25,36 @@ def test_held_interrupts_wait_for_the_work_in_hand_and_the_previous_handler_come
         with pytest.raises(KeyboardInterrupt):  # outside held(): at once
             sigint()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_suspended_handler_puts_the_one_found_back_for_the_block_then_takes_over_again():
+    from speechstream.interrupts import TerminateAsInterrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with TerminateAsInterrupt() as terminate:
+        mine = signal.getsignal(signal.SIGTERM)
+        assert mine is not before
+        with terminate.suspended():
+            assert signal.getsignal(signal.SIGTERM) is before
+        assert signal.getsignal(signal.SIGTERM) == mine
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_cli_takes_sigterm_for_every_command_but_train(monkeypatch):
+    """Around a command (and while its arguments are parsed) SIGTERM is unwound as Ctrl-C; `train` keeps the
+    handler found, as torchrun ends the other processes with SIGTERM."""
+    from speechstream import cli
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen = {}
+
+    def command(args) -> int:
+        seen[args.command] = signal.getsignal(signal.SIGTERM)
+        return 0
+
+    for name in ("train", "verify"):
+        monkeypatch.setitem(cli.COMMANDS, name, command)
+    assert cli.main(["train", "recipe.yaml"]) == 0
+    assert cli.main(["verify"]) == 0
+    assert seen["train"] is before and seen["verify"] is not before
+    assert signal.getsignal(signal.SIGTERM) is before

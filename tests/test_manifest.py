@@ -128,6 +128,14 @@ def test_missing_audio_files_reported_together(clips: Path):
     assert "missing3.wav" not in message and "and 2 more" in message
 
 
+def test_a_folder_named_as_audio_is_said_to_be_one(clips: Path):
+    """It was counted among files not found ('1 audio file not found (line 2: .../clips)'), which it is not."""
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav"}, {"id": "b", "audio": "clips"}])
+    with pytest.raises(InputError) as caught:
+        read_manifest(manifest)
+    assert str(caught.value) == f"{manifest}:2: {clips / 'clips'}: is a directory, not an audio file"
+
+
 def test_a_missing_file_named_on_several_lines_is_counted_once(clips: Path):
     """Segments of one talk share its file: it is one missing file, named with its first line (it read '3 audio
     files not found (line 1: talk.wav, line 2: talk.wav, line 3: talk.wav)')."""

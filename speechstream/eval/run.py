@@ -98,8 +98,8 @@ SENTENCE_SLACK_S = 0.01
 QUALITY_METRICS = ("WER", "CER", "WER_normalized", "CER_normalized", "BLEU", "chrF")
 NORMALIZER = "speechstream.eval.quality.normalize_english"
 # Printed when a long-form manifest is decoded by the gpe system without VAD segmentation.
-LONG_FORM_NOTE = ("note: these are long recordings (\"segments\") decoded without --vad, each as one stream; the "
-                  "models were trained on single utterances and do far better cut at pauses (--vad)")
+LONG_FORM_NOTE = ("speechstream: note: these are long recordings (\"segments\") decoded without --vad, each as one "
+                  "stream; the models were trained on single utterances and do far better cut at pauses (--vad)")
 # Optional record fields (LLM work of the gpe system) -> their sums in scores.json.
 LLM_WORK = {"llm_tokens": "LLM_tokens", "llm_reencoded_tokens": "LLM_reencoded_tokens"}
 # Exit codes of an interrupted run, as a shell reports a process killed by the signal: 128 + its number.
@@ -150,8 +150,6 @@ def evaluate(
     check_languages(declared, (source_lang, target_lang), task, model, manifest_path, baseline)
     references = manifest_references(utterances, task, manifest_path)
     sentences = sentence_references(utterances, task, manifest_path)
-    if sentences[0] is not None and baseline == "gpe" and not decoding.vad:
-        print(LONG_FORM_NOTE, file=sys.stderr)
 
     fresh = not (out_dir / INSTANCES_FILE).exists()  # nothing logged: every utterance is left to decode
     if fresh:  # (before the folder is made: a bad clip leaves no folder, with a config.json, behind)
@@ -188,6 +186,8 @@ def evaluate(
         if not fresh:  # (a fresh run's were checked above)
             _check_audio(todo, manifest_path)
         if todo:
+            if sentences[0] is not None and baseline == "gpe" and not decoding.vad:  # (after every check passed)
+                print(LONG_FORM_NOTE, file=sys.stderr)
             records += _decode(todo, references, sentences, out_dir / INSTANCES_FILE, baseline, model, decoding,
                                progress, len(utterances), task, source_lang)
         records.sort(key=lambda record: record["index"])

@@ -747,13 +747,25 @@ def long_form_manifest(folder: Path) -> Path:
     return manifest
 
 
+def test_a_refused_long_form_manifest_gets_its_error_alone_not_the_note_before_it(tmp_path, capsys):
+    """The note on decoding long recordings without --vad came before a check refused the manifest: two lines."""
+    manifest = long_form_manifest(tmp_path / "data")
+    entry, *rest = manifest.read_text().splitlines()
+    entry = json.loads(entry)
+    entry["segments"][1]["offset"] = 60.0  # past the clip's end
+    manifest.write_text("\n".join([json.dumps(entry), *rest]) + "\n")
+    with pytest.raises(InputError):
+        evaluate(manifest, tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
+    assert "note" not in capsys.readouterr().err
+
+
 def test_long_form_eval_scores_stream_laal_and_resumes_only_with_the_same_sentences(tmp_path, word_sessions, capsys):
     from speechstream.eval.latency import stream_laal
 
     manifest = long_form_manifest(tmp_path / "data")
     out = tmp_path / "out"
     scores = evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
-    assert "decoded without --vad" in capsys.readouterr().err  # DECODING has VAD off
+    assert "speechstream: note: these are long recordings" in capsys.readouterr().err  # DECODING has VAD off
     records = read_log(out)
     assert records[0]["reference"] == "the clip ends here"  # the sentences joined, whitespace collapsed
     half_ms = DURATIONS[0] * 1000 / 2
