@@ -402,8 +402,9 @@ class StreamingSession:
         self._check_whole()
         start = self._clock_start()
         with torch.no_grad(), self._failing():
-            events = self._carry_out(self._route(samples))
-            self._samples_in += samples.size
+            steps = self._route(samples)
+            self._samples_in += samples.size  # (before the steps: a Ctrl-C inside them ends a stream these samples
+            events = self._carry_out(steps)  # were routed in, so its "end" counts them in audio_s, as source_s does)
         self._compute_s += time.perf_counter() - start
         return events
 

@@ -689,3 +689,6 @@ def test_a_stop_inside_a_step_keeps_the_streams_text(tiny_model, monkeypatch, st
         assert events == seen and events[-1].type == "end" and [e.type for e in events].count("end") == 1
         assert "".join(e.text for e in events if e.type == "final") == events[-1].text
         assert 0 < events[-1].audio_s < 8.0
+        # the samples of the feed the stop came in were read in part: audio_s counted none of them (2.56 s of audio,
+        # 2.848 s read)
+        assert max(e.source_s for e in events) <= events[-1].audio_s
