@@ -172,7 +172,7 @@ class StopFlag(SignalHandler):
         self.by = "Ctrl-C"
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
-        terminate = signum == getattr(signal, "SIGTERM", None)
+        terminate = signum == signal.SIGTERM
         if self.skip_event.is_set():
             raise Terminated if terminate else KeyboardInterrupt
         if not self.event.is_set():

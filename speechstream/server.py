@@ -955,7 +955,7 @@ async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[
         on_ready(page_url(*sock.getsockname()[:2]))
     terminated = asyncio.Event()
     loop = asyncio.get_running_loop()
-    watching = threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGTERM")
+    watching = threading.current_thread() is threading.main_thread()  # (signal handlers live there only)
     previous = signal.getsignal(signal.SIGTERM) if watching else None
     if watching:
         loop.add_signal_handler(signal.SIGTERM, terminated.set)
