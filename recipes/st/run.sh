@@ -6,6 +6,8 @@
 #   stage 1: Spanish speech (espeak-ng es / es-419), augmented, manifests with translations   -> data/st-main/
 #   stage 2: train projector + LoRA from the English model's weights (GPE wait-k mask)        -> runs/smollm2-whisper-base-es-en/
 #            then 2b: 600 steps more on frames with the encoder's right context (640 ms)     -> runs/smollm2-whisper-base-es-en-b/
+#            (smollm2-whisper-base-es-en-c.yaml, 300 steps more over 6 h of new pairs in data/st-c, was tried and is
+#            not run: mixed and within chance against stage 2b; models/smollm2-whisper-base-es-en/MODEL_CARD.md)
 #   stage 3: export stage 2b's weights into the model (it then becomes the translate default) -> models/smollm2-whisper-base-es-en/
 #   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency)        -> runs/eval-smollm2-whisper-base-es-en/
 #   stage 5: the quick quality-latency sweep on them: wait-k over chunks, the ablations and the Whisper baselines
