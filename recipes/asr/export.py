@@ -6,6 +6,9 @@ Copies the run's trainable weights (projector, CTC blank, LoRA) as float16 safet
 next to the model's config.yaml and points the config's ``checkpoint`` at them. The CTC head's
 class ids (``ctc_classes``, for joint CTC decoding) are copied as they are; a run saved before
 checkpoints carried them gets them from its recipe (``--recipe``: the same ``ctc_vocab`` and manifest).
+``--average-with FILE`` ships the mean of the run's weights and another trainable.safetensors of the same model (a
+run this one continued, or the model's own weights, read before they are replaced): every floating tensor averaged,
+the CTC class ids of both.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="training output folder (holds trainable.safetensors)")
     parser.add_argument("model", type=Path, help="model folder under models/ (holds config.yaml)")
     parser.add_argument("--recipe", help="the run's training recipe: derive ctc_classes when the run lacks them")
+    parser.add_argument("--average-with", type=Path, metavar="FILE",
+                        help="ship the mean of the run's weights and this trainable.safetensors (same model)")
     try:
         export(parser.parse_args())
     except (InputError, OSError, ValueError, SafetensorError) as error:  # one line, exit 2; nothing half-written
@@ -60,6 +65,9 @@ def export(args: argparse.Namespace) -> None:
         classes = ctc_class_ids(model, read_examples(recipe.train_manifest, recipe.max_audio_s, recipe.task), recipe)
         if classes is not None:
             state[CTC_CLASSES] = classes
+    average_with = getattr(args, "average_with", None)
+    if average_with is not None:
+        state = averaged(state, average_with)
     half = {name: tensor.to(torch.float16).contiguous() if tensor.is_floating_point() else tensor.contiguous()
             for name, tensor in state.items()}
     target = args.model / "trainable.safetensors"
@@ -67,13 +75,42 @@ def export(args: argparse.Namespace) -> None:
     text = config_path.read_text()
     config = yaml.safe_load(text)
     # each file through a temporary one and a rename: a kill or a full disk leaves the model as it was
-    replace_atomically(target, lambda tmp: save_file(half, str(tmp), metadata={"step": str(progress["step"])}))
+    metadata = {"step": str(progress["step"])}
+    if average_with is not None:
+        metadata["averaged_with"] = average_with.name
+    replace_atomically(target, lambda tmp: save_file(half, str(tmp), metadata=metadata))
     if config.get("checkpoint") != target.name:
         lines = [line for line in text.splitlines() if not line.startswith("checkpoint:")]  # (no duplicate key)
         new_text = "\n".join(lines).rstrip("\n") + f"\ncheckpoint: {target.name}\n"
         replace_atomically(config_path, lambda tmp: tmp.write_text(new_text))
     size = target.stat().st_size / 2**20
-    print(f"{target}: {len(half)} tensors, {size:.1f} MiB, step {progress['step']}")
+    averaged_note = "" if average_with is None else f", averaged with {average_with}"
+    print(f"{target}: {len(half)} tensors, {size:.1f} MiB, step {progress['step']}{averaged_note}")
+
+
+def averaged(state: dict[str, torch.Tensor], other_path: Path) -> dict[str, torch.Tensor]:
+    """The mean of ``state`` and the weights in ``other_path``, tensor by tensor, of each side as export ships it
+    (float16), in float32; the CTC class ids are the sorted union of both. Other names or shapes are an input
+    error: the two must be weights of one model."""
+    if not other_path.is_file():
+        raise InputError(f"{other_path}: not found (expected trainable weights to average with)")
+    other = load_file(str(other_path))
+    if set(other) != set(state):
+        differ = sorted(set(other) ^ set(state))
+        raise InputError(f"{other_path}: not the same model's weights ({len(differ)} tensors in only one of the two, "
+                         f"e.g. {differ[0]})")
+    out = {}
+    for name, tensor in state.items():
+        if name == CTC_CLASSES:
+            out[name] = torch.unique(torch.cat([tensor, other[name]]))  # (sorted)
+        elif other[name].shape != tensor.shape:
+            raise InputError(f"{other_path}: {name} has shape {tuple(other[name].shape)}, the run's "
+                             f"{tuple(tensor.shape)}")
+        elif tensor.is_floating_point():
+            out[name] = (tensor.half().float() + other[name].half().float()) / 2  # each as shipped (float16)
+        else:
+            out[name] = tensor
+    return out
 
 
 def read_record(path: Path) -> dict:

@@ -1355,6 +1355,61 @@ def test_export_refuses_a_model_config_without_the_runs_fine_ctc_head(tmp_path):
     assert sorted(path.name for path in model_dir.iterdir()) == ["config.yaml"]
 
 
+def test_export_average_with_ships_the_mean_of_two_checkpoints_and_refuses_another_models(tmp_path, capsys):
+    """``--average-with FILE``: every floating tensor is the mean of the run's and the file's (each as export ships
+    it, float16), the CTC class ids are the union of both, and the metadata names the file. Weights of another
+    model (a tensor missing, another shape) or no file at all are a one-line input error, and nothing is written."""
+    import argparse
+
+    from safetensors.torch import save_file
+
+    from speechstream.errors import InputError
+    from speechstream.model import CTC_CLASSES
+    from tests.helpers import load_recipe
+
+    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
+    train(load_train_config(str(write_recipe(tmp_path, steps=1)), []), progress=False)
+    run_file = tmp_path / "run" / "trainable.safetensors"
+    state = load_file(str(run_file))
+    state[CTC_CLASSES] = torch.tensor([3, 5, 9])
+    save_file(state, str(run_file))
+    other = {name: tensor * 3 + 0.25 if tensor.is_floating_point() else tensor for name, tensor in state.items()}
+    other[CTC_CLASSES] = torch.tensor([1, 5, 11])
+    other_file = tmp_path / "other.safetensors"
+    save_file({name: t.half() if t.is_floating_point() else t for name, t in other.items()}, str(other_file))
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA))
+    args = argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None, average_with=other_file)
+    export.export(args)
+    assert f"averaged with {other_file}" in capsys.readouterr().out
+    target = model_dir / "trainable.safetensors"
+    shipped = load_file(str(target))
+    assert shipped[CTC_CLASSES].tolist() == [1, 3, 5, 9, 11]
+    floats = [name for name in state if state[name].is_floating_point()]
+    assert floats and all(shipped[name].dtype == torch.float16 for name in floats)
+    for name in floats:
+        mean = (state[name].half().float() + other[name].half().float()) / 2
+        assert torch.equal(shipped[name], mean.half()), name
+        assert not torch.equal(shipped[name], state[name].half()), name  # (the mean, not the run's own)
+    from safetensors import safe_open
+
+    with safe_open(str(target), "pt") as handle:
+        assert handle.metadata() == {"step": "1", "averaged_with": "other.safetensors"}
+    before = target.read_bytes()
+    name = floats[0]
+    for change, match in (({name: None}, "not the same model's weights .1 tensors in only one"),
+                          ({name: torch.zeros(2, 2)}, f"{name} has shape .2, 2., the run's")):
+        broken = {key: value for key, value in other.items() if change.get(key, value) is not None}
+        broken.update({key: value for key, value in change.items() if value is not None})
+        save_file(broken, str(other_file))
+        with pytest.raises(InputError, match=match):
+            export.export(args)
+    with pytest.raises(InputError, match="missing.safetensors: not found"):
+        export.export(argparse.Namespace(**vars(args) | {"average_with": tmp_path / "missing.safetensors"}))
+    assert target.read_bytes() == before
+
+
 def test_export_names_a_damaged_run_record(tmp_path):
     """A progress.json or recipe.json that is not the JSON object train writes is a one-line error naming the file
     (a progress.json without its step was a KeyError traceback; bad JSON a message naming no file)."""
