@@ -8,12 +8,13 @@ class ids (``ctc_classes``, for joint CTC decoding) are copied as they are; a ru
 checkpoints carried them gets them from its recipe (``--recipe``: the same ``ctc_vocab`` and manifest).
 ``--average-with FILE`` ships the mean of the run's weights and another trainable.safetensors of the same model (a
 run this one continued, or the model's own weights, read before they are replaced): every floating tensor averaged,
-the CTC class ids of both.
+the CTC class ids of both; the file's metadata records the other's name, sha256 and step.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
@@ -77,7 +78,7 @@ def export(args: argparse.Namespace) -> None:
     # each file through a temporary one and a rename: a kill or a full disk leaves the model as it was
     metadata = {"step": str(progress["step"])}
     if average_with is not None:
-        metadata["averaged_with"] = average_with.name
+        metadata.update(averaged_with_metadata(average_with))
     replace_atomically(target, lambda tmp: save_file(half, str(tmp), metadata=metadata))
     if config.get("checkpoint") != target.name:
         lines = [line for line in text.splitlines() if not line.startswith("checkpoint:")]  # (no duplicate key)
@@ -111,6 +112,19 @@ def averaged(state: dict[str, torch.Tensor], other_path: Path) -> dict[str, torc
         else:
             out[name] = tensor
     return out
+
+
+def averaged_with_metadata(path: Path) -> dict[str, str]:
+    """What the shipped file records of the checkpoint it was averaged with: its name, its sha256 and, when its own
+    metadata has one, its step (a model's trainable.safetensors is replaced by the mean, so its name alone would
+    not say which weights went in)."""
+    with open(path, "rb") as handle:
+        record = {"averaged_with": path.name, "averaged_with_sha256": hashlib.file_digest(handle, "sha256").hexdigest()}
+    with safe_open(str(path), "pt") as handle:
+        step = (handle.metadata() or {}).get("step")
+    if step is not None:
+        record["averaged_with_step"] = step
+    return record
 
 
 def read_record(path: Path) -> dict:

@@ -4,11 +4,12 @@
 #   recipes/st/run.sh [first_stage] [last_stage]
 #   stage 0: parallel text (Bible: WEB English + Reina-Valera 1909 Spanish, aligned by verse) -> data/st-main/text/
 #   stage 1: Spanish speech (espeak-ng es / es-419), augmented, manifests with translations   -> data/st-main/
+#            and 6 h more, mostly of other pairs and newly drawn voices (seed 5), for stage 2c   -> data/st-c/
 #   stage 2: train projector + LoRA from the English model's weights (GPE wait-k mask)        -> runs/smollm2-whisper-base-es-en/
 #            then 2b: 600 steps more on frames with the encoder's right context (640 ms)     -> runs/smollm2-whisper-base-es-en-b/
-#            (smollm2-whisper-base-es-en-c.yaml, 300 steps more over 6 h of new pairs in data/st-c, was tried and is
-#            not run: mixed and within chance against stage 2b; models/smollm2-whisper-base-es-en/MODEL_CARD.md)
-#   stage 3: export stage 2b's weights into the model (it then becomes the translate default) -> models/smollm2-whisper-base-es-en/
+#            then 2c: 300 steps more from 2b over the new pairs of data/st-c                 -> runs/smollm2-whisper-base-es-en-c/
+#   stage 3: export the mean of stages 2b's and 2c's weights into the model (the translate default)
+#                                                                                             -> models/smollm2-whisper-base-es-en/
 #   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency)        -> runs/eval-smollm2-whisper-base-es-en/
 #   stage 5: the quick quality-latency sweep on them: wait-k over chunks, the ablations and the Whisper baselines
 #            translating the same audio (recipes/eval/sweep.py --quick)                        -> recipes/st/RESULTS.md
@@ -37,14 +38,16 @@ if [ "$first" -le 0 ] && [ "$last" -ge 0 ]; then
 fi
 if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   $PY recipes/st/prepare_st.py --out $DATA --hours "$HOURS" --heldout-hours "$HELDOUT_HOURS" --seed 0 --workers "$WORKERS"
+  $PY recipes/st/prepare_st.py --out data/st-c --hours 6 --heldout-hours 0.01 --seed 5 --workers "$WORKERS"
 fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
   $SS fetch whisper-base smollm2-135m-instruct
   $SS train recipes/st/$MODEL.yaml
   $SS train recipes/st/$MODEL-b.yaml
+  $SS train recipes/st/$MODEL-c.yaml
 fi
 if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
-  $PY recipes/asr/export.py "$RUN-b" models/$MODEL
+  $PY recipes/asr/export.py "$RUN-c" models/$MODEL --average-with "$RUN-b/trainable.safetensors"
 fi
 if [ "$first" -le 4 ] && [ "$last" -ge 4 ]; then
   out=runs/eval-$MODEL

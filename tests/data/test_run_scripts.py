@@ -57,3 +57,29 @@ def test_run_sh_refuses_stages_it_does_not_have(tmp_path: Path, recipe: str, las
     result = subprocess.run(["bash", str(script), *stages], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"usage: {script} [first_stage] [last_stage] (stages 0-{last}, first <= last)\n"
+
+
+def test_st_run_sh_trains_stage_2c_from_2b_and_ships_their_mean(tmp_path: Path):
+    """Stages 1-3 of the translation recipe with stand-ins for speechstream and python: the new pairs of data/st-c
+    are built after data/st-main, stage 2c trains after 2b (its recipe starts from 2b's run), and stage 3 exports
+    the mean of 2c's run and 2b's weights, the file the shipped model was averaged from."""
+    (tmp_path / "recipes" / "st").mkdir(parents=True)
+    shutil.copy(ROOT / "recipes" / "st" / "run.sh", tmp_path / "recipes" / "st" / "run.sh")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("speechstream", "python"):
+        (bin_dir / name).write_text(f'#!/usr/bin/env bash\necho "{name} $*" >> calls.log\n')
+        (bin_dir / name).chmod(0o755)
+    result = subprocess.run(["bash", str(tmp_path / "recipes" / "st" / "run.sh"), "1", "3"], cwd="/",
+                            capture_output=True, text=True, timeout=60, env=os.environ | {"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    outs = [call.split("--out ")[1].split()[0] for call in calls if "prepare_st.py" in call]
+    assert outs == ["data/st-main", "data/st-c"]
+    model = "smollm2-whisper-base-es-en"
+    assert [call.split()[-1] for call in calls if call.startswith("speechstream train")] == [
+        f"recipes/st/{model}.yaml", f"recipes/st/{model}-b.yaml", f"recipes/st/{model}-c.yaml"]
+    assert calls[-1] == (f"python recipes/asr/export.py runs/{model}-c models/{model} "
+                         f"--average-with runs/{model}-b/trainable.safetensors")
+    recipe_c = (ROOT / "recipes" / "st" / f"{model}-c.yaml").read_text()
+    assert f"init_checkpoint: runs/{model}-b/trainable.safetensors" in recipe_c.splitlines()

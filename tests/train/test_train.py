@@ -1,5 +1,6 @@
 """Training: deterministic batches, resumable runs, the loss falls, two-process DDP."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -1357,8 +1358,9 @@ def test_export_refuses_a_model_config_without_the_runs_fine_ctc_head(tmp_path):
 
 def test_export_average_with_ships_the_mean_of_two_checkpoints_and_refuses_another_models(tmp_path, capsys):
     """``--average-with FILE``: every floating tensor is the mean of the run's and the file's (each as export ships
-    it, float16), the CTC class ids are the union of both, and the metadata names the file. Weights of another
-    model (a tensor missing, another shape) or no file at all are a one-line input error, and nothing is written."""
+    it, float16), the CTC class ids are the union of both, and the metadata names the file, its sha256 and its
+    step. Weights of another model (a tensor missing, another shape) or no file at all are a one-line input error,
+    and nothing is written."""
     import argparse
 
     from safetensors.torch import save_file
@@ -1376,7 +1378,9 @@ def test_export_average_with_ships_the_mean_of_two_checkpoints_and_refuses_anoth
     other = {name: tensor * 3 + 0.25 if tensor.is_floating_point() else tensor for name, tensor in state.items()}
     other[CTC_CLASSES] = torch.tensor([1, 5, 11])
     other_file = tmp_path / "other.safetensors"
-    save_file({name: t.half() if t.is_floating_point() else t for name, t in other.items()}, str(other_file))
+    save_file({name: t.half() if t.is_floating_point() else t for name, t in other.items()}, str(other_file),
+              metadata={"step": "7"})
+    other_bytes = other_file.read_bytes()
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA))
@@ -1395,7 +1399,9 @@ def test_export_average_with_ships_the_mean_of_two_checkpoints_and_refuses_anoth
     from safetensors import safe_open
 
     with safe_open(str(target), "pt") as handle:
-        assert handle.metadata() == {"step": "1", "averaged_with": "other.safetensors"}
+        assert handle.metadata() == {"step": "1", "averaged_with": "other.safetensors",
+                                     "averaged_with_sha256": hashlib.sha256(other_bytes).hexdigest(),
+                                     "averaged_with_step": "7"}
     before = target.read_bytes()
     name = floats[0]
     for change, match in (({name: None}, "not the same model's weights .1 tensors in only one"),
