@@ -21,6 +21,7 @@
 #            the fine CTC head, from runs/smollm2-whisper-base-ctc)
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
 #            and greedy decoding, beam search, Whisper base offline, held-out synthetic, the CTC head alone), model card
+{  # bash reads the whole script before it runs: editing this file during a run (hours) cannot change that run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 first=${1:-0}; last=${2:-3}
@@ -99,3 +100,5 @@ if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
     --recipe recipes/asr/$MODEL-1d.yaml --out $out/real-ctc.json
   $PY recipes/asr/model_card.py --model $MODEL --run $RUN --eval $out
 fi
+exit
+}

@@ -15,6 +15,7 @@
 #            translating the same audio (recipes/eval/sweep.py --quick)                        -> recipes/st/RESULTS.md
 # HOURS (default 8.0), HELDOUT_HOURS (default 0.1) and WORKERS (default 2) size stage 1. Stages 0 and 1 are one script (prepare_st.py); stage 0
 # stops it after the text and the plan (--text-only), stage 1 runs it through (the text and plan are kept).
+{  # bash reads the whole script before it runs: editing this file during a run (hours) cannot change that run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 first=${1:-0}; last=${2:-5}
@@ -60,3 +61,5 @@ if [ "$first" -le 5 ] && [ "$last" -ge 5 ]; then
   recipes/eval/run.sh --model $MODEL --manifest $DATA/heldout.jsonl --out runs/sweep-st --quick --report-dir recipes/st \
     --threads 2
 fi
+exit
+}

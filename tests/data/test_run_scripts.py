@@ -83,3 +83,38 @@ def test_st_run_sh_trains_stage_2c_from_2b_and_ships_their_mean(tmp_path: Path):
                          f"--average-with runs/{model}-b/trainable.safetensors")
     recipe_c = (ROOT / "recipes" / "st" / f"{model}-c.yaml").read_text()
     assert f"init_checkpoint: runs/{model}-b/trainable.safetensors" in recipe_c.splitlines()
+
+
+# On its first call, a stand-in that rewrites the running script in place (the same file, as an editor saving it
+# does), three comment lines longer: bash reading the script as it runs would then go on at the wrong byte.
+EDITING_STAND_IN = """#!/usr/bin/env bash
+echo "$(basename "$0") $*" >> calls.log
+if [ -n "${EDIT_SCRIPT:-}" ] && [ ! -e edited ]; then
+  touch edited
+  { printf '# edited\\n# while\\n# running\\n'; cat "$EDIT_SCRIPT"; } > edited.tmp
+  cat edited.tmp > "$EDIT_SCRIPT"
+fi
+"""
+
+
+@pytest.mark.parametrize("recipe,stages", [("asr", ["1", "2"]), ("st", ["1", "3"])])
+def test_run_sh_is_not_changed_by_editing_it_while_it_runs(tmp_path: Path, recipe: str, stages: list[str]):
+    """A recipe runs for hours; an edit saved meanwhile must not make bash run other lines (it read the script as
+    it went, so the stage that was running re-ran or a half line ran). The calls are those of an unedited run."""
+    calls = {}
+    for edit in (False, True):
+        root = tmp_path / str(edit)
+        (root / "recipes" / recipe).mkdir(parents=True)
+        script = root / "recipes" / recipe / "run.sh"
+        shutil.copy(ROOT / "recipes" / recipe / "run.sh", script)
+        (root / ".venv" / "bin").mkdir(parents=True)
+        for name in ("speechstream", "python"):
+            (root / ".venv" / "bin" / name).write_text(EDITING_STAND_IN)
+            (root / ".venv" / "bin" / name).chmod(0o755)
+        env = os.environ | {"PATH": "/usr/bin:/bin"} | ({"EDIT_SCRIPT": str(script)} if edit else {})
+        result = subprocess.run(["bash", str(script), *stages], cwd="/", capture_output=True, text=True, timeout=60,
+                                env=env)
+        assert result.returncode == 0, result.stderr
+        calls[edit] = (root / "calls.log").read_text()
+        assert script.read_text().startswith("# edited") == edit
+    assert calls[True] == calls[False] and len(calls[False].splitlines()) > 3
