@@ -1,6 +1,7 @@
 """Shared fixtures: one thread (tiny tensors run faster and the machine is shared), offline hubs."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -35,3 +36,12 @@ def text_favouring_chooser(model, rng_seed: int = 0):
         return int(torch.argmax(logits.masked_fill(~allowed, float("-inf"))))
 
     return choose
+
+
+@pytest.fixture
+def ctrl_c_as_at_a_terminal():
+    """SIGINT raising KeyboardInterrupt in this process, as in a terminal, for the test: a shell that starts the tests
+    in the background (``make test &``) hands them SIGINT ignored, and a Ctrl-C test would then test nothing."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)

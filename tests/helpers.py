@@ -114,3 +114,11 @@ def same_attributes(one: list[dict], other: list[dict]) -> bool:
 
     return len(one) == len(other) and all(
         a.keys() == b.keys() and all(same(a[name], b[name]) for name in a) for a, b in zip(one, other))
+
+
+def ctrl_c_as_at_a_terminal() -> None:
+    """``preexec_fn`` for a child the test stops with SIGINT: the default action, whatever the tests inherited (a
+    shell starting them in the background hands SIGINT down ignored, and the child would not stop)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -337,7 +337,8 @@ def test_a_long_form_manifest_is_swept_cut_at_pauses_and_reports_stream_laal(swe
 
 
 @pytest.mark.parametrize("how, code, said", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated (SIGTERM)")])
-def test_a_stopped_sweep_stops_its_eval_and_says_what_is_kept(sweep, tmp_path, capfd, how, code, said):
+def test_a_stopped_sweep_stops_its_eval_and_says_what_is_kept(sweep, tmp_path, capfd, how, code, said,
+                                                              ctrl_c_as_at_a_terminal):
     """Ctrl-C printed a traceback, and SIGTERM ended the sweep at once while its eval went on decoding unseen (a
     rerun then clashed with it over its folder). Now the signal is passed on to the eval, which logs what it
     finished and stops; the sweep waits for it and says in one line what is kept (exit 130 / 143)."""
