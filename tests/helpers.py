@@ -116,7 +116,7 @@ def same_attributes(one: list[dict], other: list[dict]) -> bool:
         a.keys() == b.keys() and all(same(a[name], b[name]) for name in a) for a, b in zip(one, other))
 
 
-def ctrl_c_as_at_a_terminal() -> None:
+def default_sigint_in_child() -> None:
     """``preexec_fn`` for a child the test stops with SIGINT: the default action, whatever the tests inherited (a
     shell starting them in the background hands SIGINT down ignored, and the child would not stop)."""
     import signal

@@ -279,10 +279,10 @@ def test_ctrl_c_stops_a_synthesis_run_in_one_line_and_the_rerun_goes_on(tmp_path
     command = [sys.executable, str(RECIPE), "--out", str(out), "--hours", "0.003", "--heldout-hours", "0.001",
                "--engines", "espeak", "--workers", "2"]
     _seed_text(out)
-    from tests.helpers import ctrl_c_as_at_a_terminal
+    from tests.helpers import default_sigint_in_child
 
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, preexec_fn=ctrl_c_as_at_a_terminal)
+                               start_new_session=True, preexec_fn=default_sigint_in_child)
     deadline = time.monotonic() + 120
     while not list(out.glob("babble/*.json")) and time.monotonic() < deadline:  # the workers are under way
         time.sleep(0.05)
