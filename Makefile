@@ -8,6 +8,9 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 WEIGHTS := whisper-base smollm2-135m-instruct
+# pytest-xdist workers for `make test`: one per core, at most 4 (each may load the real model, ~1.5 GB);
+# `make test TEST_WORKERS=0` runs the suite in one process.
+TEST_WORKERS ?= auto
 
 .PHONY: setup system weights demo test verify clean
 
@@ -38,7 +41,7 @@ demo: weights
 	$(BIN)/speechstream transcribe samples/jfk.wav
 
 test: weights
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal
 
 verify: setup
 	$(BIN)/speechstream verify --all-architectures
