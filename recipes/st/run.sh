@@ -5,10 +5,14 @@
 #   stage 0: parallel text (Bible: WEB English + Reina-Valera 1909 Spanish, aligned by verse) -> data/st-main/text/
 #   stage 1: Spanish speech (espeak-ng es / es-419), augmented, manifests with translations   -> data/st-main/
 #            and 6 h more, mostly of other pairs and newly drawn voices (seed 5), for stage 2c   -> data/st-c/
+#            and 20 h more, pairs and voices drawn again (seed 6), for stage 2d                   -> data/st-gpu/
 #   stage 2: train projector + LoRA from the English model's weights (GPE wait-k mask)        -> runs/smollm2-whisper-base-es-en/
 #            then 2b: 600 steps more on frames with the encoder's right context (640 ms)     -> runs/smollm2-whisper-base-es-en-b/
 #            then 2c: 300 steps more from 2b over the new pairs of data/st-c                 -> runs/smollm2-whisper-base-es-en-c/
-#   stage 3: export the mean of stages 2b's and 2c's weights into the model (the translate default)
+#            then 2d, only where a CUDA GPU is: from the mean of 2b and 2c (exported, and kept in runs/*-bc/),
+#            1500 steps of 32 over data/st-gpu in bfloat16 (about 8 min on one H200)            -> runs/smollm2-whisper-base-es-en-gpu/
+#   stage 3: export the mean of stage 2d's weights and its start into the model (the translate default); where
+#            stage 2d did not run, the mean of stages 2b's and 2c's, as shipped until 2026-12-04
 #                                                                                             -> models/smollm2-whisper-base-es-en/
 #   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency)        -> runs/eval-smollm2-whisper-base-es-en/
 #   stage 5: the quick quality-latency sweep on them: wait-k over chunks, the ablations and the Whisper baselines
@@ -40,15 +44,28 @@ fi
 if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   $PY recipes/st/prepare_st.py --out $DATA --hours "$HOURS" --heldout-hours "$HELDOUT_HOURS" --seed 0 --workers "$WORKERS"
   $PY recipes/st/prepare_st.py --out data/st-c --hours 6 --heldout-hours 0.01 --seed 5 --workers "$WORKERS"
+  $PY recipes/st/prepare_st.py --out data/st-gpu --hours 20 --heldout-hours 0.01 --seed 6 --workers "$WORKERS"
 fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
   $SS fetch whisper-base smollm2-135m-instruct
   $SS train recipes/st/$MODEL.yaml
   $SS train recipes/st/$MODEL-b.yaml
   $SS train recipes/st/$MODEL-c.yaml
+  # the mean of 2b and 2c (the model shipped until 2026-12-04, sha256 80a257b36ceb...) is stage 2d's start
+  $PY recipes/asr/export.py "$RUN-c" models/$MODEL --average-with "$RUN-b/trainable.safetensors"
+  mkdir -p "$RUN-bc" && cp models/$MODEL/trainable.safetensors "$RUN-bc/trainable.safetensors"
+  if $PY -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+    ACCELERATE_MIXED_PRECISION=bf16 $SS train recipes/st/$MODEL-gpu.yaml
+  else
+    echo "run.sh: stage 2d needs a CUDA GPU (bfloat16, batch 32): skipped; stage 3 ships the mean of 2b and 2c" >&2
+  fi
 fi
 if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
-  $PY recipes/asr/export.py "$RUN-c" models/$MODEL --average-with "$RUN-b/trainable.safetensors"
+  if [ -f "$RUN-gpu/trainable.safetensors" ]; then
+    $PY recipes/asr/export.py "$RUN-gpu" models/$MODEL --average-with "$RUN-bc/trainable.safetensors"
+  else
+    $PY recipes/asr/export.py "$RUN-c" models/$MODEL --average-with "$RUN-b/trainable.safetensors"
+  fi
 fi
 if [ "$first" -le 4 ] && [ "$last" -ge 4 ]; then
   out=runs/eval-$MODEL

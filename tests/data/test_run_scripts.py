@@ -59,30 +59,49 @@ def test_run_sh_refuses_stages_it_does_not_have(tmp_path: Path, recipe: str, las
     assert result.stderr == f"usage: {script} [first_stage] [last_stage] (stages 0-{last}, first <= last)\n"
 
 
-def test_st_run_sh_trains_stage_2c_from_2b_and_ships_their_mean(tmp_path: Path):
+@pytest.mark.parametrize("gpu", [True, False])
+def test_st_run_sh_trains_stage_2c_from_2b_then_2d_on_a_gpu_and_ships_a_mean(tmp_path: Path, gpu: bool):
     """Stages 1-3 of the translation recipe with stand-ins for speechstream and python: the new pairs of data/st-c
-    are built after data/st-main, stage 2c trains after 2b (its recipe starts from 2b's run), and stage 3 exports
-    the mean of 2c's run and 2b's weights, the file the shipped model was averaged from."""
+    and data/st-gpu are built after data/st-main, stage 2c trains after 2b (its recipe starts from 2b's run), the
+    mean of 2b and 2c is exported and kept as stage 2d's start, and 2d trains in bfloat16 only where torch sees a
+    CUDA device. Stage 3 then ships the mean of 2d's run and its start; without a GPU, the mean of 2c and 2b."""
     (tmp_path / "recipes" / "st").mkdir(parents=True)
     shutil.copy(ROOT / "recipes" / "st" / "run.sh", tmp_path / "recipes" / "st" / "run.sh")
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
+    (bin_dir / "speechstream").write_text(
+        '#!/usr/bin/env bash\necho "speechstream $* (${ACCELERATE_MIXED_PRECISION:-no})" >> calls.log\n'
+        'if [ "$1" = train ]; then mkdir -p "runs/$(basename "$2" .yaml)"; '
+        'touch "runs/$(basename "$2" .yaml)/trainable.safetensors"; fi\n')
+    # the CUDA probe is the one `python -c`: it answers as the machine would
+    (bin_dir / "python").write_text('#!/usr/bin/env bash\necho "python $*" >> calls.log\n'
+                                    f'if [ "$1" = -c ]; then exit {0 if gpu else 1}; fi\n')
     for name in ("speechstream", "python"):
-        (bin_dir / name).write_text(f'#!/usr/bin/env bash\necho "{name} $*" >> calls.log\n')
         (bin_dir / name).chmod(0o755)
+    model = "smollm2-whisper-base-es-en"
+    (tmp_path / "models" / model).mkdir(parents=True)  # what the stand-in's export of 2b and 2c would have written
+    (tmp_path / "models" / model / "trainable.safetensors").write_text("mean of 2b and 2c")
     result = subprocess.run(["bash", str(tmp_path / "recipes" / "st" / "run.sh"), "1", "3"], cwd="/",
                             capture_output=True, text=True, timeout=60, env=os.environ | {"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
+    assert ("stage 2d needs a CUDA GPU" in result.stderr) is not gpu
     calls = (tmp_path / "calls.log").read_text().splitlines()
     outs = [call.split("--out ")[1].split()[0] for call in calls if "prepare_st.py" in call]
-    assert outs == ["data/st-main", "data/st-c"]
-    model = "smollm2-whisper-base-es-en"
-    assert [call.split()[-1] for call in calls if call.startswith("speechstream train")] == [
-        f"recipes/st/{model}.yaml", f"recipes/st/{model}-b.yaml", f"recipes/st/{model}-c.yaml"]
-    assert calls[-1] == (f"python recipes/asr/export.py runs/{model}-c models/{model} "
-                         f"--average-with runs/{model}-b/trainable.safetensors")
+    assert outs == ["data/st-main", "data/st-c", "data/st-gpu"]
+    trained = [call.split(" train ")[1] for call in calls if call.startswith("speechstream train")]
+    assert trained == [f"recipes/st/{model}.yaml (no)", f"recipes/st/{model}-b.yaml (no)",
+                       f"recipes/st/{model}-c.yaml (no)"] + ([f"recipes/st/{model}-gpu.yaml (bf16)"] if gpu else [])
+    exports = [call for call in calls if "export.py" in call]
+    mean_bc = (f"python recipes/asr/export.py runs/{model}-c models/{model} "
+               f"--average-with runs/{model}-b/trainable.safetensors")
+    mean_d = (f"python recipes/asr/export.py runs/{model}-gpu models/{model} "
+              f"--average-with runs/{model}-bc/trainable.safetensors")
+    assert exports == [mean_bc, mean_d if gpu else mean_bc]
+    assert (tmp_path / "runs" / f"{model}-bc" / "trainable.safetensors").read_text() == "mean of 2b and 2c"
     recipe_c = (ROOT / "recipes" / "st" / f"{model}-c.yaml").read_text()
     assert f"init_checkpoint: runs/{model}-b/trainable.safetensors" in recipe_c.splitlines()
+    recipe_d = (ROOT / "recipes" / "st" / f"{model}-gpu.yaml").read_text()
+    assert f"init_checkpoint: runs/{model}-bc/trainable.safetensors" in recipe_d.splitlines()
 
 
 # On its first call, a stand-in that rewrites the running script in place (the same file, as an editor saving it
@@ -111,6 +130,9 @@ def test_run_sh_is_not_changed_by_editing_it_while_it_runs(tmp_path: Path, recip
         for name in ("speechstream", "python"):
             (root / ".venv" / "bin" / name).write_text(EDITING_STAND_IN)
             (root / ".venv" / "bin" / name).chmod(0o755)
+        if recipe == "st":  # what the stand-in's export of stages 2b and 2c would have written (stage 2d's start)
+            (root / "models" / "smollm2-whisper-base-es-en").mkdir(parents=True)
+            (root / "models" / "smollm2-whisper-base-es-en" / "trainable.safetensors").write_text("mean")
         env = os.environ | {"PATH": "/usr/bin:/bin"} | ({"EDIT_SCRIPT": str(script)} if edit else {})
         result = subprocess.run(["bash", str(script), *stages], cwd="/", capture_output=True, text=True, timeout=60,
                                 env=env)
