@@ -512,8 +512,8 @@ def plot(rows: list[Row], path: Path, model: str, long_form: bool = False) -> No
         kind = "greedy" if r.point.greedy else r.point.ablation if r.point.ablation != "none" else "VAD"
         label = f"{kind} ({r.point.chunk_ms} ms, k={r.point.k})" if r.point.system == "gpe" else r.point.system
         color = "tab:red" if r.point.system == "gpe" else "black"  # ablations red, baselines black
+        # named by the legend alone: ablations land beside the GPE point they vary, where labels would overlap
         axes.scatter([x], [y], marker=next(markers, "o"), s=60, color=color, label=label, zorder=3)
-        axes.annotate(label, (x, y), textcoords="offset points", xytext=(5, -10), fontsize=8)
     unplotted = [r.run.folder for r in rows if not xy(r)]
     if unplotted:
         figure.text(0.01, 0.01, "no words, not plotted: " + ", ".join(unplotted), fontsize=6, wrap=True)
