@@ -8,7 +8,8 @@ class ids (``ctc_classes``, for joint CTC decoding) are copied as they are; a ru
 checkpoints carried them gets them from its recipe (``--recipe``: the same ``ctc_vocab`` and manifest).
 ``--average-with FILE`` ships the mean of the run's weights and another trainable.safetensors of the same model (a
 run this one continued, or the model's own weights, read before they are replaced): every floating tensor averaged,
-the CTC class ids of both; the file's metadata records the other's name, sha256 and step.
+the CTC class ids of both; the file's metadata records the other's name, sha256 and step. ``--run-weight W``
+(0 < W < 1, default 0.5) weighs the run's side W and the other's 1 - W instead of half each (recorded as well).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> None:
     parser.add_argument("--recipe", help="the run's training recipe: derive ctc_classes when the run lacks them")
     parser.add_argument("--average-with", type=Path, metavar="FILE",
                         help="ship the mean of the run's weights and this trainable.safetensors (same model)")
+    parser.add_argument("--run-weight", type=float, default=0.5, metavar="W",
+                        help="with --average-with: the run's share of the mean, 0 < W < 1 (default 0.5: half each)")
     try:
         export(parser.parse_args())
     except (InputError, OSError, ValueError, SafetensorError) as error:  # one line, exit 2; nothing half-written
@@ -53,6 +56,11 @@ def export(args: argparse.Namespace) -> None:
         if not path.is_file():
             raise InputError(f"{path}: not found (expected {what})")
     check_model_fits_run(args.run, args.model)
+    average_with, run_weight = getattr(args, "average_with", None), getattr(args, "run_weight", 0.5)
+    if not 0.0 < run_weight < 1.0:
+        raise InputError(f"--run-weight {run_weight:g}: must lie strictly between 0 and 1")
+    if average_with is None and run_weight != 0.5:
+        raise InputError("--run-weight needs --average-with (the weights to average the run with)")
     progress = read_record(args.run / "progress.json")
     if isinstance(progress.get("step"), bool) or not isinstance(progress.get("step"), int):
         raise InputError(f"{args.run / 'progress.json'}: no step number")
@@ -66,9 +74,8 @@ def export(args: argparse.Namespace) -> None:
         classes = ctc_class_ids(model, read_examples(recipe.train_manifest, recipe.max_audio_s, recipe.task), recipe)
         if classes is not None:
             state[CTC_CLASSES] = classes
-    average_with = getattr(args, "average_with", None)
     if average_with is not None:
-        state = averaged(state, average_with)
+        state = averaged(state, average_with, run_weight)
     half = {name: tensor.to(torch.float16).contiguous() if tensor.is_floating_point() else tensor.contiguous()
             for name, tensor in state.items()}
     target = args.model / "trainable.safetensors"
@@ -79,20 +86,23 @@ def export(args: argparse.Namespace) -> None:
     metadata = {"step": str(progress["step"])}
     if average_with is not None:
         metadata.update(averaged_with_metadata(average_with))
+        if run_weight != 0.5:
+            metadata["run_weight"] = f"{run_weight:g}"
     replace_atomically(target, lambda tmp: save_file(half, str(tmp), metadata=metadata))
     if config.get("checkpoint") != target.name:
         lines = [line for line in text.splitlines() if not line.startswith("checkpoint:")]  # (no duplicate key)
         new_text = "\n".join(lines).rstrip("\n") + f"\ncheckpoint: {target.name}\n"
         replace_atomically(config_path, lambda tmp: tmp.write_text(new_text))
     size = target.stat().st_size / 2**20
-    averaged_note = "" if average_with is None else f", averaged with {average_with}"
+    averaged_note = "" if average_with is None else f", averaged with {average_with}" + (
+        "" if run_weight == 0.5 else f" (run weight {run_weight:g})")
     print(f"{target}: {len(half)} tensors, {size:.1f} MiB, step {progress['step']}{averaged_note}")
 
 
-def averaged(state: dict[str, torch.Tensor], other_path: Path) -> dict[str, torch.Tensor]:
-    """The mean of ``state`` and the weights in ``other_path``, tensor by tensor, of each side as export ships it
-    (float16), in float32; the CTC class ids are the sorted union of both. Other names or shapes are an input
-    error: the two must be weights of one model."""
+def averaged(state: dict[str, torch.Tensor], other_path: Path, weight: float = 0.5) -> dict[str, torch.Tensor]:
+    """The mean of ``state`` (share ``weight``) and the weights in ``other_path`` (share ``1 - weight``), tensor by
+    tensor, of each side as export ships it (float16), in float32; the CTC class ids are the sorted union of both.
+    Other names or shapes are an input error: the two must be weights of one model."""
     if not other_path.is_file():
         raise InputError(f"{other_path}: not found (expected trainable weights to average with)")
     other = load_file(str(other_path))
@@ -108,7 +118,8 @@ def averaged(state: dict[str, torch.Tensor], other_path: Path) -> dict[str, torc
             raise InputError(f"{other_path}: {name} has shape {tuple(other[name].shape)}, the run's "
                              f"{tuple(tensor.shape)}")
         elif tensor.is_floating_point():
-            out[name] = (tensor.half().float() + other[name].half().float()) / 2  # each as shipped (float16)
+            mine, theirs = tensor.half().float(), other[name].half().float()  # each as shipped (float16)
+            out[name] = weight * mine + (1 - weight) * theirs  # (0.5: exactly the plain (mine + theirs) / 2)
         else:
             out[name] = tensor
     return out

@@ -1442,6 +1442,50 @@ def test_export_average_with_ships_the_mean_of_two_checkpoints_and_refuses_anoth
     assert target.read_bytes() == before
 
 
+def test_export_run_weight_interpolates_between_the_two_checkpoints(tmp_path, capsys):
+    """``--run-weight W`` ships W * run + (1 - W) * other (each side float16 as shipped), records W in the
+    metadata; a weight outside (0, 1), or one without ``--average-with``, is a one-line input error and nothing is
+    written."""
+    import argparse
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from speechstream.errors import InputError
+    from tests.helpers import load_recipe
+
+    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
+    train(load_train_config(str(write_recipe(tmp_path, steps=1)), []), progress=False)
+    state = load_file(str(tmp_path / "run" / "trainable.safetensors"))
+    other = {name: tensor * 3 + 0.25 if tensor.is_floating_point() else tensor for name, tensor in state.items()}
+    other_file = tmp_path / "other.safetensors"
+    save_file({name: t.half() if t.is_floating_point() else t for name, t in other.items()}, str(other_file))
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA))
+    args = argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None, average_with=other_file,
+                              run_weight=0.8)
+    export.export(args)
+    assert "(run weight 0.8)" in capsys.readouterr().out
+    target = model_dir / "trainable.safetensors"
+    shipped = load_file(str(target))
+    floats = [name for name in state if state[name].is_floating_point()]
+    for name in floats:
+        expected = 0.8 * state[name].half().float() + 0.2 * other[name].half().float()
+        assert torch.equal(shipped[name], expected.half()), name
+        plain_mean = (state[name].half().float() + other[name].half().float()) / 2
+        assert not torch.equal(shipped[name], plain_mean.half()), name
+    with safe_open(str(target), "pt") as handle:
+        assert handle.metadata()["run_weight"] == "0.8"
+    before = target.read_bytes()
+    for change, match in (({"run_weight": 1.0}, "--run-weight 1: must lie strictly between 0 and 1"),
+                          ({"run_weight": -0.2}, "--run-weight -0.2: must lie"),
+                          ({"average_with": None, "run_weight": 0.7}, "--run-weight needs --average-with")):
+        with pytest.raises(InputError, match=match):
+            export.export(argparse.Namespace(**vars(args) | change))
+    assert target.read_bytes() == before
+
+
 def test_export_names_a_damaged_run_record(tmp_path):
     """A progress.json or recipe.json that is not the JSON object train writes is a one-line error naming the file
     (a progress.json without its step was a KeyError traceback; bad JSON a message naming no file)."""
