@@ -10,7 +10,8 @@ Stages (each reruns cheaply; see README.md beside this file):
   3. babble    24 clean clips of Spanish training sentences, the material babble noise is made from
   4. speech    synthesize (espeak-ng es / es-419) + augment every planned utterance into OUT/wav/<shard>/<id>.wav
   5. manifests OUT/train.jsonl, OUT/heldout.jsonl (held-out pairs, held-out voices), OUT/heldout_seen.jsonl
-               (held-out pairs, training voices), OUT/stats.json
+               (held-out pairs, training voices), with --dev-hours OUT/dev.jsonl (other held-out pairs, held-out
+               voices: a development set apart from both), OUT/stats.json
 
 Resumable: an utterance whose ``<id>.json`` exists, was made from the same plan item and whose wav has the recorded
 size is not made again (both are written to a temporary name and renamed). Seeded: every utterance draws its voice
@@ -29,6 +30,7 @@ for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import math  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works
 from speechstream.data.corpora import RecipeArgumentParser, run_main  # noqa: E402
 from speechstream.data.parallel_text import AlignConfig, Pair, build_parallel_corpus  # noqa: E402
 from speechstream.data.render import (  # noqa: E402
+    MAX_HOURS,
     SPLITS,
     RenderSpec,
     add_common_arguments,
@@ -73,15 +76,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = RecipeArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, seed_help="seed of the pair order, voices and augmentation")
     parser.add_argument("--text-only", action="store_true", help="stop after the text and plan stages")
+    parser.add_argument("--dev-hours", type=float, default=0.0,
+                        help="hours of OUT/dev.jsonl: held-out pairs neither held-out manifest speaks, in "
+                             "held-out voices, for choosing weights and settings (default 0: none)")
     args = parser.parse_args(argv)
     check_common_arguments(parser, args)
+    if not (math.isfinite(args.dev_hours) and 0 <= args.dev_hours <= MAX_HOURS):
+        parser.error(f"--dev-hours must be a number from 0 to {MAX_HOURS:g}")
     return args
 
 
 def plan_settings(args: argparse.Namespace) -> dict:
     """What the plan depends on; a rerun with other settings must use another --out."""
-    return {"plan_version": PLAN_VERSION, "hours": args.hours, "heldout_hours": args.heldout_hours,
-            "seed": args.seed, "augment": not args.no_augment, "source_lang": SOURCE_LANG, "target_lang": TARGET_LANG}
+    settings = {"plan_version": PLAN_VERSION, "hours": args.hours, "heldout_hours": args.heldout_hours,
+                "seed": args.seed, "augment": not args.no_augment, "source_lang": SOURCE_LANG,
+                "target_lang": TARGET_LANG}
+    if args.dev_hours:  # (only when asked: a plan made before the dev split existed stays valid)
+        settings["dev_hours"] = args.dev_hours
+    return settings
 
 
 # --- stage 1: text -------------------------------------------------------------------------------------------------
@@ -128,7 +140,8 @@ def plan_split(split: str, pairs: list[Pair], seconds: float, heldout_voices: bo
                       "estimate_s": round(estimate, 2)})
         total += estimate + 0.35  # mean padding added by augmentation
     if count is None and total < seconds:
-        option, asked = ("--hours", args.hours) if split == "train" else ("--heldout-hours", args.heldout_hours)
+        option, asked = {"train": ("--hours", args.hours), "dev": ("--dev-hours", args.dev_hours)}.get(
+            split, ("--heldout-hours", args.heldout_hours))
         raise InputError(f"{option} {asked:g}: the parallel text holds about {total / 3600:.2f} h of {split} pairs; "
                          "ask for less")
     return items
@@ -150,6 +163,10 @@ def load_or_make_plan(out: Path, pairs: dict[str, list[Pair]], args: argparse.Na
     half = len(heldout) // 2  # the two held-out manifests never share a pair
     items += plan_split("heldout", heldout[:half], args.heldout_hours * 3600, True, args)
     items += plan_split("heldout_seen", heldout[half:], args.heldout_hours * 3600, False, args)
+    if args.dev_hours:  # from the far end of the order, past every pair the two held-out manifests speak
+        spoken = {item["source"] for item in items}
+        rest = [pair for pair in reversed(heldout) if pair.id not in spoken]
+        items += plan_split("dev", rest, args.dev_hours * 3600, True, args)
     write_plan(out, items, settings)
     return items
 
@@ -177,7 +194,7 @@ def write_manifests(out: Path, plan: list[dict], records: dict[str, dict], text_
     """Write the three manifests in plan order and stats.json; returns the statistics."""
     stats: dict = {"settings": plan_settings(args), "hours": {}, "utterances": {}, "rejected": {}, "voices": {},
                    "accents": {}, "augmentation": {}, "words_es": {}, "words_en": {}, "text_pairs": text_counts}
-    for split in ("train", "heldout", "heldout_seen"):
+    for split in ("train", "heldout", "heldout_seen") + (("dev",) if args.dev_hours else ()):
         made = write_manifest(out, split, plan, records, MANIFEST_FIELDS, stats)
         accents = Counter(record["voice"].split(":")[1].split("+")[0] for record in made)
         stats["voices"][split] = len({record["voice"] for record in made})

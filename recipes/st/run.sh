@@ -6,6 +6,7 @@
 #   stage 1: Spanish speech (espeak-ng es / es-419), augmented, manifests with translations   -> data/st-main/
 #            and 6 h more, mostly of other pairs and newly drawn voices (seed 5), for stage 2c   -> data/st-c/
 #            and 20 h more, pairs and voices drawn again (seed 6), for stage 2d                   -> data/st-gpu/
+#            and a development set of other held-out pairs (dev.jsonl), held-out voices            -> data/st-dev/
 #   stage 2: train projector + LoRA from the English model's weights (GPE wait-k mask)        -> runs/smollm2-whisper-base-es-en/
 #            then 2b: 600 steps more on frames with the encoder's right context (640 ms)     -> runs/smollm2-whisper-base-es-en-b/
 #            then 2c: 300 steps more from 2b over the new pairs of data/st-c                 -> runs/smollm2-whisper-base-es-en-c/
@@ -45,6 +46,9 @@ if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   $PY recipes/st/prepare_st.py --out $DATA --hours "$HOURS" --heldout-hours "$HELDOUT_HOURS" --seed 0 --workers "$WORKERS"
   $PY recipes/st/prepare_st.py --out data/st-c --hours 6 --heldout-hours 0.01 --seed 5 --workers "$WORKERS"
   $PY recipes/st/prepare_st.py --out data/st-gpu --hours 20 --heldout-hours 0.01 --seed 6 --workers "$WORKERS"
+  # a development set apart from both held-out manifests (held-out pairs neither speaks), for choosing weights
+  $PY recipes/st/prepare_st.py --out data/st-dev --hours 0.01 --heldout-hours "$HELDOUT_HOURS" --dev-hours 0.1 --seed 0 \
+    --workers "$WORKERS"
 fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
   $SS fetch whisper-base smollm2-135m-instruct

@@ -34,7 +34,7 @@ from speechstream.data.augment import AugmentConfig, augment
 from speechstream.data.synthesize import Voice, WordTime, synthesize, write_wav
 from speechstream.errors import InputError
 
-SPLITS = {"train": "tr", "heldout": "ho", "heldout_seen": "hs", "babble": "bb"}  # split -> id prefix
+SPLITS = {"train": "tr", "heldout": "ho", "heldout_seen": "hs", "dev": "dv", "babble": "bb"}  # split -> id prefix
 MIN_SECONDS, MAX_SECONDS = 1.0, 12.0  # clips outside are dropped (recorded as rejected)
 SHARD_SIZE = 1000  # utterances per wav/<shard> folder
 

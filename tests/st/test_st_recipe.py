@@ -3,6 +3,7 @@ recipes/st/prepare_st.py (manifest fields, held-out voices, resume, determinism)
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,36 @@ def test_recipe_end_to_end(tmp_path, monkeypatch):
     check_resume_and_repeat(recipe.main, out, tmp_path / "again", arguments, _seed_text)
     with pytest.raises(InputError, match="was planned with .*: use another --out"):
         recipe.main(["--out", str(out), "--hours", "0.002", "--workers", "1"])  # another plan is refused
+
+
+DEV_EXTRA = [("Acts 1:9", "Y habiendo dicho estas cosas, viéndolo ellos, fué alzado.",
+              "When he had said these things, as they were looking, he was taken up."),
+             ("Mark 4:39", "Y levantándose, increpó al viento.", "He awoke, and rebuked the wind.")]
+
+
+@needs_spanish
+def test_recipe_dev_split_speaks_other_heldout_pairs_in_heldout_voices(tmp_path, monkeypatch):
+    """--dev-hours adds OUT/dev.jsonl: held-out pairs that neither held-out manifest speaks, in held-out voices; the
+    held-out manifests are those of the same run without it, and a plan made without it stays valid."""
+    recipe = load_recipe(RECIPE)
+    monkeypatch.setattr(recipe, "BABBLE_CLIPS", 1)
+    monkeypatch.setattr(sys.modules[__name__], "HELDOUT", HELDOUT + DEV_EXTRA)
+    arguments = ["--hours", "0.0005", "--heldout-hours", "0.0005", "--workers", "1"]
+    plain, with_dev = tmp_path / "plain", tmp_path / "dev"
+    for out, extra in ((plain, []), (with_dev, ["--dev-hours", "0.0005"])):
+        _seed_text(out)
+        assert recipe.main(["--out", str(out), *arguments, *extra]) == 0
+    assert not (plain / "dev.jsonl").exists()
+    assert "dev_hours" not in json.loads((plain / "plan-settings.json").read_text())
+    for name in ("heldout.jsonl", "heldout_seen.jsonl"):
+        assert (plain / name).read_text() == (with_dev / name).read_text()
+    dev = [json.loads(line) for line in (with_dev / "dev.jsonl").read_text().splitlines()]
+    spoken = {json.loads(line)["source"] for name in ("heldout.jsonl", "heldout_seen.jsonl")
+              for line in (with_dev / name).read_text().splitlines()}
+    assert dev and all(record["id"].startswith("dv-") for record in dev)
+    assert {record["source"] for record in dev} <= {ref for ref, _, _ in HELDOUT + DEV_EXTRA} - spoken
+    assert all(record["voice"].rpartition("+")[2] in HELDOUT_ESPEAK_VARIANTS for record in dev)
+    assert json.loads((with_dev / "stats.json").read_text())["utterances"]["dev"] == len(dev)
 
 
 def test_recipe_refuses_more_hours_than_the_text_holds(tmp_path, capsys):
