@@ -3,7 +3,6 @@ recipes/st/prepare_st.py (manifest fields, held-out voices, resume, determinism)
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -84,14 +83,14 @@ HELDOUT = [("John 3:16/1", "Porque de tal manera amó Dios al mundo.", "For God 
             "He entered and was passing through Jericho.")]
 
 
-def _seed_text(out: Path) -> None:
-    """A ready-made OUT/text/, so the recipe does not need the SWORD modules."""
+def _seed_text(out: Path, heldout: list[tuple[str, str, str]] = HELDOUT) -> None:
+    """A ready-made OUT/text/ (``heldout``: its held-out pairs), so the recipe does not need the SWORD modules."""
     text = out / "text"
     text.mkdir(parents=True)
-    for name, pairs in (("train", TRAIN), ("heldout", HELDOUT)):
+    for name, pairs in (("train", TRAIN), ("heldout", heldout)):
         (text / f"{name}.jsonl").write_text("".join(
             json.dumps({"id": ref, "es": es, "en": en}, ensure_ascii=False) + "\n" for ref, es, en in pairs))
-    (text / "counts.json").write_text(json.dumps({"pairs_train": len(TRAIN), "pairs_heldout": len(HELDOUT)}))
+    (text / "counts.json").write_text(json.dumps({"pairs_train": len(TRAIN), "pairs_heldout": len(heldout)}))
 
 
 @needs_spanish
@@ -144,11 +143,10 @@ def test_recipe_dev_split_speaks_other_heldout_pairs_in_heldout_voices(tmp_path,
     held-out manifests are those of the same run without it, and a plan made without it stays valid."""
     recipe = load_recipe(RECIPE)
     monkeypatch.setattr(recipe, "BABBLE_CLIPS", 1)
-    monkeypatch.setattr(sys.modules[__name__], "HELDOUT", HELDOUT + DEV_EXTRA)
     arguments = ["--hours", "0.0005", "--heldout-hours", "0.0005", "--workers", "1"]
     plain, with_dev = tmp_path / "plain", tmp_path / "dev"
     for out, extra in ((plain, []), (with_dev, ["--dev-hours", "0.0005"])):
-        _seed_text(out)
+        _seed_text(out, HELDOUT + DEV_EXTRA)
         assert recipe.main(["--out", str(out), *arguments, *extra]) == 0
     assert not (plain / "dev.jsonl").exists()
     assert "dev_hours" not in json.loads((plain / "plan-settings.json").read_text())
