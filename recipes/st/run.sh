@@ -7,6 +7,7 @@
 #            and 6 h more, mostly of other pairs and newly drawn voices (seed 5), for stage 2c   -> data/st-c/
 #            and 20 h more, pairs and voices drawn again (seed 6), for stage 2d                   -> data/st-gpu/
 #            and a development set of other held-out pairs (dev.jsonl), held-out voices            -> data/st-dev/
+#            and a wider test set: 0.5 h of held-out pairs, the first 53 those of data/st-main       -> data/st-wide/
 #   stage 2: train projector + LoRA from the English model's weights (GPE wait-k mask)        -> runs/smollm2-whisper-base-es-en/
 #            then 2b: 600 steps more on frames with the encoder's right context (640 ms)     -> runs/smollm2-whisper-base-es-en-b/
 #            then 2c: 300 steps more from 2b over the new pairs of data/st-c                 -> runs/smollm2-whisper-base-es-en-c/
@@ -15,7 +16,8 @@
 #   stage 3: export 0.9 x stage 2d's weights + 0.1 x its start into the model (the translate default; the weight
 #            was chosen on data/st-dev); where stage 2d did not run, the mean of stages 2b's and 2c's
 #                                                                                             -> models/smollm2-whisper-base-es-en/
-#   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency)        -> runs/eval-smollm2-whisper-base-es-en/
+#   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency), 53 and 258 of them
+#                                                                                             -> runs/eval-smollm2-whisper-base-es-en/
 #   stage 5: the quick quality-latency sweep on them: wait-k over chunks, the ablations and the Whisper baselines
 #            translating the same audio (recipes/eval/sweep.py --quick)                        -> recipes/st/RESULTS.md
 # HOURS (default 8.0), HELDOUT_HOURS (default 0.1) and WORKERS (default 2) size stage 1. Stages 0 and 1 are one script (prepare_st.py); stage 0
@@ -49,6 +51,8 @@ if [ "$first" -le 1 ] && [ "$last" -ge 1 ]; then
   # a development set apart from both held-out manifests (held-out pairs neither speaks), for choosing weights
   $PY recipes/st/prepare_st.py --out data/st-dev --hours 0.01 --heldout-hours "$HELDOUT_HOURS" --dev-hours 0.1 --seed 0 \
     --workers "$WORKERS"
+  # a wider test set (258 pairs; its first 53 are data/st-main's held-out clips, the same audio): a tighter BLEU
+  $PY recipes/st/prepare_st.py --out data/st-wide --hours 0.01 --heldout-hours 0.5 --seed 0 --workers "$WORKERS"
 fi
 if [ "$first" -le 2 ] && [ "$last" -ge 2 ]; then
   $SS fetch whisper-base smollm2-135m-instruct
@@ -77,6 +81,10 @@ if [ "$first" -le 4 ] && [ "$last" -ge 4 ]; then
     --chunk-ms 640 --k 2 --out $out/heldout-640ms
   $SS eval $DATA/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
     --chunk-ms 30000 --k 1 --out $out/heldout-offline
+  $SS eval data/st-wide/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
+    --chunk-ms 640 --k 2 --out $out/wide-640ms
+  $SS eval data/st-wide/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
+    --chunk-ms 30000 --k 1 --out $out/wide-offline
 fi
 if [ "$first" -le 5 ] && [ "$last" -ge 5 ]; then
   recipes/eval/run.sh --model $MODEL --manifest $DATA/heldout.jsonl --out runs/sweep-st --quick --report-dir recipes/st \

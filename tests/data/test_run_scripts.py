@@ -87,7 +87,7 @@ def test_st_run_sh_trains_stage_2c_from_2b_then_2d_on_a_gpu_and_ships_a_mean(tmp
     assert ("stage 2d needs a CUDA GPU" in result.stderr) is not gpu
     calls = (tmp_path / "calls.log").read_text().splitlines()
     outs = [call.split("--out ")[1].split()[0] for call in calls if "prepare_st.py" in call]
-    assert outs == ["data/st-main", "data/st-c", "data/st-gpu", "data/st-dev"]
+    assert outs == ["data/st-main", "data/st-c", "data/st-gpu", "data/st-dev", "data/st-wide"]
     trained = [call.split(" train ")[1] for call in calls if call.startswith("speechstream train")]
     assert trained == [f"recipes/st/{model}.yaml (no)", f"recipes/st/{model}-b.yaml (no)",
                        f"recipes/st/{model}-c.yaml (no)"] + ([f"recipes/st/{model}-gpu.yaml (bf16)"] if gpu else [])
