@@ -85,6 +85,8 @@ if [ "$first" -le 4 ] && [ "$last" -ge 4 ]; then
     --chunk-ms 640 --k 2 --out $out/wide-640ms
   $SS eval data/st-wide/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
     --chunk-ms 30000 --k 1 --out $out/wide-offline
+  $SS eval data/st-wide/heldout.jsonl --task translate --source-lang es --target-lang en --baseline whisper-offline \
+    --out $out/wide-whisper-offline
 fi
 if [ "$first" -le 5 ] && [ "$last" -ge 5 ]; then
   recipes/eval/run.sh --model $MODEL --manifest $DATA/heldout.jsonl --out runs/sweep-st --quick --report-dir recipes/st \
