@@ -77,16 +77,12 @@ if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
 fi
 if [ "$first" -le 4 ] && [ "$last" -ge 4 ]; then
   out=runs/eval-$MODEL
-  $SS eval $DATA/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
-    --chunk-ms 640 --k 2 --out $out/heldout-640ms
-  $SS eval $DATA/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
-    --chunk-ms 30000 --k 1 --out $out/heldout-offline
-  $SS eval data/st-wide/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
-    --chunk-ms 640 --k 2 --out $out/wide-640ms
-  $SS eval data/st-wide/heldout.jsonl --task translate --source-lang es --target-lang en --model $MODEL \
-    --chunk-ms 30000 --k 1 --out $out/wide-offline
-  $SS eval data/st-wide/heldout.jsonl --task translate --source-lang es --target-lang en --baseline whisper-offline \
-    --out $out/wide-whisper-offline
+  translate() { $SS eval "$1" --task translate --source-lang es --target-lang en "${@:2}"; }
+  translate $DATA/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --out $out/heldout-640ms
+  translate $DATA/heldout.jsonl --model $MODEL --chunk-ms 30000 --k 1 --out $out/heldout-offline
+  translate data/st-wide/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --out $out/wide-640ms
+  translate data/st-wide/heldout.jsonl --model $MODEL --chunk-ms 30000 --k 1 --out $out/wide-offline
+  translate data/st-wide/heldout.jsonl --baseline whisper-offline --out $out/wide-whisper-offline
 fi
 if [ "$first" -le 5 ] && [ "$last" -ge 5 ]; then
   recipes/eval/run.sh --model $MODEL --manifest $DATA/heldout.jsonl --out runs/sweep-st --quick --report-dir recipes/st \
