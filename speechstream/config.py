@@ -108,6 +108,11 @@ MAX_COUNT = 2**31 - 1
 MAX_BEAM = 16  # --beam: each hypothesis is a branch of the stream's cache (``decoder.Branches``) fed at every beam step
 BEAM_NEEDS_CTC = "--beam above 1 searches with joint CTC decoding: it needs --ctc-weight above 0"
 
+# Precisions of the LLM's weights (``DecodingConfig.dtype``, ``--dtype``): float32 keeps the streaming = batch forward
+# contract to float precision; bfloat16 halves the weights each step reads (faster where the CPU computes in it
+# natively, AVX-512 BF16 or AMX, and on GPUs) and decodes within its own precision
+DTYPES = ("float32", "bfloat16")
+
 # Decoding-time GPE ablations (``DecodingConfig.ablation``, ``--ablation``); speechstream.gpe implements them.
 ABLATIONS = ("none", "interleaved", "source-sees-target", "reencode")
 
@@ -123,11 +128,13 @@ class DecodingConfig:
     max_tokens_per_chunk: int = 24  # cap on text tokens written between two reads (header, markers not counted)
     max_tail_tokens: int = 200  # cap on tokens written after the end of the audio
     max_repeats: int = 4  # repetition guard: a block repeated this often ends the chunk's writing (0: off; not 1)
-    # torch device, and the CPU speed mode (int8 dynamic quantization of the LLM: approximate, model.quantize_int8):
-    # the commands load the model so (load_model(name, device, int8=...)); a session runs its model as loaded and
-    # refuses these when they name another device (the default "cpu" takes any) or int8 for a float model
+    # torch device, the CPU speed mode (int8 dynamic quantization of the LLM: approximate, model.quantize_int8) and
+    # the LLM's precision (DTYPES): the commands load the model so (model.load_decoding_model); a session runs its
+    # model as loaded and refuses these when they name another device (the default "cpu" takes any), int8 for a
+    # float model or bfloat16 for a float32 one (the default "float32" takes any)
     device: str = "cpu"
     int8: bool = False
+    dtype: str = "float32"
     ablation: str = "none"  # decoding-time GPE ablation (speechstream.gpe.ABLATIONS); "none" is GPE itself
     vad: bool = False  # long sessions: Silero VAD pauses end a segment; the front end and LLM cache then restart
     vad_min_silence_ms: int = 600  # with vad: the pause (ms) that ends a segment (refused without vad)
@@ -187,6 +194,10 @@ class DecodingConfig:
         check_device(self.device)
         if self.int8 and self.device != "cpu":  # refused here, before a model loads onto the device
             raise InputError(f"--int8 is a CPU speed mode (int8 weights on the CPU): not with --device {self.device}")
+        if self.dtype not in DTYPES:
+            raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.int8 and self.dtype != "float32":
+            raise InputError(f"--int8 quantizes float32 weights: not with --dtype {self.dtype}")
 
 
 def check_device(device: str) -> None:

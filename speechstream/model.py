@@ -9,6 +9,7 @@ segments and prompt tokens.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from torch import nn
 
 from speechstream import features, gpe, schedule, shipped_dir
 from speechstream.chunker import chunk_samples
-from speechstream.config import LLMConfig, ModelConfig, check_device, load_model_config
+from speechstream.config import DTYPES, LLMConfig, ModelConfig, check_device, load_model_config
 from speechstream.ctc_head import CTCHead
 from speechstream.decoder import GPEDecoder
 from speechstream.encoder import StreamingWhisperEncoder
@@ -503,21 +504,47 @@ def hub_safetensors(repo_id: str) -> Path:
     return Path(hf_hub_download(repo_id, "model.safetensors"))
 
 
-def load_model(name_or_path: str, device: str = "cpu", for_training: bool = False, int8: bool = False) -> SpeechLLM:
+def load_model(name_or_path: str, device: str = "cpu", for_training: bool = False, int8: bool = False,
+               dtype: str = "float32") -> SpeechLLM:
     """A shipped model by name (``models/<name>``), a model folder or a config YAML, built and loaded onto ``device``
-    (cpu; cuda or mps where present); ``int8``: the CPU speed mode (``quantize_int8``). An unknown name, a device
-    this machine lacks, or int8 off the CPU is an InputError before anything loads."""
+    (cpu; cuda or mps where present); ``int8``: the CPU speed mode (``quantize_int8``); ``dtype``: the LLM's
+    precision (``config.DTYPES``; the encoder, projector and CTC heads stay float32). An unknown name, a device this
+    machine lacks, int8 off the CPU or with another dtype than float32 is an InputError before anything loads."""
     check_device(device)
     if not isinstance(int8, bool):  # ("no" would have quantized)
         raise InputError(f"int8 must be True or False, got {int8!r}")
     if int8 and device != "cpu":
         raise InputError(f"int8 is a CPU speed mode (int8 weights on the CPU): not on device {device}")
+    if dtype not in DTYPES:
+        raise InputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if int8 and dtype != "float32":
+        raise InputError(f"int8 quantizes float32 weights: not with dtype {dtype}")
     path = model_config_path(name_or_path)
     config = load_model_config(path)
     model = build_model(config, path.parent, for_training).to(device)
     if int8:
         quantize_int8(model)
+    if dtype != "float32":
+        model.decoder.llm.to(getattr(torch, dtype))
     return model
+
+
+def load_decoding_model(name_or_path: str, decoding) -> SpeechLLM:
+    """The model as the commands decode with it: on ``decoding.device``, int8 or in ``decoding.dtype`` as it says
+    (``config.DecodingConfig``). A note on stderr where bfloat16 is asked of a CPU that lacks native bfloat16 (its
+    steps are then slower than float32's)."""
+    if decoding.dtype == "bfloat16" and decoding.device == "cpu" and not cpu_has_bfloat16():
+        print("speechstream: note: this CPU has no native bfloat16 (AVX-512 BF16 or AMX): --dtype bfloat16 decodes "
+              "slower than float32 here", file=sys.stderr)
+    return load_model(name_or_path, decoding.device, int8=decoding.int8, dtype=decoding.dtype)
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (oneDNN's check: AVX-512 BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # (a private check: a torch without it says nothing either way)
+        return False
 
 
 def quantize_int8(model: SpeechLLM) -> None:

@@ -167,9 +167,10 @@ def feed_samples(samples) -> np.ndarray:
 
 
 def check_placement(model: SpeechLLM, decoding: DecodingConfig) -> None:
-    """A session runs its model where and as it was loaded; ``decoding.device`` and ``decoding.int8`` are what the
-    commands load it with (``load_model(name, device, int8=...)``). A config that names another device (not the
-    default "cpu", which takes a model anywhere) or int8 for a float model is an input error, not ignored."""
+    """A session runs its model where and as it was loaded; ``decoding.device``, ``decoding.int8`` and
+    ``decoding.dtype`` are what the commands load it with (``model.load_decoding_model``). A config that names another
+    device (not the default "cpu", which takes a model anywhere), int8 for a float model or bfloat16 for a float32
+    LLM (the default "float32" takes any) is an input error, not ignored."""
     where = model.decoder.llm.get_input_embeddings().weight.device
     wanted = torch.device(decoding.device)
     if decoding.device != "cpu" and (where.type != wanted.type or wanted.index not in (None, where.index)):
@@ -178,6 +179,9 @@ def check_placement(model: SpeechLLM, decoding: DecodingConfig) -> None:
     if decoding.int8 and not model.int8:
         raise InputError("DecodingConfig(int8=True), but the model's LLM is not int8: load it with "
                          "load_model(name, int8=True)")
+    if decoding.dtype != "float32" and model.decoder.dtype != getattr(torch, decoding.dtype):
+        raise InputError(f"DecodingConfig(dtype={decoding.dtype!r}), but the model's LLM is {model.decoder.dtype}: "
+                         f"load it with load_model(name, dtype={decoding.dtype!r})")
 
 
 def llm_positions(llm_config) -> int | None:

@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from speechstream.config import ModelConfig, from_dict
 from speechstream.errors import InputError
-from speechstream.model import build_model, load_trainable, merge_lora, model_config_path, trainable_state
+from speechstream.model import build_model, load_model, load_trainable, merge_lora, model_config_path, trainable_state
 
 TINY_LORA = {
     "tokenizer": "bytes",
@@ -132,6 +132,48 @@ def test_int8_speed_mode_stays_close_to_float():
     assert verify_model(model, "int8", 1).max_delta < 0.1  # approximate: per-call activation scales differ
 
 
+def test_a_bfloat16_llm_verifies_within_its_precision_and_leaves_the_rest_float32():
+    from speechstream.config import DecodingConfig
+    from speechstream.session import StreamingSession
+    from speechstream.verify import verify_model
+
+    model = load_model("tiny-random", dtype="bfloat16")
+    assert {p.dtype for p in model.decoder.llm.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in (*model.encoder.parameters(), *model.projector.parameters())} == {torch.float32}
+    result = verify_model(model, "tiny-random-bf16", 2)
+    assert 0 < result.max_delta <= 4 * torch.finfo(torch.bfloat16).eps * max(1.0, result.logit_scale)
+    audio = (0.1 * np.random.default_rng(3).standard_normal(3 * 16000)).astype(np.float32)
+    for decoding in (DecodingConfig(dtype="bfloat16"), DecodingConfig(dtype="bfloat16", ctc_weight=0.3, beam=3)):
+        session = StreamingSession(model, decoding, partials=False)
+        session.feed(audio)
+        session.finish()
+        assert session.finished and session.target_ids
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"dtype": "float16"}, r"^--dtype must be one of float32, bfloat16, got 'float16'$"),
+    ({"dtype": None}, r"^--dtype must be one of float32, bfloat16, got None$"),
+    ({"dtype": "bfloat16", "int8": True}, r"^--int8 quantizes float32 weights: not with --dtype bfloat16$"),
+])
+def test_a_dtype_no_model_can_decode_in_is_refused(options, match):
+    from speechstream.config import DecodingConfig
+
+    with pytest.raises(InputError, match=match):
+        DecodingConfig(**options)
+
+
+@pytest.mark.parametrize("native, note", [(True, False), (False, True)])
+def test_bfloat16_on_a_cpu_without_it_natively_is_a_note(monkeypatch, capsys, native, note):
+    from speechstream import model as model_module
+    from speechstream.config import DecodingConfig
+
+    monkeypatch.setattr(model_module, "cpu_has_bfloat16", lambda: native)
+    model = model_module.load_decoding_model("tiny-random", DecodingConfig(dtype="bfloat16"))
+    assert model.decoder.dtype == torch.bfloat16
+    error = capsys.readouterr().err
+    assert ("no native bfloat16" in error) == note and error.count("\n") == int(note)
+
+
 def test_int8_speed_mode_prints_no_torch_warnings():
     """torch's notices that its quantization API is deprecated are not the user's business: stderr stays empty
     (in a fresh process, since torch gives some of them once per process)."""
@@ -156,12 +198,15 @@ def test_int8_is_refused_off_the_cpu_before_any_model_loads(monkeypatch):
         DecodingConfig(int8=True, device="cuda")
 
 
-@pytest.mark.parametrize("device, int8, match", [
-    ("gpu", False, "'gpu' is not a torch device"),
-    ("cuda", False, "no CUDA GPU is available here"),
-    ("cuda", True, "int8 is a CPU speed mode .*not on device cuda"),
+@pytest.mark.parametrize("device, int8, dtype, match", [
+    ("gpu", False, "float32", "'gpu' is not a torch device"),
+    ("cuda", False, "float32", "no CUDA GPU is available here"),
+    ("cuda", True, "float32", "int8 is a CPU speed mode .*not on device cuda"),
+    ("cpu", False, "half", "dtype must be one of float32, bfloat16, got 'half'"),
+    ("cpu", True, "bfloat16", "int8 quantizes float32 weights: not with dtype bfloat16"),
 ])
-def test_load_model_refuses_a_device_or_int8_it_cannot_use_before_it_builds(monkeypatch, device, int8, match):
+def test_load_model_refuses_a_device_int8_or_dtype_it_cannot_use_before_it_builds(monkeypatch, device, int8, dtype,
+                                                                                   match):
     """(a RuntimeError of torch's came once the whole model was built: 'Found no NVIDIA driver', 'Expected one of
     cpu, cuda, ...')"""
     from speechstream import model as model_module
@@ -169,7 +214,7 @@ def test_load_model_refuses_a_device_or_int8_it_cannot_use_before_it_builds(monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: int8)  # int8 off the CPU: as on a GPU machine
     monkeypatch.setattr(model_module, "build_model", lambda *a, **k: pytest.fail("built before the check"))
     with pytest.raises(InputError, match=match):
-        model_module.load_model("tiny-random", device=device, int8=int8)
+        model_module.load_model("tiny-random", device=device, int8=int8, dtype=dtype)
 
 
 @pytest.mark.parametrize("device, match", [

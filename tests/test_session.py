@@ -617,13 +617,18 @@ def test_sessions_sharing_a_model_interleaved_or_in_threads_give_what_each_gives
     assert all(same(threaded[i], expected[i % 2]) for i in range(4))
 
 
-def test_a_session_refuses_an_int8_or_device_its_model_was_not_loaded_with(tiny_model, monkeypatch):
+def test_a_session_refuses_an_int8_dtype_or_device_its_model_was_not_loaded_with(tiny_model, monkeypatch):
     """(both were ignored: DecodingConfig(int8=True) on a float model decoded in float, timed as int8)"""
     from speechstream.model import load_model
 
     with pytest.raises(InputError, match=r"int8=True\), but the model's LLM is not int8: .*load_model\(name, int8"):
         StreamingSession(tiny_model, DecodingConfig(int8=True))
     StreamingSession(load_model("tiny-random", int8=True), DecodingConfig(int8=True)).finish()
+    with pytest.raises(InputError, match=r"dtype='bfloat16'\), but the model's LLM is torch.float32: .*load_model\("
+                       r"name, dtype='bfloat16'\)$"):
+        StreamingSession(tiny_model, DecodingConfig(dtype="bfloat16"))
+    StreamingSession(load_model("tiny-random", dtype="bfloat16"), DecodingConfig(dtype="bfloat16")).finish()
+    StreamingSession(load_model("tiny-random", dtype="bfloat16"), DecodingConfig()).finish()  # float32 takes any
     monkeypatch.setattr("speechstream.config.check_device", lambda device: None)  # meta: an accelerator's stand-in
     with pytest.raises(InputError, match=r"device='meta'\), but the model is on cpu: .*load_model\(name, device="):
         StreamingSession(tiny_model, DecodingConfig(device="meta"))
