@@ -82,9 +82,9 @@ class StreamingSystem(System):
     """The GPE streaming decoder: every utterance streamed through a fresh `StreamingSession`."""
 
     def __init__(self, model_name: str, decoding: DecodingConfig):
-        from speechstream.model import load_model
+        from speechstream.model import load_decoding_model
 
-        self.model = load_model(model_name, decoding.device, int8=decoding.int8)
+        self.model = load_decoding_model(model_name, decoding)
         self.decoding = decoding
 
     def decode(self, audio_path: str, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:

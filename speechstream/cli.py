@@ -125,7 +125,7 @@ class _Parser(argparse.ArgumentParser):
 def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool = True) -> None:
     """The decoding options every decoding command shares; ``vad``: whether VAD segmentation is on by default;
     ``ablations``: whether the command decodes the GPE ablations (``serve`` takes ``none`` alone)."""
-    from speechstream.config import MAX_BEAM, DecodingConfig
+    from speechstream.config import DTYPES, MAX_BEAM, DecodingConfig
 
     defaults = DecodingConfig()
     parser.add_argument("--model", type=nonempty, help="model name (see models/) or a directory with config.yaml "
@@ -154,6 +154,10 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool =
                         help="torch device: cpu, cuda, cuda:N or mps, where present (default: %(default)s)")
     parser.add_argument("--int8", action="store_true",
                         help="CPU speed mode: int8 LLM weights (approximate; --device cpu only)")
+    parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES,
+                        help="precision of the LLM's weights: float32 (streaming equals the batch forward) or "
+                        "bfloat16 (faster on CPUs with AVX-512 BF16 or AMX, and on GPUs; approximate; see README.md, "
+                        "Precision) (default: %(default)s)")
     parser.add_argument("--ablation", default=defaults.ablation, help="decoding-time GPE ablation (study only): "
                         "none (GPE), interleaved, source-sees-target or reencode; see README.md, Ablations and the "
                         "sweep" if ablations else "decoding-time GPE ablation: none only (serve decodes with GPE "
@@ -342,7 +346,7 @@ def _decoding_config(args: argparse.Namespace):
                          f"{os.cpu_count()} CPUs)")
     return DecodingConfig(  # validates its values (the policy's name too, and --vad-min-silence-ms only with --vad)
         chunk_ms=args.chunk_ms, policy=args.policy, k=args.k, max_tokens_per_chunk=args.max_tokens_per_chunk,
-        device=args.device, int8=args.int8, max_repeats=args.max_repeats, ablation=args.ablation,
+        device=args.device, int8=args.int8, dtype=args.dtype, max_repeats=args.max_repeats, ablation=args.ablation,
         ctc_weight=args.ctc_weight, ctc_candidates=args.ctc_candidates, vad=args.vad,
         vad_min_silence_ms=args.vad_min_silence_ms, beam=args.beam,
     )
@@ -460,10 +464,10 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     name = _model_name(args, decoding)
     check_writable(args.output)
 
-    from speechstream.model import load_model
+    from speechstream.model import load_decoding_model
 
     use_threads(args.threads)
-    model = load_model(name, decoding.device, int8=decoding.int8)
+    model = load_decoding_model(name, decoding)
     if name == "tiny-random":
         print(TINY_NOTE, file=sys.stderr)
     out = LazyOutput(args.output) if args.output else sys.stdout
@@ -597,7 +601,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 # Decoding options of the gpe system alone (`eval --baseline whisper-...` refuses them unless left at the default).
-GPE_ONLY_OPTIONS = ("policy", "k", "max_tokens_per_chunk", "max_repeats", "ablation", "int8", "ctc_weight",
+GPE_ONLY_OPTIONS = ("policy", "k", "max_tokens_per_chunk", "max_repeats", "ablation", "int8", "dtype", "ctc_weight",
                     "ctc_candidates", "beam", "vad", "vad_min_silence_ms")
 
 
@@ -743,11 +747,11 @@ def cmd_live(args: argparse.Namespace) -> int:
     check_writable(args.output)
 
     from speechstream import outputs
-    from speechstream.model import load_model
+    from speechstream.model import load_decoding_model
     from speechstream.session import StreamingSession
 
     use_threads(args.threads)
-    model = load_model(name, decoding.device, int8=decoding.int8)
+    model = load_decoding_model(name, decoding)
     if name == "tiny-random":
         print(TINY_NOTE, file=sys.stderr)
     print(f"speechstream: listening on {device['name']} (Ctrl-C ends)", file=sys.stderr)

@@ -985,9 +985,9 @@ def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> i
         make_record_dir(config.record_dir)
     sock = listen_socket(config.host, config.port)  # a busy port fails here, before the model load
     try:
-        from speechstream.model import load_model
+        from speechstream.model import load_decoding_model
 
-        model = load_model(model_name, decoding.device, int8=decoding.int8)
+        model = load_decoding_model(model_name, decoding)
         server = Server(model, model_name, decoding, config, task)
 
         def ready(url: str) -> None:

@@ -649,12 +649,13 @@ def test_cli_rejects_unknown_baselines(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("baseline", ["whisper-offline", "whisper-la2"])
-def test_cli_refuses_int8_for_the_whisper_baselines(tmp_path, capsys, baseline):
-    """--int8 quantizes the gpe model's LLM; the Whisper baselines would run in float and be scored as int8."""
+@pytest.mark.parametrize("option", [["--int8"], ["--dtype", "bfloat16"]])
+def test_cli_refuses_int8_or_bfloat16_for_the_whisper_baselines(tmp_path, capsys, baseline, option):
+    """--int8 and --dtype set the gpe model's LLM; the Whisper baselines would run in float32, scored as if not."""
     manifest = write_manifest(tmp_path / "data", [1.0])
-    assert main(["eval", str(manifest), "--out", str(tmp_path / "out"), "--baseline", baseline, "--int8"]) == 2
+    assert main(["eval", str(manifest), "--out", str(tmp_path / "out"), "--baseline", baseline, *option]) == 2
     error = capsys.readouterr().err
-    assert error == f"speechstream: error: --int8 applies to the gpe system, not to {baseline}\n"
+    assert error == f"speechstream: error: {option[0]} applies to the gpe system, not to {baseline}\n"
     assert not (tmp_path / "out").exists()
 
 
