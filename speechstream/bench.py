@@ -44,6 +44,7 @@ class BenchConfig:
     threads: int = 1  # torch CPU threads (1: steady figures on a shared machine)
     ctc_weight: float | None = None  # joint CTC decoding's weight (None: the model's own)
     beam: int = 1  # joint CTC beam search's width (1: greedy)
+    dtype: str = "float32"  # the LLM's precision (config.DTYPES)
     seed: int = 0  # seed of the pauses' noise
 
     def validate(self) -> "BenchConfig":
@@ -67,7 +68,7 @@ class BenchConfig:
         from speechstream.config import DecodingConfig
 
         return DecodingConfig(chunk_ms=self.chunk_ms, vad=self.vad, device=self.device, ctc_weight=self.ctc_weight,
-                              beam=self.beam)
+                              beam=self.beam, dtype=self.dtype)
 
 
 MAX_MINUTES = 100_000.0  # --minutes: about ten weeks of audio
@@ -192,13 +193,13 @@ def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
     import torch
 
     from speechstream.chunker import chunk_samples
-    from speechstream.model import load_model
+    from speechstream.model import load_decoding_model
     from speechstream.session import StreamingSession
 
     clips = load_clips()
     torch.set_num_threads(config.threads)
-    model = load_model(config.model, config.device)
     decoding = config.decoding()
+    model = load_decoding_model(config.model, decoding)
     session = StreamingSession(model, decoding, partials=False)
     sync = device_sync(config.device)
     size = chunk_samples(config.chunk_ms)
@@ -207,9 +208,10 @@ def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
     total = size * math.ceil(round(config.minutes * 60 * SAMPLE_RATE) / size)
     window = max(size, int(round(config.window_minutes * 60 * SAMPLE_RATE)))  # samples per window
     decimals = minute_decimals(config.window_minutes)
+    extras = [f"beam {config.beam}"] * (config.beam > 1) + [f"LLM in {config.dtype}"] * (config.dtype != "float32")
     emit(f"speechstream bench: model {config.model}, {config.minutes:g} min of audio ({total // size} chunks of "
          f"{config.chunk_ms} ms), VAD {'on' if config.vad else 'off'}, {config.threads} thread(s)"
-         + (f", beam {config.beam}" if config.beam > 1 else ""))
+         + "".join(f", {extra}" for extra in extras))
     emit(format_header(decimals))
     windows: list[WindowStats] = []
     latencies: list[float] = []

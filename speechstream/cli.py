@@ -248,6 +248,8 @@ def _bench_args(parser: argparse.ArgumentParser) -> None:
                         "(default: the model's own)")
     parser.add_argument("--beam", type=int, default=1, help="joint CTC beam search's width, as transcribe's "
                         "(default: %(default)s, greedy)")
+    parser.add_argument("--dtype", default="float32", help="precision of the LLM's weights, as transcribe's: "
+                        "float32 or bfloat16 (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -780,7 +782,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     config = bench.BenchConfig(minutes=args.minutes, window_minutes=args.window_minutes, chunk_ms=args.chunk_ms,
                                vad=args.vad, model=args.model or "tiny-random", device=args.device,
-                               ctc_weight=args.ctc_weight, beam=args.beam).validate()
+                               ctc_weight=args.ctc_weight, beam=args.beam, dtype=args.dtype).validate()
     bench.run(config, print)
     return 0
 

@@ -36,7 +36,7 @@ def test_bench_prints_the_table(capsys):
 @pytest.mark.parametrize("argv", [["--minutes", "0"], ["--minutes", "nan"], ["--window-minutes", "-1"],
                                   ["--chunk-ms", "7"], ["--minutes", "1e308"], ["--minutes", "1e-9"],
                                   ["--minutes", "0.05", "--window-minutes", "10"], ["--window-minutes", "1e-9"],
-                                  ["--beam", "17"], ["--ctc-weight", "1.5"], ["--beam", "2"]])
+                                  ["--beam", "17"], ["--ctc-weight", "1.5"], ["--beam", "2"], ["--dtype", "half"]])
 def test_bad_options(capsys, argv):
     assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err
@@ -154,3 +154,20 @@ def test_bench_runs_the_beam_search_it_is_asked_for(capsys, monkeypatch):
     assert main(["bench", "--minutes", "0.05", "--window-minutes", "0.05", "--beam", "3", "--ctc-weight", "0.5"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("1 thread(s), beam 3")
     assert plans and set(plans) == {3}
+
+
+def test_bench_decodes_with_the_llm_in_the_dtype_it_is_asked_for(capsys, monkeypatch):
+    import torch
+
+    from speechstream import session
+
+    dtypes, step = [], session.StreamingSession._advance
+
+    def seen(self):
+        dtypes.append(self.model.decoder.dtype)
+        return step(self)
+
+    monkeypatch.setattr(session.StreamingSession, "_advance", seen)
+    assert main(["bench", "--minutes", "0.05", "--window-minutes", "0.05", "--dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("1 thread(s), LLM in bfloat16")
+    assert dtypes and set(dtypes) == {torch.bfloat16}
