@@ -194,6 +194,25 @@ def test_eight_concurrent_streams_each_get_their_solo_transcript(tiny_model):
     assert batch.steps < batch.requests / 2  # streams really shared LLM calls
 
 
+def test_a_server_with_the_llm_in_bfloat16_serves_concurrent_streams():
+    """``serve --dtype bfloat16``: the batched streams step a bfloat16 LLM and each gets its events and end."""
+    import dataclasses
+
+    from speechstream.model import load_decoding_model
+
+    decoding = dataclasses.replace(FAST, dtype="bfloat16")
+    model = load_decoding_model("tiny-random", decoding)
+    audios = clips(2.0)[:3]
+    server = Server(model, "tiny-random", decoding, ServerConfig(max_sessions=3), choose=text_favouring_chooser)
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            return await asyncio.gather(*[stream(http, url, to_pcm(audio)) for audio in audios])
+
+    texts = [check_events(events, 2.0) for events in asyncio.run(scenario())]
+    assert any(texts) and model.decoder.dtype == torch.bfloat16
+
+
 KILLED_CLIENT = """
 import asyncio, json, sys, aiohttp
 async def main():

@@ -55,13 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=int, default=100, help="source slots in the cache (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=9, help="rounds (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch's CPU threads (default: %(default)s)")
+    parser.add_argument("--dtype", default="float32", help="the LLM's precision: float32 or bfloat16 (default: "
+                        "%(default)s)")
     args = parser.parse_args(argv)
     counts = row_counts(args.rows)
     for name, low in (("cache", 1), ("repeats", 1), ("threads", 1)):
         if getattr(args, name) < low:
             raise InputError(f"--{name} must be at least {low}, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
-    model = load_model(args.model)
+    model = load_model(args.model, dtype=args.dtype)
     decoder = model.decoder
     hidden = decoder.llm.get_input_embeddings().weight.shape[1]
     state = decoder.new_state(1)
@@ -75,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             for count in counts:
                 seconds[count].append(time_step(model, state, count))
     one = statistics.median(seconds[counts[0]])
-    print(f"{args.model}: one step after {args.cache} source slots, {args.threads} thread(s), median of "
-          f"{args.repeats}; every row's logits computed")
+    print(f"{args.model}: one step after {args.cache} source slots, {args.threads} thread(s), LLM in {args.dtype}, "
+          f"median of {args.repeats}; every row's logits computed")
     print(f"{'rows':>4}  {'ms':>8}  {'ms per row':>10}  {'x first':>7}")
     for count in counts:
         median = statistics.median(seconds[count])

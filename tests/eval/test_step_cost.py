@@ -26,7 +26,7 @@ def test_it_prints_a_row_per_count_with_the_first_as_the_unit(step_cost, capsys)
     finally:
         torch.set_num_threads(threads)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("tiny-random: one step after 8 source slots, 1 thread(s), median of 2")
+    assert lines[0].startswith("tiny-random: one step after 8 source slots, 1 thread(s), LLM in float32, median of 2")
     table = [line.split() for line in lines[2:]]
     assert [row[0] for row in table] == ["1", "4"]
     assert float(table[0][3]) == 1.0 and float(table[1][3]) > 0
