@@ -124,8 +124,11 @@ def test_a_dynamic_batch_on_the_device_writes_what_each_stream_writes_alone():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_half_precision_llm_decodes_and_verifies_on_the_device(dtype):
-    model = load_model("tiny-random", DEVICE)
-    model.decoder.llm.to(dtype)
+    if dtype == torch.bfloat16:  # as --dtype bfloat16 loads it
+        model = load_model("tiny-random", DEVICE, dtype="bfloat16")
+    else:
+        model = load_model("tiny-random", DEVICE)
+        model.decoder.llm.to(dtype)
     result = verify_model(model, "tiny-random-half", 2)
     assert result.max_delta <= 4 * torch.finfo(dtype).eps * max(1.0, result.logit_scale)
     for decoding in (DecodingConfig(chunk_ms=640, k=2), DecodingConfig(chunk_ms=640, k=2, ctc_weight=0.3)):
