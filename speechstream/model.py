@@ -531,16 +531,23 @@ def load_model(name_or_path: str, device: str = "cpu", for_training: bool = Fals
 
 def load_decoding_model(name_or_path: str, decoding) -> SpeechLLM:
     """The model as the commands decode with it: on ``decoding.device``, int8 or in ``decoding.dtype`` as it says
-    (``config.DecodingConfig``). A note on stderr where bfloat16 is asked of a CPU that lacks native bfloat16 (its
-    steps are then slower than float32's)."""
-    if decoding.dtype == "bfloat16" and decoding.device == "cpu" and not cpu_has_bfloat16():
-        print("speechstream: note: this CPU has no native bfloat16 (AVX-512 BF16 or AMX): --dtype bfloat16 decodes "
-              "slower than float32 here", file=sys.stderr)
+    (``config.DecodingConfig``). A note on stderr where bfloat16 is asked of a device that lacks native bfloat16
+    (its steps are then slower than float32's)."""
+    if decoding.dtype == "bfloat16" and not has_native_bfloat16(decoding.device):
+        where = "this CPU (no AVX-512 BF16 or AMX)" if decoding.device == "cpu" else decoding.device
+        print(f"speechstream: note: {where} has no native bfloat16: --dtype bfloat16 decodes slower than float32 "
+              "here", file=sys.stderr)
     return load_model(name_or_path, decoding.device, int8=decoding.int8, dtype=decoding.dtype)
 
 
-def cpu_has_bfloat16() -> bool:
-    """Whether this CPU computes in bfloat16 natively (oneDNN's check: AVX-512 BF16 or AMX)."""
+def has_native_bfloat16(device: str) -> bool:
+    """Whether ``device`` (a checked one: ``config.check_device``) computes in bfloat16 natively: a CPU with AVX-512
+    BF16 or AMX (oneDNN's check), a CUDA GPU of compute capability 8.0 or later (torch's); MPS is taken as able."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    if kind != "cpu":
+        return True
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # (a private check: a torch without it says nothing either way)

@@ -167,11 +167,23 @@ def test_bfloat16_on_a_cpu_without_it_natively_is_a_note(monkeypatch, capsys, na
     from speechstream import model as model_module
     from speechstream.config import DecodingConfig
 
-    monkeypatch.setattr(model_module, "cpu_has_bfloat16", lambda: native)
+    monkeypatch.setattr(model_module, "has_native_bfloat16", lambda device: native)
     model = model_module.load_decoding_model("tiny-random", DecodingConfig(dtype="bfloat16"))
     assert model.decoder.dtype == torch.bfloat16
     error = capsys.readouterr().err
     assert ("no native bfloat16" in error) == note and error.count("\n") == int(note)
+
+
+def test_native_bfloat16_is_the_devices_own_check(monkeypatch):
+    from speechstream.model import has_native_bfloat16
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert not has_native_bfloat16("cpu")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert has_native_bfloat16("cpu")
+    for able in (False, True):  # (a GPU before compute capability 8.0 emulates it)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: able)
+        assert has_native_bfloat16("cuda:0") == able
 
 
 def test_int8_speed_mode_prints_no_torch_warnings():
