@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--model", type=nonempty, help="model name or directory (default: the tiny model)")
     group.add_argument("--all-architectures", action="store_true", help="tiny seeded Llama, Qwen2, Gemma2 and Phi3")
     verify.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms; default: %(default)s)")
+    verify.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="precision of the LLM's weights; bfloat16 is held to 4 of its epsilons times the "
+                        "logits' scale instead of 1e-4 (default: %(default)s)")
     verify.add_argument("--k", type=int, nargs="+", default=[1, 3],
                         help="wait-k values to check, each at most 100 (default: 1 3); each checks k + 3 chunks of "
                         "audio, and the one-pass forward's cost grows with the square of that")
@@ -591,9 +594,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise InputError(f"--k must be at most {verify.MAX_K}, got {max(ks)}")
     chunk_samples(args.chunk_ms)  # a bad --chunk-ms is refused before the model loads
     if args.all_architectures:
-        results = verify.verify_architectures(ks, args.chunk_ms)
+        results = verify.verify_architectures(ks, args.chunk_ms, args.dtype)
     else:
-        results = verify.verify_named(args.model or "tiny-random", ks, args.chunk_ms)
+        results = verify.verify_named(args.model or "tiny-random", ks, args.chunk_ms, args.dtype)
     for r in results:
         status = "ok" if r.ok else "FAIL"
         print(f"{r.name:<16} k={r.k} chunk_ms={r.chunk_ms} rows={r.target_tokens:<4} "

@@ -20,6 +20,7 @@ from speechstream.model import ARCHITECTURES, MODELS_DIR, SpeechLLM, build_model
 from speechstream.policy import WaitK
 from speechstream.session import StreamingSession
 
+HALF_EPSILONS = 4  # in bfloat16: the epsilons (times the logits' scale) a delta may reach (``VerifyResult.bound``)
 TOLERANCE = 1e-4  # max |delta logit| accepted in float32 (INTERFACES.md); float32 sums taken in another order
 # differ in proportion to their size: the shipped SmolLM2-135M models (logits up to ~36) measure 4.6e-5 to 8.3e-5
 
@@ -34,11 +35,16 @@ class VerifyResult:
     target_tokens: int  # target rows compared
     max_delta: float  # max |streaming logit - training logit|
     logit_scale: float = 0.0  # max |training logit|
+    dtype: str = "float32"  # the LLM's precision (config.DTYPES)
 
     @property
     def bound(self) -> float:
-        """The largest delta accepted: ``TOLERANCE`` (the contract's 1e-4, whatever the size of the logits)."""
-        return TOLERANCE
+        """The largest delta accepted: in float32 ``TOLERANCE`` (the contract's 1e-4, whatever the size of the
+        logits); in bfloat16 ``HALF_EPSILONS`` of its epsilons times the logits' scale (at least 1): its sums round
+        at every product, in another order in each pass."""
+        if self.dtype == "float32":
+            return TOLERANCE
+        return HALF_EPSILONS * torch.finfo(getattr(torch, self.dtype)).eps * max(1.0, self.logit_scale)
 
     @property
     def ok(self) -> bool:
@@ -104,17 +110,21 @@ def verify_model(model: SpeechLLM, name: str, k: int, chunk_ms: int = 640, secon
         batch_logits = model.forward_train(source, [target], k)[0, : len(target) - 1]
         stream_logits = teacher_forced_logits(model, audio, target, k, chunk_ms)
     delta = float((stream_logits - batch_logits).abs().max())
-    return VerifyResult(name, k, chunk_ms, len(target) - 1, delta, float(batch_logits.abs().max()))
+    dtype = str(model.decoder.dtype).removeprefix("torch.")
+    return VerifyResult(name, k, chunk_ms, len(target) - 1, delta, float(batch_logits.abs().max()), dtype)
 
 
-def verify_architectures(ks: tuple[int, ...] = (1, 3), chunk_ms: int = 640) -> list[VerifyResult]:
+def verify_architectures(ks: tuple[int, ...] = (1, 3), chunk_ms: int = 640,
+                         dtype: str = "float32") -> list[VerifyResult]:
     results = []
     for architecture in ARCHITECTURES:
         model = build_model(tiny_config(architecture))
+        model.decoder.llm.to(getattr(torch, dtype))
         results += [verify_model(model, f"tiny-{architecture}", k, chunk_ms) for k in ks]
     return results
 
 
-def verify_named(name: str, ks: tuple[int, ...] = (1, 3), chunk_ms: int = 640) -> list[VerifyResult]:
-    model = load_model(name)
+def verify_named(name: str, ks: tuple[int, ...] = (1, 3), chunk_ms: int = 640,
+                 dtype: str = "float32") -> list[VerifyResult]:
+    model = load_model(name, dtype=dtype)
     return [verify_model(model, name, k, chunk_ms) for k in ks]

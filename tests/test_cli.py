@@ -828,6 +828,22 @@ def test_verify(capsys):
     assert 0 <= delta <= 1e-4
 
 
+def test_verify_in_bfloat16_is_held_to_its_precision(capsys, monkeypatch):
+    """``verify --dtype bfloat16``: the bound scales with bfloat16's epsilon and the logits; a streaming path off by
+    a tenth in every logit, far inside float32's noise for bfloat16 but past its bound, still fails."""
+    from speechstream import verify
+
+    code, out, err = run(capsys, "verify", "--k", "1", "--dtype", "bfloat16")
+    assert code == 0, err
+    (line,) = out.splitlines()
+    bound, scale = (float(x) for x in re.search(r"\(bound (\S+); logits up to (\S+)\)", line).groups())
+    assert line.endswith("ok") and bound == pytest.approx(4 * 2**-7 * max(1.0, scale), rel=0.06)
+    exact = verify.teacher_forced_logits
+    monkeypatch.setattr(verify, "teacher_forced_logits", lambda *args, **kwargs: exact(*args, **kwargs) + 0.1)
+    code, out, err = run(capsys, "verify", "--k", "1", "--dtype", "bfloat16")
+    assert code == 1 and out.rstrip().endswith("FAIL")
+
+
 @pytest.mark.parametrize("chunk_ms", ["0", "-640", "7"])
 def test_verify_refuses_a_bad_chunk_before_loading_the_model(capsys, monkeypatch, chunk_ms):
     from speechstream import verify

@@ -141,7 +141,8 @@ def test_a_bfloat16_llm_verifies_within_its_precision_and_leaves_the_rest_float3
     assert {p.dtype for p in model.decoder.llm.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in (*model.encoder.parameters(), *model.projector.parameters())} == {torch.float32}
     result = verify_model(model, "tiny-random-bf16", 2)
-    assert 0 < result.max_delta <= 4 * torch.finfo(torch.bfloat16).eps * max(1.0, result.logit_scale)
+    assert result.dtype == "bfloat16" and result.ok and 0 < result.max_delta
+    assert result.bound == 4 * torch.finfo(torch.bfloat16).eps * max(1.0, result.logit_scale)
     audio = (0.1 * np.random.default_rng(3).standard_normal(3 * 16000)).astype(np.float32)
     for decoding in (DecodingConfig(dtype="bfloat16"), DecodingConfig(dtype="bfloat16", ctc_weight=0.3, beam=3)):
         session = StreamingSession(model, decoding, partials=False)
