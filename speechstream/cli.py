@@ -233,6 +233,8 @@ def _live_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _bench_args(parser: argparse.ArgumentParser) -> None:
+    from speechstream.config import DTYPES
+
     parser.add_argument("--minutes", type=float, default=30.0,
                         help="length of the synthetic stream (default: %(default)s)")
     parser.add_argument("--window-minutes", type=float, default=5.0,
@@ -248,11 +250,13 @@ def _bench_args(parser: argparse.ArgumentParser) -> None:
                         "(default: the model's own)")
     parser.add_argument("--beam", type=int, default=1, help="joint CTC beam search's width, as transcribe's "
                         "(default: %(default)s, greedy)")
-    parser.add_argument("--dtype", default="float32", help="precision of the LLM's weights, as transcribe's: "
-                        "float32 or bfloat16 (default: %(default)s)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="precision of the LLM's weights, as "
+                        "transcribe's (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from speechstream.config import DTYPES
+
     parser = _Parser(prog="speechstream", description="Streaming speech-to-text with LLMs and group position encoding.")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -276,13 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="check that streaming equals the batch forward",
         description="Teacher-forces a streaming session and the one-pass training forward with the same seeded "
         "noise and random target, and prints one line per model and k: the target rows compared, the largest "
-        "|delta logit|, the bound (1e-4) and ok or FAIL. "
+        "|delta logit|, the bound (1e-4 in float32) and ok or FAIL. "
         "Exit code 1 if any line is FAIL.")
     group = verify.add_mutually_exclusive_group()
     group.add_argument("--model", type=nonempty, help="model name or directory (default: the tiny model)")
     group.add_argument("--all-architectures", action="store_true", help="tiny seeded Llama, Qwen2, Gemma2 and Phi3")
     verify.add_argument("--chunk-ms", type=int, default=640, help="audio per chunk (ms; default: %(default)s)")
-    verify.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+    verify.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="precision of the LLM's weights; bfloat16 is held to 4 of its epsilons times the "
                         "logits' scale instead of 1e-4 (default: %(default)s)")
     verify.add_argument("--k", type=int, nargs="+", default=[1, 3],
