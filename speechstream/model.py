@@ -532,12 +532,12 @@ def load_model(name_or_path: str, device: str = "cpu", for_training: bool = Fals
 def load_decoding_model(name_or_path: str, decoding) -> SpeechLLM:
     """The model as the commands decode with it: on ``decoding.device``, int8 or in ``decoding.dtype`` as it says
     (``config.DecodingConfig``). A note on stderr where bfloat16 is asked of a device that lacks native bfloat16
-    (its steps are then slower than float32's)."""
+    (its steps may then gain nothing on float32's)."""
     model = load_model(name_or_path, decoding.device, int8=decoding.int8, dtype=decoding.dtype)
     if decoding.dtype == "bfloat16" and not has_native_bfloat16(decoding.device):
         where = "this CPU (no AVX-512 BF16 or AMX)" if decoding.device == "cpu" else decoding.device
-        print(f"speechstream: note: {where} has no native bfloat16: --dtype bfloat16 decodes slower than float32 "
-              "here", file=sys.stderr)
+        print(f"speechstream: note: {where} has no native bfloat16: --dtype bfloat16 may decode no faster than "
+              "float32 here", file=sys.stderr)
     return model
 
 
