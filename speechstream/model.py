@@ -525,8 +525,13 @@ def load_model(name_or_path: str, device: str = "cpu", for_training: bool = Fals
     if int8:
         quantize_int8(model)
     if dtype != "float32":
-        model.decoder.llm.to(getattr(torch, dtype))
+        cast_llm(model, dtype)
     return model
+
+
+def cast_llm(model: SpeechLLM, dtype: str) -> None:
+    """The LLM's weights in ``dtype`` (``config.DTYPES``); the encoder, projector and CTC heads stay float32."""
+    model.decoder.llm.to(getattr(torch, dtype))
 
 
 def load_decoding_model(name_or_path: str, decoding) -> SpeechLLM:

@@ -16,7 +16,7 @@ import torch
 
 from speechstream.config import DecodingConfig, ModelConfig
 from speechstream.chunker import chunk_samples
-from speechstream.model import ARCHITECTURES, MODELS_DIR, SpeechLLM, build_model, load_model
+from speechstream.model import ARCHITECTURES, MODELS_DIR, SpeechLLM, build_model, cast_llm, load_model
 from speechstream.policy import WaitK
 from speechstream.session import StreamingSession
 
@@ -119,7 +119,7 @@ def verify_architectures(ks: tuple[int, ...] = (1, 3), chunk_ms: int = 640,
     results = []
     for architecture in ARCHITECTURES:
         model = build_model(tiny_config(architecture))
-        model.decoder.llm.to(getattr(torch, dtype))
+        cast_llm(model, dtype)
         results += [verify_model(model, f"tiny-{architecture}", k, chunk_ms) for k in ks]
     return results
 

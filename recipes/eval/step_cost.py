@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
 from speechstream import gpe  # noqa: E402
+from speechstream.config import DTYPES  # noqa: E402
 from speechstream.data.corpora import RecipeArgumentParser, run_main  # noqa: E402
 from speechstream.errors import InputError  # noqa: E402
 from speechstream.model import load_model  # noqa: E402
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=int, default=100, help="source slots in the cache (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=9, help="rounds (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch's CPU threads (default: %(default)s)")
-    parser.add_argument("--dtype", default="float32", help="the LLM's precision: float32 or bfloat16 (default: "
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="the LLM's precision (default: "
                         "%(default)s)")
     args = parser.parse_args(argv)
     counts = row_counts(args.rows)
