@@ -1087,22 +1087,8 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
         check_same_recipe(out_dir, record, start_step)
     if accelerator.is_main_process and (state_dir is None or not (out_dir / "recipe.json").exists()):
         write_file_durably(out_dir / "recipe.json", json.dumps(record, indent=1) + "\n")
-    torch.manual_seed(config.seed)
-    model = training_model(config, str(accelerator.device))
-    if config.init_checkpoint:
-        from speechstream.model import load_trainable
-
-        load_trainable(model, Path(config.init_checkpoint))
-    if config.ctc_head_only:
-        if model.ctc_head is None:
-            raise InputError("ctc_head_only needs a model with a fine CTC head: set ctc_hop (1 .. the projector stack)")
-        if not bool(model.ctc_head.blank.any()):  # not loaded from a checkpoint: start from the projector
-            model.ctc_head.init_from_projector(model.projector, model.ctc_blank)
-    model.train()
-    projector_params, lora_params = trainable_parameters(model, config.ctc_head_only)
-    groups = [{"params": projector_params, "lr": config.lr_projector}]
-    if lora_params:
-        groups.append({"params": lora_params, "lr": config.lr_lora})
+    model = starting_model(config, str(accelerator.device))
+    groups = parameter_groups(model, config)
     optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
     base_lrs = [g["lr"] for g in groups]
     ctc_classes = ctc_class_ids(model, examples, config)
@@ -1149,8 +1135,6 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
     if unscored and accelerator.is_main_process:
         log_dev_score(accelerator.unwrap_model(objective).model, cache, dev, ctc_classes, config, log_path, start_step)
         plot_losses(log_path, out_dir / "loss.png")
-    chunk_s = config.chunk_ms / 1000
-    lookahead_s = model.config.encoder.lookahead_frames * ENCODER_FRAME_S
     bar = tqdm(total=config.steps, initial=start_step, disable=not (progress and accelerator.is_main_process),
                desc="train", unit="step")
     # the figures of the steps since the last log row (a resumed run continues the window its checkpoint saved)
@@ -1165,21 +1149,8 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
             mine = indices[accelerator.process_index :: accelerator.num_processes]
             items = len(mine)
             mine = mine or indices[:1]  # (a batch smaller than the ranks: a stand-in that does not count)
-            frames, frame_ends, targets, texts = [], [], [], []
-            for index in mine:
-                example = examples[index]
-                item_frames, ends, samples = cache.frames(example)
-                pieces, ctc_text = example_pieces(example, chunk_s, len(ends), config, samples / SAMPLE_RATE,
-                                                  lookahead_s)
-                frames.append(item_frames)
-                frame_ends.append(ends)
-                targets.append(model.target_sequence(pieces))
-                texts.append(model._ids(ctc_text))
-            padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
-            if config.mask_time or config.mask_channels:
-                rng = np.random.default_rng([config.seed, step, accelerator.process_index, 11])
-                padded = spec_augment(padded, [len(f) for f in frames], rng, config.mask_time, config.mask_span,
-                                      config.mask_channels)
+            padded, frame_ends, targets, texts = step_batch(model, cache, [examples[i] for i in mine], config, step,
+                                                            accelerator.process_index)
             padded = padded.to(accelerator.device)
             k = ks[np.random.default_rng([config.seed, step, 7]).integers(len(ks))]
             factor = phase_learning_rate_factor(step, config)
@@ -1201,11 +1172,9 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
             # with the joint steps'); a run stopped in between keeps its window in the checkpoint instead
             if done % config.log_every == 0 or done in (config.steps, config.ctc_only_steps):
                 if accelerator.is_main_process:
-                    row = {key: float(np.mean([w[key] for w in window if key in w])) for key in window[-1]}
-                    row.update(step=done, k=k, lr_factor=round(factor, 4),
-                               elapsed_s=round(time.perf_counter() - started, 1))
                     with log_path.open("a") as log:
-                        log.write(json.dumps(row) + "\n")
+                        log.write(json.dumps(window_row(window, step=done, k=k, lr_factor=round(factor, 4),
+                                                        elapsed_s=round(time.perf_counter() - started, 1))) + "\n")
                 window = []
             # Ctrl-C or SIGTERM (on any rank: every rank stops after the same step) ends the run after this step,
             # saved
@@ -1237,6 +1206,66 @@ def train_in_folder(config: TrainConfig, accelerator, out_dir: Path, examples: l
     bar.close()
     accelerator.wait_for_everyone()
     return out_dir / "trainable.safetensors"
+
+
+def starting_model(config: TrainConfig, device: str) -> SpeechLLM:
+    """The model a run starts from, in training mode: built from the recipe's model config (seeded), its
+    ``init_checkpoint`` loaded; a fine CTC head trained alone (``ctc_head_only``) not loaded from it starts as a
+    copy of the projector."""
+    torch.manual_seed(config.seed)
+    model = training_model(config, device)
+    if config.init_checkpoint:
+        from speechstream.model import load_trainable
+
+        load_trainable(model, Path(config.init_checkpoint))
+    if config.ctc_head_only:
+        if model.ctc_head is None:
+            raise InputError("ctc_head_only needs a model with a fine CTC head: set ctc_hop (1 .. the projector stack)")
+        if not bool(model.ctc_head.blank.any()):  # not loaded from a checkpoint: start from the projector
+            model.ctc_head.init_from_projector(model.projector, model.ctc_blank)
+    model.train()
+    return model
+
+
+def parameter_groups(model: SpeechLLM, config: TrainConfig) -> list[dict]:
+    """The optimizer's groups: the projector side at ``lr_projector``, the LoRA adapters (where trained) at
+    ``lr_lora``."""
+    projector_params, lora_params = trainable_parameters(model, config.ctc_head_only)
+    groups = [{"params": projector_params, "lr": config.lr_projector}]
+    if lora_params:
+        groups.append({"params": lora_params, "lr": config.lr_lora})
+    return groups
+
+
+def step_batch(model: SpeechLLM, cache: FeatureCache, examples: list[Example], config: TrainConfig, step: int,
+               rank: int) -> tuple[torch.Tensor, list, list, list]:
+    """One process's share of a step: its clips' cached encoder frames padded into one (B, T, D) tensor (with
+    SpecAugment, seeded by step and ``rank``), each clip's chunk frame ends, its GPE target sequence (wait-k
+    pieces, ``example_pieces``) and the token ids of its CTC text."""
+    chunk_s = config.chunk_ms / 1000
+    lookahead_s = model.config.encoder.lookahead_frames * ENCODER_FRAME_S
+    frames, frame_ends, targets, texts = [], [], [], []
+    for example in examples:
+        item_frames, ends, samples = cache.frames(example)
+        pieces, ctc_text = example_pieces(example, chunk_s, len(ends), config, samples / SAMPLE_RATE, lookahead_s)
+        frames.append(item_frames)
+        frame_ends.append(ends)
+        targets.append(model.target_sequence(pieces))
+        texts.append(model._ids(ctc_text))
+    padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
+    if config.mask_time or config.mask_channels:
+        rng = np.random.default_rng([config.seed, step, rank, 11])
+        padded = spec_augment(padded, [len(f) for f in frames], rng, config.mask_time, config.mask_span,
+                              config.mask_channels)
+    return padded, frame_ends, targets, texts
+
+
+def window_row(window: list[dict], **fields) -> dict:
+    """A log row: the mean of each figure over the steps of ``window`` that have it (the CTC-only steps have no LM
+    loss), then ``fields``."""
+    row = {key: float(np.mean([w[key] for w in window if key in w])) for key in window[-1]}
+    row.update(fields)
+    return row
 
 
 def log_dev_score(model: SpeechLLM, cache: FeatureCache, dev: list[Example], ctc_classes: torch.Tensor | None,
