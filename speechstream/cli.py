@@ -308,6 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
                           "transformers Whisper directory. The Whisper baselines are told the speech language "
                           "(--source-lang, else the manifest's source_lang, else en)")
 
+    comparison = commands.add_parser(
+        "compare", help="test eval runs of the same utterances against a baseline run (paired bootstrap)",
+        description="Reads finished `speechstream eval` folders (the first the baseline) that scored the same "
+        "utterances, and prints each run's quality (BLEU and chrF, or normalized and raw WER) with its 95%% interval "
+        "and the paired bootstrap's p against the baseline, beside AL, LAAL and RTF as scored.")
+    comparison.add_argument("folders", nargs="+", type=nonempty, help="eval output folders, the baseline first")
+    comparison.add_argument("--resamples", type=int, default=1000,
+                            help="bootstrap draws (10 .. 100000; default: %(default)s)")
+    comparison.add_argument("--format", choices=("text", "json"), default="text", help="default: %(default)s")
+
     train = commands.add_parser(
         "train", help="train projector and LoRA adapters from a recipe (accelerate)",
         description="Trains as the recipe says into its out_dir; the same command resumes a run stopped there. Ctrl-C "
@@ -674,6 +684,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from speechstream.eval.compare import compare, comparison_text
+
+    result = compare(args.folders, args.resamples)
+    sys.stdout.write(json.dumps(result, indent=1) + "\n" if args.format == "json" else comparison_text(result))
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
@@ -798,6 +816,7 @@ COMMANDS = {
     "transcribe": cmd_transcribe,
     "verify": cmd_verify,
     "eval": cmd_eval,
+    "compare": cmd_compare,
     "train": cmd_train,
     "fetch": cmd_fetch,
     "live": cmd_live,

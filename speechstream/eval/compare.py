@@ -1,0 +1,249 @@
+"""``speechstream compare``: eval runs over the same utterances, each tested against a baseline run.
+
+A finished ``speechstream eval`` folder holds each utterance's prediction and reference (``instances.log``), the
+task (``config.json``) and the corpus scores (``scores.json``). Comparing two settings on 50 or 250 sentences, the
+question is whether a difference in quality is more than the luck of which sentences were drawn: a paired bootstrap
+answers it. Its resamples draw utterances with replacement (the same draws for every system), score each system on
+each draw, and give
+
+- each system's mean over the draws with a 95 % interval (half the distance between the 2.5th and 97.5th
+  percentiles), and
+- p: how often the absolute difference between the system and the baseline, centred on its mean over the draws,
+  exceeds the difference actually measured, (count + 1) / (resamples + 1): the chance of a difference this large
+  between two equally good systems. A run whose every prediction is the baseline's gets p = 1 (the procedure alone
+  would give its floor, 1 / (resamples + 1), to a difference of nothing).
+
+Translation runs are scored for BLEU and chrF by sacrebleu's own paired bootstrap (``sacrebleu.significance``;
+its seed, 12345 unless ``SACREBLEU_SEED`` says otherwise). Transcription runs are scored for normalized and raw WER
+by the same procedure here, from each utterance's word edits and reference words (jiwer), with the same seed and so
+the same draws. Latency (AL, LAAL) and RTF are shown as each run's ``scores.json`` has them, untested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from speechstream.config import one_line
+from speechstream.errors import InputError
+from speechstream.eval.run import CONFIG_FILE, INSTANCES_FILE, SCORES_FILE
+
+RESAMPLES = 1000  # draws of the paired bootstrap (sacrebleu's default for its own)
+SHOWN_AS_SCORED = ("AL", "LAAL", "RTF")  # figures of scores.json shown beside the tested ones
+# quality metrics of each task: (name, higher is better)
+METRICS = {"translate": (("BLEU", True), ("chrF", True)), "asr": (("WER_normalized", False), ("WER", False))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A finished eval folder's utterances (in the manifest's order) and scores."""
+
+    folder: str
+    task: str
+    ids: tuple[str, ...]
+    predictions: tuple[str, ...]
+    references: tuple[str, ...]
+    scores: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Tested:
+    """One metric of one run: its corpus score, the mean and 95 % half-interval over the draws, and p against the
+    baseline (None for the baseline itself)."""
+
+    score: float
+    mean: float
+    ci: float
+    p: float | None
+
+
+def read_run(folder: str | Path) -> Run:
+    """A finished ``speechstream eval`` output folder; InputError (one line) for anything else."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise InputError(f"{folder}: no such eval output folder")
+    for name in (INSTANCES_FILE, CONFIG_FILE, SCORES_FILE):
+        if not (path / name).is_file():
+            if name == SCORES_FILE:
+                raise InputError(f"{folder}: the run is not finished (no {SCORES_FILE}); its eval command, run "
+                                 "again, finishes it")
+            raise InputError(f"{folder}: not a speechstream eval output folder (no {name})")
+    try:
+        task = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))["task"]
+        scores = json.loads((path / SCORES_FILE).read_text(encoding="utf-8"))
+        lines = (path / INSTANCES_FILE).read_text(encoding="utf-8").splitlines()
+        records = sorted((json.loads(line) for line in lines if line.strip()), key=lambda record: record["index"])
+        ids = tuple(str(record["id"]) for record in records)
+        predictions = tuple(record["prediction"] or "" for record in records)
+        references = tuple(record["reference"] for record in records)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise InputError(f"{folder}: unreadable eval output ({type(error).__name__}: {one_line(error)})") from None
+    if task not in METRICS:
+        raise InputError(f"{folder}: unknown task {task!r} in {CONFIG_FILE}")
+    if not records or any(reference is None for reference in references):
+        raise InputError(f"{folder}: the run has no references to compare against")
+    return Run(str(folder), task, ids, predictions, references, scores)
+
+
+def paired(baseline: Run, run: Run) -> Run:
+    """``run`` with its utterances in ``baseline``'s order; InputError unless both scored the same utterances with the
+    same references for the same task."""
+    if run.task != baseline.task:
+        raise InputError(f"{run.folder}: task {run.task}, but the baseline {baseline.folder} is {baseline.task}")
+    if sorted(run.ids) != sorted(baseline.ids):
+        missing = sorted(set(baseline.ids) - set(run.ids)) or sorted(set(run.ids) - set(baseline.ids))
+        raise InputError(f"{run.folder}: not the baseline's utterances ({len(run.ids)} against {len(baseline.ids)};"
+                         f" {missing[0]!r} is in one only)" if missing else
+                         f"{run.folder}: an utterance id appears twice")
+    where = {utterance: i for i, utterance in enumerate(run.ids)}
+    order = [where[utterance] for utterance in baseline.ids]
+    references = tuple(run.references[i] for i in order)
+    for utterance, mine, theirs in zip(baseline.ids, references, baseline.references):
+        if mine != theirs:
+            raise InputError(f"{run.folder}: the reference of {utterance!r} is not the baseline's")
+    return dataclasses.replace(run, ids=baseline.ids, predictions=tuple(run.predictions[i] for i in order),
+                               references=references)
+
+
+def word_edits(predictions: Sequence[str], references: Sequence[str], normalize: bool) -> np.ndarray:
+    """(n, 2) per utterance: word edits (substitutions, deletions, insertions) and reference words."""
+    import jiwer
+
+    from speechstream.eval.quality import normalize_english
+
+    if normalize:
+        predictions = [normalize_english(text) for text in predictions]
+        references = [normalize_english(text) for text in references]
+    counts = np.zeros((len(references), 2))
+    output = jiwer.process_words(list(references), list(predictions))
+    for row, chunks in zip(counts, output.alignments):
+        for chunk in chunks:
+            words = chunk.ref_end_idx - chunk.ref_start_idx
+            if chunk.type == "insert":
+                row[0] += chunk.hyp_end_idx - chunk.hyp_start_idx
+            else:
+                row[0] += words if chunk.type != "equal" else 0
+                row[1] += words
+    return counts
+
+
+def bootstrap_draws(n: int, resamples: int) -> np.ndarray:
+    """(resamples, n) utterance indices, drawn with replacement as sacrebleu draws them (its seed)."""
+    seed = os.environ.get("SACREBLEU_SEED", "12345")
+    return np.random.default_rng(None if seed.lower() == "none" else int(seed)).choice(n, size=(resamples, n))
+
+
+def interval(draws: np.ndarray) -> tuple[float, float]:
+    """The mean of a system's scores over the draws and the half-width of their central 95 %."""
+    ordered = np.sort(draws)
+    low = len(ordered) // 40
+    return float(ordered.mean()), float(0.5 * (ordered[len(ordered) - low - 1] - ordered[low]))
+
+
+def p_value(system: np.ndarray, baseline: np.ndarray, measured: float) -> float:
+    """How often the centred absolute difference over the draws exceeds the ``measured`` one, (count + 1) / (R + 1)."""
+    differences = np.abs(system - baseline)
+    return float((np.sum(differences - differences.mean() > measured) + 1) / (len(differences) + 1))
+
+
+def tested_wer(runs: Sequence[Run], normalize: bool, resamples: int) -> list[Tested] | None:
+    """Corpus WER (%) of each run, tested against the first; None where the references have no words."""
+    stats = [word_edits(run.predictions, run.references, normalize) for run in runs]
+    if stats[0][:, 1].sum() == 0:
+        return None
+    draws = bootstrap_draws(len(stats[0]), resamples)
+
+    def rates(counts: np.ndarray) -> np.ndarray:
+        summed = counts[draws].sum(axis=1)
+        return 100.0 * summed[:, 0] / np.maximum(summed[:, 1], 1)
+
+    scores = [100.0 * counts[:, 0].sum() / counts[:, 1].sum() for counts in stats]
+    base = rates(stats[0])
+    tested = []
+    for i, counts in enumerate(stats):
+        drawn = rates(counts)
+        p = None if i == 0 else 1.0 if runs[i].predictions == runs[0].predictions else \
+            p_value(drawn, base, abs(scores[i] - scores[0]))
+        tested.append(Tested(scores[i], *interval(drawn), p))
+    return tested
+
+
+def tested_translation(runs: Sequence[Run], resamples: int) -> dict[str, list[Tested]]:
+    """BLEU and chrF of each run, tested against the first by sacrebleu's paired bootstrap."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    systems = [(str(i), list(run.predictions)) for i, run in enumerate(runs)]
+    test = PairedTest(systems, {"BLEU": BLEU(), "chrF": CHRF()}, [list(runs[0].references)], test_type="bs",
+                      n_samples=resamples)
+    _, results = test()
+    columns = [column for column in results if column != "System"]  # (sacrebleu names them: "chrF2" for chrF)
+    same = [i > 0 and run.predictions == runs[0].predictions for i, run in enumerate(runs)]
+    return {name: [Tested(float(r.score), float(r.mean), float(r.ci), 1.0 if same[i] else _number(r.p_value))
+                   for i, r in enumerate(results[column])]
+            for name, column in zip(("BLEU", "chrF"), columns)}
+
+
+def _number(value) -> float | None:
+    """A sacrebleu figure (a numpy float) as a Python float; None stays None."""
+    return None if value is None else float(value)
+
+
+def compare(folders: Sequence[str | Path], resamples: int = RESAMPLES) -> dict:
+    """The comparison of eval folders, the first the baseline: task, utterances, resamples, and per folder each
+    quality metric (score, mean, ci, p) and the figures of ``SHOWN_AS_SCORED`` its scores.json has."""
+    if len(folders) < 2:
+        raise InputError("compare needs a baseline folder and at least one more")
+    if not 10 <= resamples <= 100_000:
+        raise InputError(f"--resamples must be between 10 and 100000, got {resamples}")
+    baseline = read_run(folders[0])
+    runs = [baseline] + [paired(baseline, read_run(folder)) for folder in folders[1:]]
+    if baseline.task == "translate":
+        metrics = tested_translation(runs, resamples)
+    else:
+        metrics = {name: tested for name, tested in (("WER_normalized", tested_wer(runs, True, resamples)),
+                                                     ("WER", tested_wer(runs, False, resamples))) if tested}
+    systems = []
+    for i, run in enumerate(runs):
+        row = {"folder": run.folder, "baseline": i == 0}
+        row |= {name: dataclasses.asdict(tested[i]) for name, tested in metrics.items()}
+        row |= {name: run.scores[name] for name in SHOWN_AS_SCORED if name in run.scores}
+        systems.append(row)
+    return {"task": baseline.task, "utterances": len(baseline.ids), "resamples": resamples,
+            "higher_is_better": {name: better for name, better in METRICS[baseline.task] if name in metrics},
+            "systems": systems}
+
+
+def comparison_text(result: dict) -> str:
+    """A fixed-width table of ``compare``'s result: per quality metric its score, the 95 % half-interval and p."""
+    names = list(result["higher_is_better"])
+    header = ["system"] + [cell for name in names for cell in (name, "+-95%", "p")] + list(SHOWN_AS_SCORED)
+    rows = []
+    for system in result["systems"]:
+        cells = [system["folder"] + (" (baseline)" if system["baseline"] else "")]
+        for name in names:
+            tested = system[name]
+            p = "-" if tested["p"] is None else f"{tested['p']:.3f}"
+            cells += [f"{tested['score']:.2f}", f"{tested['ci']:.2f}", p]
+        cells += [_figure(system.get(name), name) for name in SHOWN_AS_SCORED]
+        rows.append(cells)
+    widths = [max(len(row[j]) for row in [header] + rows) for j in range(len(header))]
+    better = ", ".join(f"{name} {'higher' if up else 'lower'} is better" for name, up in result["higher_is_better"].items())
+    lines = [f"task {result['task']}, {result['utterances']} utterances; paired bootstrap over {result['resamples']} "
+             f"draws, p against the baseline; {better}; {', '.join(SHOWN_AS_SCORED)} as scored", ""]
+    for row in [header] + rows:
+        lines.append("  ".join(cell.ljust(width) if j == 0 else cell.rjust(width)
+                               for j, (cell, width) in enumerate(zip(row, widths))).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _figure(value: float | None, name: str) -> str:
+    """A figure of scores.json as the table shows it: ms whole, RTF to three places, "-" where absent."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if name == "RTF" else f"{value:.0f}"

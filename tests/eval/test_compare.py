@@ -1,0 +1,159 @@
+"""`speechstream compare`: eval runs over the same utterances tested against a baseline run (paired bootstrap)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
+
+from speechstream.cli import main
+from speechstream.errors import InputError
+from speechstream.eval.compare import bootstrap_draws, compare, comparison_text, word_edits
+from speechstream.eval.quality import bleu, chrf, wer
+from speechstream.eval.run import CONFIG_FILE, INSTANCES_FILE, SCORES_FILE, score_instances
+
+WORDS = "the a cat sat on mat dog ran far away home 12 Dr. it's".split()
+
+
+def sentences(count: int, seed: int, empty_every: int = 0) -> list[str]:
+    """Seeded word strings (every ``empty_every``-th one empty, where set)."""
+    rng = random.Random(seed)
+    return ["" if empty_every and i % empty_every == 0 else " ".join(rng.choices(WORDS, k=rng.randint(1, 9)))
+            for i in range(count)]
+
+
+def write_run(folder: Path, task: str, predictions: list[str], references: list[str],
+              ids: list[str] | None = None, order: list[int] | None = None) -> Path:
+    """An eval output folder as `speechstream eval` leaves it: instances.log (lines in ``order``), config.json,
+    scores.json (``score_instances``)."""
+    ids = ids or [f"u{i}" for i in range(len(references))]
+    records = []
+    for index, (utterance, prediction, reference) in enumerate(zip(ids, predictions, references)):
+        delays = [400.0 * (i + 1) for i in range(len(prediction.split()))]
+        records.append({"index": index, "id": utterance, "prediction": prediction, "reference": reference,
+                        "delays": delays, "elapsed": [d + 50.0 for d in delays], "source_length": 4000.0,
+                        "audio_s": 4.0, "compute_s": 1.0})
+    folder.mkdir(parents=True)
+    lines = [json.dumps(records[i]) for i in (order or range(len(records)))]
+    (folder / INSTANCES_FILE).write_text("\n".join(lines) + "\n")
+    (folder / CONFIG_FILE).write_text(json.dumps({"task": task}))
+    (folder / SCORES_FILE).write_text(json.dumps(score_instances(records, task)))
+    return folder
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_word_edits_sum_to_the_corpus_wer(normalize):
+    references = sentences(30, 1, empty_every=7)
+    predictions = sentences(30, 2, empty_every=5)
+    counts = word_edits(predictions, references, normalize)
+    assert counts.shape == (30, 2)
+    assert 100 * counts[:, 0].sum() / counts[:, 1].sum() == pytest.approx(wer(predictions, references, normalize))
+    for i in (1, 8, 13):  # each utterance's counts are its own WER's
+        if counts[i, 1]:
+            assert 100 * counts[i, 0] / counts[i, 1] == pytest.approx(wer([predictions[i]], [references[i]],
+                                                                          normalize))
+
+
+def test_wer_bootstrap_equals_scoring_each_draw(tmp_path):
+    references, resamples = sentences(12, 3), 40
+    systems = [sentences(12, 4), sentences(12, 5)]
+    base = write_run(tmp_path / "a", "asr", systems[0], references)
+    other = write_run(tmp_path / "b", "asr", systems[1], references)
+    result = compare([base, other], resamples)
+    draws = bootstrap_draws(12, resamples)
+    for name, normalize in (("WER", False), ("WER_normalized", True)):
+        drawn = [np.array([wer([system[i] for i in draw], [references[i] for i in draw], normalize)
+                           for draw in draws]) for system in systems]
+        measured = [wer(system, references, normalize) for system in systems]
+        ordered = np.sort(drawn[1])
+        low = resamples // 40
+        differences = np.abs(drawn[1] - drawn[0])
+        expected_p = (np.sum(differences - differences.mean() > abs(measured[1] - measured[0])) + 1) / (resamples + 1)
+        tested = result["systems"][1][name]
+        assert tested["score"] == pytest.approx(measured[1])
+        assert tested["mean"] == pytest.approx(drawn[1].mean())
+        assert tested["ci"] == pytest.approx(0.5 * (ordered[resamples - low - 1] - ordered[low]))
+        assert tested["p"] == pytest.approx(expected_p)
+        assert result["systems"][0][name]["p"] is None
+
+
+def test_translation_is_sacrebleus_paired_bootstrap(tmp_path):
+    references = sentences(20, 6)
+    systems = [sentences(20, 7), [r if i % 2 else s for i, (r, s) in enumerate(zip(references, sentences(20, 8)))]]
+    folders = [write_run(tmp_path / str(i), "translate", system, references) for i, system in enumerate(systems)]
+    result = compare(folders, 200)
+    _, expected = PairedTest([("a", systems[0]), ("b", systems[1])], {"BLEU": BLEU(), "chrF": CHRF()}, [references],
+                             test_type="bs", n_samples=200)()
+    rows = result["systems"]
+    assert rows[0]["BLEU"]["score"] == pytest.approx(bleu(systems[0], references))
+    assert rows[1]["chrF"]["score"] == pytest.approx(chrf(systems[1], references))
+    assert rows[1]["BLEU"]["p"] == pytest.approx(expected["BLEU"][1].p_value)
+    assert rows[1]["chrF"]["ci"] == pytest.approx(expected["chrF2"][1].ci)
+    assert rows[1]["BLEU"]["score"] > rows[0]["BLEU"]["score"] and rows[1]["BLEU"]["p"] < 0.05
+    assert rows[1]["AL"] == json.loads((folders[1] / SCORES_FILE).read_text())["AL"]
+
+
+@pytest.mark.parametrize("task", ["asr", "translate"])
+def test_a_run_against_itself_has_p_one(tmp_path, task):
+    references = sentences(10, 9)
+    predictions = sentences(10, 10)
+    base = write_run(tmp_path / "a", task, predictions, references)
+    again = write_run(tmp_path / "b", task, predictions, references)
+    for row in compare([base, again], 50)["systems"][1:]:
+        assert all(row[name]["p"] == 1.0 for name in row if isinstance(row[name], dict))
+
+
+def test_utterances_are_paired_by_id_not_by_line(tmp_path):
+    references, predictions = sentences(8, 11), sentences(8, 12)
+    base = write_run(tmp_path / "a", "asr", sentences(8, 13), references)
+    in_order = write_run(tmp_path / "b", "asr", predictions, references)
+    order = [5, 2, 7, 0, 1, 6, 3, 4]  # another manifest order: other indices and lines, the same utterances
+    shuffled = write_run(tmp_path / "c", "asr", [predictions[i] for i in order], [references[i] for i in order],
+                         ids=[f"u{i}" for i in order], order=list(reversed(range(8))))
+    assert compare([base, in_order], 30)["systems"][1]["WER"] == compare([base, shuffled], 30)["systems"][1]["WER"]
+
+
+def test_bad_folders_are_refused_on_one_line(tmp_path):
+    references = sentences(4, 14)
+    base = write_run(tmp_path / "base", "asr", sentences(4, 15), references)
+    unfinished = write_run(tmp_path / "unfinished", "asr", references, references)
+    (unfinished / SCORES_FILE).unlink()
+    cases = {
+        "nothing": (tmp_path / "nothing", "no such eval output folder"),
+        "unfinished": (unfinished, "the run is not finished"),
+        "ids": (write_run(tmp_path / "ids", "asr", references, references, ids=["u0", "u1", "u2", "x"]),
+                "not the baseline's utterances .* 'u3' is in one only"),
+        "reference": (write_run(tmp_path / "ref", "asr", references, references[:3] + ["other words"]),
+                      "the reference of 'u3' is not the baseline's"),
+        "task": (write_run(tmp_path / "task", "translate", references, references), "task translate, but the base"),
+        "not eval": (tmp_path, "not a speechstream eval output folder"),
+    }
+    for folder, message in cases.values():
+        with pytest.raises(InputError, match=message):
+            compare([base, folder], 20)
+    with pytest.raises(InputError, match="needs a baseline folder and at least one more"):
+        compare([base])
+    with pytest.raises(InputError, match="--resamples must be between 10 and 100000"):
+        compare([base, base], 5)
+
+
+def test_the_command(tmp_path, capsys):
+    references = sentences(6, 16)
+    base = write_run(tmp_path / "a", "translate", sentences(6, 17), references)
+    other = write_run(tmp_path / "b", "translate", references, references)
+    assert main(["compare", str(base), str(other), "--resamples", "50"]) == 0
+    text = capsys.readouterr().out
+    assert text == comparison_text(compare([str(base), str(other)], 50))
+    assert "6 utterances" in text and f"{base} (baseline)" in text and "BLEU" in text and "LAAL" in text
+    assert main(["compare", str(base), str(other), "--resamples", "50", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [row["baseline"] for row in result["systems"]] == [True, False]
+    assert result["systems"][1]["BLEU"]["score"] == pytest.approx(100.0)
+    assert main(["compare", str(base), str(tmp_path / "missing")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "no such eval output folder" in captured.err and not captured.out
