@@ -8,7 +8,8 @@ report as it is.
 Afterwards the script reads every ``OUT/*/scores.json`` of this model and manifest and writes (unless every
 point failed: then the last report is left as it is)
 
-- ``REPORT_DIR/RESULTS.md``: tables (system / setting, quality, AL, LAAL, StartOffset, EndOffset, RTF), the model,
+- ``REPORT_DIR/RESULTS.md``: tables (system / setting, quality, AL, LAAL, StartOffset, EndOffset, RTF, and p of
+  the first quality metric against GPE at 640 ms, k = 2 by ``speechstream compare``'s paired bootstrap), the model,
   the data, the date and the exact command that produced it;
 - ``REPORT_DIR/quality_latency.png``: quality against AL, one curve per chunk size over k, the ablations and the
   baselines as labelled points.
@@ -346,19 +347,24 @@ def _table(title: str, rows: list[list[str]], columns: list[str]) -> list[str]:
 
 def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: int, audio_s: float | None,
                      command: str, date: str, missing: list[Point], ctc_weight: float = 0.0,
-                     long_form: bool = False) -> str:
+                     long_form: bool = False, p_values: dict[str, float | None] | None = None) -> str:
     """RESULTS.md: the command, model, data and date, then one table per kind of point. ``long_form``: the
-    manifest's lines are whole recordings (``segments``): a StreamLAAL column, and the GPE grid is cut at pauses."""
+    manifest's lines are whole recordings (``segments``): a StreamLAAL column, and the GPE grid is cut at pauses.
+    ``p_values`` (``reference_p_values``): a last column of p against the reference point, where any is known."""
     qualities = quality_columns(rows)
     metric = qualities[0][0]
     plotted = plot_latency(rows, long_form)
     model = shown(Path(model)) if Path(model).is_absolute() else model  # a model folder: as in the repository
     columns = [*(title for _, title in qualities), *(f"{name} (ms)" for name in latency_columns(long_form)), "RTF"]
+    tested = p_values if p_values and any(p is not None for p in p_values.values()) else None
+    if tested:
+        columns.append(f"p vs {ABLATION_CHUNK_MS} ms, k={ABLATION_K}")
     audio = f", {audio_s:.1f} s of audio" if audio_s is not None else ""
     unit = "recording" if long_form else "utterance"
 
     def cells(row: Row) -> list[str]:
-        return _cells(row, [key for key, _ in qualities], long_form)
+        p = [_number(tested.get(row.run.folder), 3)] if tested else []
+        return _cells(row, [key for key, _ in qualities], long_form) + p
 
     def plain(row: Row) -> bool:
         return _plain(row, long_form)
@@ -388,6 +394,11 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         + (" (AL goes below zero for a text longer than its reference, as a model repeating itself writes; LAAL "
            "divides by the longer of the two)" if plotted == "LAAL" else ""),
     ]
+    if tested:
+        lines.append(f"- p: {qualities[0][1]} of the row against GPE at {ABLATION_CHUNK_MS} ms, k={ABLATION_K} (the "
+                     "default and the ablations' reference), by the paired bootstrap of `speechstream compare` (1,000 "
+                     "draws of the utterances): the chance of a difference that large between equally good systems; "
+                     "`-` for the reference itself")
     if long_form:
         lines += [
             "- long form: each line of the manifest is a whole recording with its reference sentences "
@@ -543,6 +554,30 @@ def total_audio_s(out: Path, rows: list[Row]) -> float | None:
     return None
 
 
+def reference_p_values(out: Path, rows: list[Row], long_form: bool = False) -> dict[str, float | None]:
+    """Per run folder, p of its first quality metric against the reference point's run (GPE at the ablations' chunk
+    and k), by ``speechstream compare``'s paired bootstrap; None where the two cannot be paired (not the same
+    utterances and references, or no quality scored). Empty without a reference run, and for ``long_form`` (a few
+    whole recordings: too few draws to test)."""
+    from speechstream.errors import InputError
+    from speechstream.eval.compare import compare
+
+    reference = next((r for r in rows if _plain(r, long_form)
+                      and (r.point.chunk_ms, r.point.k) == (ABLATION_CHUNK_MS, ABLATION_K)), None)
+    if reference is None or long_form:
+        return {}
+    values: dict[str, float | None] = {reference.run.folder: None}
+    for row in rows:
+        if row is not reference:
+            try:
+                result = compare([out / reference.run.folder, out / row.run.folder])
+                metric = next(iter(result["higher_is_better"]))
+                values[row.run.folder] = result["systems"][1][metric]["p"]
+            except (InputError, StopIteration):
+                values[row.run.folder] = None
+    return values
+
+
 def write_report(out: Path, report_dir: Path, model: str, manifest: Path, command: str,
                  planned: list[Point], date: str | None = None, ctc_weight: float = 0.0) -> list[Row]:
     """Read every scores.json under ``out``; write RESULTS.md and quality_latency.png into ``report_dir``."""
@@ -553,7 +588,7 @@ def write_report(out: Path, report_dir: Path, model: str, manifest: Path, comman
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     report_dir.mkdir(parents=True, exist_ok=True)
     text = results_markdown(rows, model, manifest, len(data.ids), total_audio_s(out, rows), command, date, missing,
-                            ctc_weight, data.long_form)
+                            ctc_weight, data.long_form, reference_p_values(out, rows, data.long_form))
     (report_dir / RESULTS_FILE).write_text(text, encoding="utf-8")
     plot(rows, report_dir / PLOT_FILE, model, data.long_form)
     return rows

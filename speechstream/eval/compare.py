@@ -10,8 +10,9 @@ each draw, and give
   percentiles), and
 - p: how often the absolute difference between the system and the baseline, centred on its mean over the draws,
   exceeds the difference actually measured, (count + 1) / (resamples + 1): the chance of a difference this large
-  between two equally good systems. A run whose every prediction is the baseline's gets p = 1 (the procedure alone
-  would give its floor, 1 / (resamples + 1), to a difference of nothing).
+  between two equally good systems. A run that scores exactly the baseline's figure gets p = 1: no difference was
+  measured (the rule alone gives its floor, 1 / (resamples + 1), where every draw ties too, as when the two runs
+  differ only in what the normalizer removes).
 
 Translation runs are scored for BLEU and chrF by sacrebleu's own paired bootstrap (``sacrebleu.significance``;
 its seed, 12345 unless ``SACREBLEU_SEED`` says otherwise). Transcription runs are scored for normalized and raw WER
@@ -167,8 +168,7 @@ def tested_wer(runs: Sequence[Run], normalize: bool, resamples: int) -> list[Tes
     tested = []
     for i, counts in enumerate(stats):
         drawn = rates(counts)
-        p = None if i == 0 else 1.0 if runs[i].predictions == runs[0].predictions else \
-            p_value(drawn, base, abs(scores[i] - scores[0]))
+        p = None if i == 0 else 1.0 if scores[i] == scores[0] else p_value(drawn, base, abs(scores[i] - scores[0]))
         tested.append(Tested(scores[i], *interval(drawn), p))
     return tested
 
@@ -183,8 +183,8 @@ def tested_translation(runs: Sequence[Run], resamples: int) -> dict[str, list[Te
                       n_samples=resamples)
     _, results = test()
     columns = [column for column in results if column != "System"]  # (sacrebleu names them: "chrF2" for chrF)
-    same = [i > 0 and run.predictions == runs[0].predictions for i, run in enumerate(runs)]
-    return {name: [Tested(float(r.score), float(r.mean), float(r.ci), 1.0 if same[i] else _number(r.p_value))
+    return {name: [Tested(float(r.score), float(r.mean), float(r.ci),
+                          1.0 if i and r.score == results[column][0].score else _number(r.p_value))
                    for i, r in enumerate(results[column])]
             for name, column in zip(("BLEU", "chrF"), columns)}
 
@@ -202,6 +202,8 @@ def compare(folders: Sequence[str | Path], resamples: int = RESAMPLES) -> dict:
     if not 10 <= resamples <= 100_000:
         raise InputError(f"--resamples must be between 10 and 100000, got {resamples}")
     baseline = read_run(folders[0])
+    if len(baseline.ids) < 2:
+        raise InputError(f"{folders[0]}: one utterance: a bootstrap of the utterances needs two or more")
     runs = [baseline] + [paired(baseline, read_run(folder)) for folder in folders[1:]]
     if baseline.task == "translate":
         metrics = tested_translation(runs, resamples)

@@ -108,6 +108,16 @@ def test_a_run_against_itself_has_p_one(tmp_path, task):
         assert all(row[name]["p"] == 1.0 for name in row if isinstance(row[name], dict))
 
 
+def test_a_run_that_scores_the_same_has_p_one(tmp_path):
+    references = sentences(10, 18)
+    predictions = sentences(10, 19)
+    base = write_run(tmp_path / "a", "asr", predictions, references)
+    other = write_run(tmp_path / "b", "asr", [p.upper() + "!" for p in predictions], references)
+    row = compare([base, other], 50)["systems"][1]
+    assert row["WER_normalized"]["p"] == 1.0  # normalized, every draw ties
+    assert row["WER"]["score"] > row["WER_normalized"]["score"] and row["WER"]["p"] < 1.0  # raw, they differ
+
+
 def test_utterances_are_paired_by_id_not_by_line(tmp_path):
     references, predictions = sentences(8, 11), sentences(8, 12)
     base = write_run(tmp_path / "a", "asr", sentences(8, 13), references)
@@ -136,6 +146,9 @@ def test_bad_folders_are_refused_on_one_line(tmp_path):
     for folder, message in cases.values():
         with pytest.raises(InputError, match=message):
             compare([base, folder], 20)
+    single = write_run(tmp_path / "single", "asr", references[:1], references[:1])
+    with pytest.raises(InputError, match="one utterance: a bootstrap of the utterances needs two or more"):
+        compare([single, single])
     with pytest.raises(InputError, match="needs a baseline folder and at least one more"):
         compare([base])
     with pytest.raises(InputError, match="--resamples must be between 10 and 100000"):

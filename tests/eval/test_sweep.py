@@ -147,6 +147,35 @@ def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
     assert png.startswith(b"\x89PNG") and len(png) > 10000
 
 
+def test_report_tests_each_run_against_the_reference_point(sweep, tmp_path):
+    from speechstream.eval.compare import compare
+
+    manifest = _manifest(tmp_path, n=12)
+    out = tmp_path / "out"
+    references = [f"the clip number {i} ends here" for i in range(12)]
+    outputs = {"gpe-c640-k2": [r.replace("ends", "end") for r in references],  # the reference point
+               "gpe-c640-k1": [r if i % 3 else "no" for i, r in enumerate(references)],
+               "whisper-offline": references}
+    for name, predictions in outputs.items():
+        _fake_run(out, name, manifest, k=int(name[-1]) if name.startswith("gpe") else 2, n=12,
+                  baseline="gpe" if name.startswith("gpe") else name)
+        (out / name / "instances.log").write_text("".join(
+            json.dumps({"index": i, "id": f"u{i}", "prediction": p, "reference": r, "audio_s": 2.5}) + "\n"
+            for i, (p, r) in enumerate(zip(predictions, references))))
+    _fake_run(out, "gpe-c640-k2-reencode", manifest, ablation="reencode", n=12)  # no predictions: no p
+    sweep.write_report(out, tmp_path / "report", "m", manifest, "cmd", [], date="d")
+    text = (tmp_path / "report" / "RESULTS.md").read_text()
+    assert "| RTF | p vs 640 ms, k=2 |" in text and "- p: WER norm. (%) of the row against GPE at 640 ms, k=2" in text
+    expected = {name: compare([out / "gpe-c640-k2", out / name])["systems"][1]["WER_normalized"]["p"]
+                for name in ("gpe-c640-k1", "whisper-offline")}
+    assert expected["whisper-offline"] < 0.05 < expected["gpe-c640-k1"]  # 12 words apart, then 4 sentences
+    for name, p in expected.items():
+        assert any(line.endswith(f" {p:.3f} |") and f"(`{name}`)" in line for line in text.splitlines())
+    assert any(line.endswith(" - |") and "(`gpe-c640-k2`)" in line for line in text.splitlines())
+    # the ablation table: p, then the LLM tokens (unknown here)
+    assert any("(`gpe-c640-k2-reencode`)" in line and line.endswith(" - | - |") for line in text.splitlines())
+
+
 def test_report_for_translation_uses_bleu_and_handles_no_results(sweep, tmp_path):
     manifest = _manifest(tmp_path)
     out = tmp_path / "out"
