@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the paired bootstrap's p against the baseline, beside AL, LAAL and RTF as scored.")
     comparison.add_argument("folders", nargs="+", type=nonempty, help="eval output folders, the baseline first")
     comparison.add_argument("--resamples", type=int, default=1000,
-                            help="bootstrap draws (10 .. 100000; default: %(default)s)")
+                            help="bootstrap draws (10 .. 10000; default: %(default)s)")
     comparison.add_argument("--format", choices=("text", "json"), default="text", help="default: %(default)s")
 
     train = commands.add_parser(

@@ -35,6 +35,7 @@ from speechstream.errors import InputError
 from speechstream.eval.run import CONFIG_FILE, INSTANCES_FILE, SCORES_FILE
 
 RESAMPLES = 1000  # draws of the paired bootstrap (sacrebleu's default for its own)
+MAX_RESAMPLES = 10_000  # the draws are resamples x utterances indices (2,620 LibriSpeech utterances: 210 MB)
 SHOWN_AS_SCORED = ("AL", "LAAL", "RTF")  # figures of scores.json shown beside the tested ones
 # quality metrics of each task: (name, higher is better)
 METRICS = {"translate": (("BLEU", True), ("chrF", True)), "asr": (("WER_normalized", False), ("WER", False))}
@@ -159,8 +160,8 @@ def tested_wer(runs: Sequence[Run], normalize: bool, resamples: int) -> list[Tes
         return None
     draws = bootstrap_draws(len(stats[0]), resamples)
 
-    def rates(counts: np.ndarray) -> np.ndarray:
-        summed = counts[draws].sum(axis=1)
+    def rates(counts: np.ndarray) -> np.ndarray:  # (in blocks of draws: a block holds draws x utterances x 2)
+        summed = np.concatenate([counts[block].sum(axis=1) for block in np.array_split(draws, -(-len(draws) // 500))])
         return 100.0 * summed[:, 0] / np.maximum(summed[:, 1], 1)
 
     scores = [100.0 * counts[:, 0].sum() / counts[:, 1].sum() for counts in stats]
@@ -199,8 +200,8 @@ def compare(folders: Sequence[str | Path], resamples: int = RESAMPLES) -> dict:
     quality metric (score, mean, ci, p) and the figures of ``SHOWN_AS_SCORED`` its scores.json has."""
     if len(folders) < 2:
         raise InputError("compare needs a baseline folder and at least one more")
-    if not 10 <= resamples <= 100_000:
-        raise InputError(f"--resamples must be between 10 and 100000, got {resamples}")
+    if not 10 <= resamples <= MAX_RESAMPLES:
+        raise InputError(f"--resamples must be between 10 and {MAX_RESAMPLES}, got {resamples}")
     baseline = read_run(folders[0])
     if len(baseline.ids) < 2:
         raise InputError(f"{folders[0]}: one utterance: a bootstrap of the utterances needs two or more")
