@@ -51,6 +51,7 @@ class Run:
     predictions: tuple[str, ...]
     references: tuple[str, ...]
     scores: dict
+    settings: dict = dataclasses.field(default_factory=dict)  # what made it: system, model, decoding options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,8 @@ def read_run(folder: str | Path) -> Run:
                                  "again, finishes it")
             raise InputError(f"{folder}: not a speechstream eval output folder (no {name})")
     try:
-        task = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))["task"]
+        config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        task = config["task"]
         scores = json.loads((path / SCORES_FILE).read_text(encoding="utf-8"))
         lines = (path / INSTANCES_FILE).read_text(encoding="utf-8").splitlines()
         records = sorted((json.loads(line) for line in lines if line.strip()), key=lambda record: record["index"])
@@ -89,7 +91,26 @@ def read_run(folder: str | Path) -> Run:
         raise InputError(f"{folder}: unknown task {task!r} in {CONFIG_FILE}")
     if not records or any(reference is None for reference in references):
         raise InputError(f"{folder}: the run has no references to compare against")
-    return Run(str(folder), task, ids, predictions, references, scores)
+    return Run(str(folder), task, ids, predictions, references, scores, run_settings(config))
+
+
+def run_settings(config: dict) -> dict:
+    """The settings of a run's config.json that tell runs of one manifest apart: the system, its model (the name and,
+    where recorded, the checkpoint's sha256: retrained weights under one name differ), its languages and decoding
+    options, flat."""
+    fingerprint = config.get("model_fingerprint")
+    checkpoint = fingerprint.get("checkpoint") if isinstance(fingerprint, dict) else None
+    settings = {key: config[key] for key in ("baseline", "model", "source_lang", "target_lang") if key in config}
+    if isinstance(checkpoint, dict) and "sha256" in checkpoint:
+        settings["checkpoint"] = str(checkpoint["sha256"])[:12]
+    decoding = config.get("decoding")
+    return settings | (decoding if isinstance(decoding, dict) else {})
+
+
+def differences(baseline: Run, run: Run) -> dict:
+    """The settings of ``run`` that are not the baseline's (those of another system: its own, which differ)."""
+    return {key: value for key, value in run.settings.items() if baseline.settings.get(key, None) != value
+            or key not in baseline.settings}
 
 
 def paired(baseline: Run, run: Run) -> Run:
@@ -213,7 +234,7 @@ def compare(folders: Sequence[str | Path], resamples: int = RESAMPLES) -> dict:
                                                      ("WER", tested_wer(runs, False, resamples))) if tested}
     systems = []
     for i, run in enumerate(runs):
-        row = {"folder": run.folder, "baseline": i == 0}
+        row = {"folder": run.folder, "baseline": i == 0, "differs": differences(baseline, run)}
         row |= {name: dataclasses.asdict(tested[i]) for name, tested in metrics.items()}
         row |= {name: run.scores[name] for name in SHOWN_AS_SCORED if name in run.scores}
         systems.append(row)
@@ -225,7 +246,8 @@ def compare(folders: Sequence[str | Path], resamples: int = RESAMPLES) -> dict:
 def comparison_text(result: dict) -> str:
     """A fixed-width table of ``compare``'s result: per quality metric its score, the 95 % half-interval and p."""
     names = list(result["higher_is_better"])
-    header = ["system"] + [cell for name in names for cell in (name, "+-95%", "p")] + list(SHOWN_AS_SCORED)
+    header = (["system"] + [cell for name in names for cell in (name, "+-95%", "p")] + list(SHOWN_AS_SCORED)
+              + ["differs from the baseline"])
     rows = []
     for system in result["systems"]:
         cells = [system["folder"] + (" (baseline)" if system["baseline"] else "")]
@@ -234,13 +256,14 @@ def comparison_text(result: dict) -> str:
             p = "-" if tested["p"] is None else f"{tested['p']:.3f}"
             cells += [f"{tested['score']:.2f}", f"{tested['ci']:.2f}", p]
         cells += [_figure(system.get(name), name) for name in SHOWN_AS_SCORED]
+        cells.append(" ".join(f"{key}={value}" for key, value in system["differs"].items()) or "-")
         rows.append(cells)
     widths = [max(len(row[j]) for row in [header] + rows) for j in range(len(header))]
     better = ", ".join(f"{name} {'higher' if up else 'lower'} is better" for name, up in result["higher_is_better"].items())
     lines = [f"task {result['task']}, {result['utterances']} utterances; paired bootstrap over {result['resamples']} "
              f"draws, p against the baseline; {better}; {', '.join(SHOWN_AS_SCORED)} as scored", ""]
     for row in [header] + rows:
-        lines.append("  ".join(cell.ljust(width) if j == 0 else cell.rjust(width)
+        lines.append("  ".join(cell.ljust(width) if j in (0, len(row) - 1) else cell.rjust(width)
                                for j, (cell, width) in enumerate(zip(row, widths))).rstrip())
     return "\n".join(lines) + "\n"
 

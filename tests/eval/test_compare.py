@@ -28,7 +28,7 @@ def sentences(count: int, seed: int, empty_every: int = 0) -> list[str]:
 
 
 def write_run(folder: Path, task: str, predictions: list[str], references: list[str],
-              ids: list[str] | None = None, order: list[int] | None = None) -> Path:
+              ids: list[str] | None = None, order: list[int] | None = None, config: dict | None = None) -> Path:
     """An eval output folder as `speechstream eval` leaves it: instances.log (lines in ``order``), config.json,
     scores.json (``score_instances``)."""
     ids = ids or [f"u{i}" for i in range(len(references))]
@@ -41,7 +41,7 @@ def write_run(folder: Path, task: str, predictions: list[str], references: list[
     folder.mkdir(parents=True)
     lines = [json.dumps(records[i]) for i in (order or range(len(records)))]
     (folder / INSTANCES_FILE).write_text("\n".join(lines) + "\n")
-    (folder / CONFIG_FILE).write_text(json.dumps({"task": task}))
+    (folder / CONFIG_FILE).write_text(json.dumps({"task": task} | (config or {})))
     (folder / SCORES_FILE).write_text(json.dumps(score_instances(records, task)))
     return folder
 
@@ -105,8 +105,9 @@ def test_a_run_against_itself_has_p_one(tmp_path, task):
     predictions = sentences(10, 10)
     base = write_run(tmp_path / "a", task, predictions, references)
     again = write_run(tmp_path / "b", task, predictions, references)
-    for row in compare([base, again], 50)["systems"][1:]:
-        assert all(row[name]["p"] == 1.0 for name in row if isinstance(row[name], dict))
+    result = compare([base, again], 50)
+    assert len(result["higher_is_better"]) == 2
+    assert all(result["systems"][1][name]["p"] == 1.0 for name in result["higher_is_better"])
 
 
 def test_a_run_that_scores_the_same_has_p_one(tmp_path):
@@ -117,6 +118,24 @@ def test_a_run_that_scores_the_same_has_p_one(tmp_path):
     row = compare([base, other], 50)["systems"][1]
     assert row["WER_normalized"]["p"] == 1.0  # normalized, every draw ties
     assert row["WER"]["score"] > row["WER_normalized"]["score"] and row["WER"]["p"] < 1.0  # raw, they differ
+
+
+def test_each_run_names_what_differs_from_the_baseline(tmp_path):
+    references = sentences(5, 20)
+    gpe = {"baseline": "gpe", "model": "m", "model_fingerprint": {"checkpoint": {"sha256": "ab" * 32}},
+           "decoding": {"chunk_ms": 640, "k": 2, "vad": False}}
+    configs = [gpe, gpe | {"decoding": {"chunk_ms": 640, "k": 3, "vad": False}},
+               gpe | {"model_fingerprint": {"checkpoint": {"sha256": "cd" * 32}}},
+               {"baseline": "whisper-offline", "model": "whisper-base", "decoding": {"search": "greedy"}}]
+    folders = [write_run(tmp_path / str(i), "asr", references, references, config=config)
+               for i, config in enumerate(configs)]
+    result = compare(folders, 20)
+    assert [row["differs"] for row in result["systems"]] == [
+        {}, {"k": 3}, {"checkpoint": "cd" * 6}, {"baseline": "whisper-offline", "model": "whisper-base",
+                                                 "search": "greedy"}]
+    lines = comparison_text(result).splitlines()
+    assert lines[2].endswith("differs from the baseline") and lines[3].endswith(" -") and lines[4].endswith(" k=3")
+    assert lines[6].endswith(" baseline=whisper-offline model=whisper-base search=greedy")
 
 
 def test_utterances_are_paired_by_id_not_by_line(tmp_path):
