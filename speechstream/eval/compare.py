@@ -17,7 +17,8 @@ each draw, and give
 Translation runs are scored for BLEU and chrF by sacrebleu's own paired bootstrap (``sacrebleu.significance``;
 its seed, 12345 unless ``SACREBLEU_SEED`` says otherwise). Transcription runs are scored for normalized and raw WER
 by the same procedure here, from each utterance's word edits and reference words (jiwer), with the same seed and so
-the same draws. Latency (AL, LAAL) and RTF are shown as each run's ``scores.json`` has them, untested.
+the same draws. AL and LAAL are tested the same way: each is the mean over the utterances with output (as SimulEval
+scores a corpus), a ratio of two sums over the utterances like WER. RTF is shown as ``scores.json`` has it.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import numpy as np
 
 from speechstream.config import one_line
 from speechstream.errors import InputError
+from speechstream.eval.latency import instance_latency
 from speechstream.eval.run import CONFIG_FILE, INSTANCES_FILE, SCORES_FILE
 
 RESAMPLES = 1000  # draws of the paired bootstrap (sacrebleu's default for its own)
 MAX_RESAMPLES = 10_000  # the draws are resamples x utterances indices (2,620 LibriSpeech utterances: 210 MB)
-SHOWN_AS_SCORED = ("AL", "LAAL", "RTF")  # figures of scores.json shown beside the tested ones
+TESTED_LATENCY = ("AL", "LAAL")  # tested as quality is: means over the utterances with output, in ms
+SHOWN_AS_SCORED = ("RTF",)  # figures of scores.json shown beside the tested ones
 # quality metrics of each task: (name, higher is better)
 METRICS = {"translate": (("BLEU", True), ("chrF", True)), "asr": (("WER_normalized", False), ("WER", False))}
 
@@ -52,6 +55,7 @@ class Run:
     references: tuple[str, ...]
     scores: dict
     settings: dict = dataclasses.field(default_factory=dict)  # what made it: system, model, decoding options
+    latency: tuple[dict, ...] = ()  # per utterance, the ``TESTED_LATENCY`` metrics that apply to it (it has output)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +89,15 @@ def read_run(folder: str | Path) -> Run:
         ids = tuple(str(record["id"]) for record in records)
         predictions = tuple(record["prediction"] or "" for record in records)
         references = tuple(record["reference"] for record in records)
+        latency = tuple({name: value for name, value in instance_latency(record).items() if name in TESTED_LATENCY}
+                        for record in records)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise InputError(f"{folder}: unreadable eval output ({type(error).__name__}: {one_line(error)})") from None
     if task not in METRICS:
         raise InputError(f"{folder}: unknown task {task!r} in {CONFIG_FILE}")
     if not records or any(reference is None for reference in references):
         raise InputError(f"{folder}: the run has no references to compare against")
-    return Run(str(folder), task, ids, predictions, references, scores, run_settings(config))
+    return Run(str(folder), task, ids, predictions, references, scores, run_settings(config), latency)
 
 
 def run_settings(config: dict) -> dict:
@@ -130,7 +136,7 @@ def paired(baseline: Run, run: Run) -> Run:
         if mine != theirs:
             raise InputError(f"{run.folder}: the reference of {utterance!r} is not the baseline's")
     return dataclasses.replace(run, ids=baseline.ids, predictions=tuple(run.predictions[i] for i in order),
-                               references=references)
+                               references=references, latency=tuple(run.latency[i] for i in order))
 
 
 def word_edits(predictions: Sequence[str], references: Sequence[str], normalize: bool) -> np.ndarray:
@@ -174,25 +180,40 @@ def p_value(system: np.ndarray, baseline: np.ndarray, measured: float) -> float:
     return float((np.sum(differences - differences.mean() > measured) + 1) / (len(differences) + 1))
 
 
-def tested_wer(runs: Sequence[Run], normalize: bool, resamples: int) -> list[Tested] | None:
-    """Corpus WER (%) of each run, tested against the first; None where the references have no words."""
-    stats = [word_edits(run.predictions, run.references, normalize) for run in runs]
-    if stats[0][:, 1].sum() == 0:
+def tested_ratios(stats: Sequence[np.ndarray], resamples: int, scale: float = 1.0) -> list[Tested] | None:
+    """A corpus figure that is a ratio of sums over the utterances (``stats``: (n, 2) per run, numerator and
+    denominator per utterance; times ``scale``) for each run, tested against the first; None where a run's
+    denominator sums to nothing."""
+    if any(counts[:, 1].sum() == 0 for counts in stats):
         return None
     draws = bootstrap_draws(len(stats[0]), resamples)
 
-    def rates(counts: np.ndarray) -> np.ndarray:  # (in blocks of draws: a block holds draws x utterances x 2)
+    def ratios(counts: np.ndarray) -> np.ndarray:  # (in blocks of draws: a block holds draws x utterances x 2)
         summed = np.concatenate([counts[block].sum(axis=1) for block in np.array_split(draws, -(-len(draws) // 500))])
-        return 100.0 * summed[:, 0] / np.maximum(summed[:, 1], 1)
+        return scale * summed[:, 0] / np.maximum(summed[:, 1], 1)
 
-    scores = [100.0 * counts[:, 0].sum() / counts[:, 1].sum() for counts in stats]
-    base = rates(stats[0])
+    scores = [scale * counts[:, 0].sum() / counts[:, 1].sum() for counts in stats]
+    base = ratios(stats[0])
     tested = []
     for i, counts in enumerate(stats):
-        drawn = rates(counts)
+        drawn = ratios(counts)
         p = None if i == 0 else 1.0 if scores[i] == scores[0] else p_value(drawn, base, abs(scores[i] - scores[0]))
-        tested.append(Tested(scores[i], *interval(drawn), p))
+        tested.append(Tested(float(scores[i]), *interval(drawn), p))
     return tested
+
+
+def tested_wer(runs: Sequence[Run], normalize: bool, resamples: int) -> list[Tested] | None:
+    """Corpus WER (%) of each run, tested against the first: word edits over reference words. None where the
+    references have no words."""
+    return tested_ratios([word_edits(run.predictions, run.references, normalize) for run in runs], resamples, 100.0)
+
+
+def tested_latency(runs: Sequence[Run], name: str, resamples: int) -> list[Tested] | None:
+    """A latency metric of each run (ms; as SimulEval's corpus score, the mean over the utterances it applies to),
+    tested against the first. None where a run has no utterance with output."""
+    stats = [np.array([[values[name], 1.0] if name in values else [0.0, 0.0] for values in run.latency])
+             for run in runs]
+    return tested_ratios(stats, resamples)
 
 
 def tested_translation(runs: Sequence[Run], resamples: int) -> dict[str, list[Tested]]:
@@ -218,7 +239,8 @@ def _number(value) -> float | None:
 
 def compare(folders: Sequence[str | Path], resamples: int = RESAMPLES) -> dict:
     """The comparison of eval folders, the first the baseline: task, utterances, resamples, and per folder each
-    quality metric (score, mean, ci, p) and the figures of ``SHOWN_AS_SCORED`` its scores.json has."""
+    quality and latency metric (score, mean, ci, p), the figures of ``SHOWN_AS_SCORED`` its scores.json has, and
+    what it sets otherwise than the baseline (``differs``)."""
     if len(folders) < 2:
         raise InputError("compare needs a baseline folder and at least one more")
     if not 10 <= resamples <= MAX_RESAMPLES:
@@ -232,6 +254,11 @@ def compare(folders: Sequence[str | Path], resamples: int = RESAMPLES) -> dict:
     else:
         metrics = {name: tested for name, tested in (("WER_normalized", tested_wer(runs, True, resamples)),
                                                      ("WER", tested_wer(runs, False, resamples))) if tested}
+    quality = [(name, better) for name, better in METRICS[baseline.task] if name in metrics]
+    for name in TESTED_LATENCY:
+        tested = tested_latency(runs, name, resamples)
+        if tested:
+            metrics[name] = tested
     systems = []
     for i, run in enumerate(runs):
         row = {"folder": run.folder, "baseline": i == 0, "differs": differences(baseline, run)}
@@ -239,7 +266,7 @@ def compare(folders: Sequence[str | Path], resamples: int = RESAMPLES) -> dict:
         row |= {name: run.scores[name] for name in SHOWN_AS_SCORED if name in run.scores}
         systems.append(row)
     return {"task": baseline.task, "utterances": len(baseline.ids), "resamples": resamples,
-            "higher_is_better": {name: better for name, better in METRICS[baseline.task] if name in metrics},
+            "higher_is_better": dict(quality + [(name, False) for name in TESTED_LATENCY if name in metrics]),
             "systems": systems}
 
 
@@ -254,7 +281,8 @@ def comparison_text(result: dict) -> str:
         for name in names:
             tested = system[name]
             p = "-" if tested["p"] is None else f"{tested['p']:.3f}"
-            cells += [f"{tested['score']:.2f}", f"{tested['ci']:.2f}", p]
+            digits = 0 if name in TESTED_LATENCY else 2  # (ms)
+            cells += [f"{tested['score']:.{digits}f}", f"{tested['ci']:.{digits}f}", p]
         cells += [_figure(system.get(name), name) for name in SHOWN_AS_SCORED]
         cells.append(" ".join(f"{key}={value}" for key, value in system["differs"].items()) or "-")
         rows.append(cells)

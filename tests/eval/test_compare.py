@@ -14,6 +14,7 @@ from sacrebleu.significance import PairedTest
 from speechstream.cli import main
 from speechstream.errors import InputError
 from speechstream.eval.compare import bootstrap_draws, compare, comparison_text, word_edits
+from speechstream.eval.latency import instance_latency
 from speechstream.eval.quality import bleu, chrf, wer
 from speechstream.eval.run import CONFIG_FILE, INSTANCES_FILE, SCORES_FILE, score_instances
 
@@ -83,6 +84,35 @@ def test_wer_bootstrap_equals_scoring_each_draw(tmp_path, resamples):
         assert result["systems"][0][name]["p"] is None
 
 
+def test_latency_is_tested_over_the_utterances_with_output(tmp_path):
+    references, resamples = sentences(12, 21), 60
+    systems = [sentences(12, 22, empty_every=5), sentences(12, 23)]  # the first writes nothing for 3 utterances
+    folders = [write_run(tmp_path / str(i), "asr", system, references) for i, system in enumerate(systems)]
+    for folder in folders[1:]:  # the second writes later: its delays shifted
+        records = [json.loads(line) for line in (folder / INSTANCES_FILE).read_text().splitlines()]
+        for record in records:
+            record["delays"] = [d + 150.0 * (record["index"] % 4) for d in record["delays"]]
+        (folder / INSTANCES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+        (folder / SCORES_FILE).write_text(json.dumps(score_instances(records, "asr")))
+    result = compare(folders, resamples)
+    draws = bootstrap_draws(12, resamples)
+    for name in ("AL", "LAAL"):
+        per = []
+        for folder in folders:
+            records = [json.loads(line) for line in (folder / INSTANCES_FILE).read_text().splitlines()]
+            per.append([instance_latency(r).get(name) for r in records])
+            assert result["systems"][len(per) - 1][name]["score"] == pytest.approx(
+                json.loads((folder / SCORES_FILE).read_text())[name])
+        drawn = [np.array([np.mean([values[i] for i in draw if values[i] is not None]) for draw in draws])
+                 for values in per]
+        measured = [np.mean([v for v in values if v is not None]) for values in per]
+        differences = np.abs(drawn[1] - drawn[0])
+        expected_p = (np.sum(differences - differences.mean() > abs(measured[1] - measured[0])) + 1) / (resamples + 1)
+        assert result["systems"][1][name]["p"] == pytest.approx(expected_p)
+        assert result["systems"][1][name]["mean"] == pytest.approx(drawn[1].mean())
+    assert list(result["higher_is_better"]) == ["WER_normalized", "WER", "AL", "LAAL"]
+
+
 def test_translation_is_sacrebleus_paired_bootstrap(tmp_path):
     references = sentences(20, 6)
     systems = [sentences(20, 7), [r if i % 2 else s for i, (r, s) in enumerate(zip(references, sentences(20, 8)))]]
@@ -96,7 +126,7 @@ def test_translation_is_sacrebleus_paired_bootstrap(tmp_path):
     assert rows[1]["BLEU"]["p"] == pytest.approx(expected["BLEU"][1].p_value)
     assert rows[1]["chrF"]["ci"] == pytest.approx(expected["chrF2"][1].ci)
     assert rows[1]["BLEU"]["score"] > rows[0]["BLEU"]["score"] and rows[1]["BLEU"]["p"] < 0.05
-    assert rows[1]["AL"] == json.loads((folders[1] / SCORES_FILE).read_text())["AL"]
+    assert rows[1]["AL"]["score"] == pytest.approx(json.loads((folders[1] / SCORES_FILE).read_text())["AL"])
 
 
 @pytest.mark.parametrize("task", ["asr", "translate"])
@@ -106,7 +136,7 @@ def test_a_run_against_itself_has_p_one(tmp_path, task):
     base = write_run(tmp_path / "a", task, predictions, references)
     again = write_run(tmp_path / "b", task, predictions, references)
     result = compare([base, again], 50)
-    assert len(result["higher_is_better"]) == 2
+    assert len(result["higher_is_better"]) == 4  # two of quality, AL and LAAL
     assert all(result["systems"][1][name]["p"] == 1.0 for name in result["higher_is_better"])
 
 
