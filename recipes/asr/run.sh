@@ -20,7 +20,8 @@
 #   stage 2: export the trained weights into the model     -> models/smollm2-whisper-base/ (stage 1d's weights and
 #            the fine CTC head, from runs/smollm2-whisper-base-ctc)
 #   stage 3: evaluate (joint CTC weights on the dev set; real clips streaming and offline, default (joint CTC)
-#            and greedy decoding, beam search, Whisper base offline, held-out synthetic, the CTC head alone), model card
+#            and greedy decoding, beam search, Whisper base offline, held-out synthetic, the CTC head alone; speechstream
+#            compare's intervals and p for the real clips' rows and the dev weights), model card
 {  # bash reads the whole script before it runs: editing this file during a run (hours) cannot change that run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -96,6 +97,10 @@ if [ "$first" -le 3 ] && [ "$last" -ge 3 ]; then
   $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --out $out/heldout-640ms
   $SS eval data/synth-main/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --ctc-weight 0 \
     --out $out/heldout-640ms-greedy
+  # the real clips' rows against the default decoding, and the dev weights against the first: intervals and p
+  $SS compare $out/real-640ms $out/real-640ms-greedy $out/real-640ms-beam4 $out/real-offline $out/real-whisper-base \
+    | tee $out/compare-real.txt
+  $SS compare $(for w in $DEV_WEIGHTS; do echo $out/dev-w$w; done) | tee $out/compare-dev.txt
   $PY recipes/asr/ctc_probe.py --model $MODEL --manifest samples/manifest.jsonl \
     --recipe recipes/asr/$MODEL-1d.yaml --out $out/real-ctc.json
   $PY recipes/asr/model_card.py --model $MODEL --run $RUN --eval $out

@@ -16,7 +16,8 @@
 #   stage 3: export 0.9 x stage 2d's weights + 0.1 x its start into the model (the translate default; the weight
 #            was chosen on data/st-dev); where stage 2d did not run, the mean of stages 2b's and 2c's
 #                                                                                             -> models/smollm2-whisper-base-es-en/
-#   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency), 53 and 258 of them
+#   stage 4: evaluate on held-out pairs spoken by held-out voices (BLEU, chrF, latency), 53 and 258 of them, and
+#            compare streaming with offline and Whisper there (speechstream compare: intervals, p)
 #                                                                                             -> runs/eval-smollm2-whisper-base-es-en/
 #   stage 5: the quick quality-latency sweep on them: wait-k over chunks, the ablations and the Whisper baselines
 #            translating the same audio (recipes/eval/sweep.py --quick)                        -> recipes/st/RESULTS.md
@@ -83,6 +84,9 @@ if [ "$first" -le 4 ] && [ "$last" -ge 4 ]; then
   translate data/st-wide/heldout.jsonl --model $MODEL --chunk-ms 640 --k 2 --out $out/wide-640ms
   translate data/st-wide/heldout.jsonl --model $MODEL --chunk-ms 30000 --k 1 --out $out/wide-offline
   translate data/st-wide/heldout.jsonl --baseline whisper-offline --out $out/wide-whisper-offline
+  # streaming against offline and Whisper: intervals and paired-bootstrap p (speechstream compare)
+  $SS compare $out/heldout-640ms $out/heldout-offline | tee $out/compare-heldout.txt
+  $SS compare $out/wide-640ms $out/wide-offline $out/wide-whisper-offline | tee $out/compare-wide.txt
 fi
 if [ "$first" -le 5 ] && [ "$last" -ge 5 ]; then
   recipes/eval/run.sh --model $MODEL --manifest $DATA/heldout.jsonl --out runs/sweep-st --quick --report-dir recipes/st \
