@@ -115,8 +115,8 @@ def run_settings(config: dict) -> dict:
 
 def differences(baseline: Run, run: Run) -> dict:
     """The settings of ``run`` that are not the baseline's (those of another system: its own, which differ)."""
-    return {key: value for key, value in run.settings.items() if baseline.settings.get(key, None) != value
-            or key not in baseline.settings}
+    return {key: value for key, value in run.settings.items()
+            if key not in baseline.settings or baseline.settings[key] != value}
 
 
 def paired(baseline: Run, run: Run) -> Run:
@@ -151,13 +151,11 @@ def word_edits(predictions: Sequence[str], references: Sequence[str], normalize:
     counts = np.zeros((len(references), 2))
     output = jiwer.process_words(list(references), list(predictions))
     for row, chunks in zip(counts, output.alignments):
-        for chunk in chunks:
+        for chunk in chunks:  # (a substitution or deletion: one edit per reference word; an insertion: per word)
             words = chunk.ref_end_idx - chunk.ref_start_idx
-            if chunk.type == "insert":
-                row[0] += chunk.hyp_end_idx - chunk.hyp_start_idx
-            else:
-                row[0] += words if chunk.type != "equal" else 0
-                row[1] += words
+            row[0] += chunk.hyp_end_idx - chunk.hyp_start_idx if chunk.type == "insert" else \
+                words * (chunk.type != "equal")
+            row[1] += words
     return counts
 
 
@@ -283,7 +281,7 @@ def comparison_text(result: dict) -> str:
             p = "-" if tested["p"] is None else f"{tested['p']:.3f}"
             digits = 0 if name in TESTED_LATENCY else 2  # (ms)
             cells += [f"{tested['score']:.{digits}f}", f"{tested['ci']:.{digits}f}", p]
-        cells += [_figure(system.get(name), name) for name in SHOWN_AS_SCORED]
+        cells += [_figure(system.get(name)) for name in SHOWN_AS_SCORED]
         cells.append(" ".join(f"{key}={value}" for key, value in system["differs"].items()) or "-")
         rows.append(cells)
     widths = [max(len(row[j]) for row in [header] + rows) for j in range(len(header))]
@@ -296,8 +294,6 @@ def comparison_text(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _figure(value: float | None, name: str) -> str:
-    """A figure of scores.json as the table shows it: ms whole, RTF to three places, "-" where absent."""
-    if value is None:
-        return "-"
-    return f"{value:.3f}" if name == "RTF" else f"{value:.0f}"
+def _figure(value: float | None) -> str:
+    """A figure of scores.json as the table shows it (RTF): to three places, "-" where absent."""
+    return "-" if value is None else f"{value:.3f}"
