@@ -42,9 +42,10 @@ Such a session's ``feed``, ``gap`` and ``end_audio`` only route the audio; its f
 has written (``_cut_due``) is decided where a session alone decides it, however far the driver's LLM lags behind the
 feeds (``chunks_waiting`` counts what waits).
 
-Pipeline per chunk: chunker -> log-mel stream -> encoder stream -> projector stream
--> a source unit queued for the LLM; then the policy loop reads units and writes
-tokens until it needs audio that has not arrived.
+Pipeline per feed: the router (``speechstream.routing``: with VAD, silence dropped, segment starts and cuts) -> per
+chunk, the front end (``speechstream.frontend``: chunker -> log-mel stream -> encoder stream -> projector stream)
+-> a source unit queued for the LLM; then the policy loop reads units and writes tokens until it needs audio that has
+not arrived.
 """
 
 from __future__ import annotations
@@ -65,20 +66,17 @@ from speechstream import gpe, schedule
 from speechstream.align import Word, alignable, segment_words, token_pieces
 from speechstream.beam import Limits
 from speechstream.audio import HOP_LENGTH, SAMPLE_RATE, PcmLayout, check_finite
-from speechstream.chunker import Chunker
 from speechstream.config import DecodingConfig, with_model_defaults
 from speechstream.ctc import JointCTC
-from speechstream.ctc_head import CTCWindowStream
 from speechstream.decoder import DecoderState, last_rows
-from speechstream.encoder import EncoderStream
 from speechstream.errors import InputError
-from speechstream.features import LogMelStream
+from speechstream.frontend import FrontEnd
 from speechstream.interrupts import HeldInterrupts, Terminated
 from speechstream.model import SpeechLLM
 from speechstream.policy import POLICIES, Action, Policy, Read, Stop, StreamView, Write
-from speechstream.projector import ProjectorStream
+from speechstream.routing import Router
 from speechstream.text import TextAssembler
-from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig
+from speechstream.vad import Endpoint, Endpointer, VADConfig
 
 CONTEXT_CHARS_PER_TOKEN = 16  # context_tokens: committed characters re-tokenized per token wanted (plenty)
 
@@ -253,11 +251,7 @@ class StreamingSession:
         self.joint = (JointCTC(model, decoding.ctc_weight, decoding.ctc_candidates, decoding.beam)
                       if decoding.ctc_weight > 0 else None)
         self.partials = partials
-        self.chunker = Chunker(decoding.chunk_ms)
-        self.mel = LogMelStream()
-        self.encoder = EncoderStream(model.encoder)
-        self.projector = ProjectorStream(model.projector)
-        self.ctc_windows = self._new_ctc_windows()
+        self.front = self._new_front()  # the source side of the segment the front end builds; anew at each segment
         self.llm = self._new_llm_state() if own_llm else None
         self._llm_cache_peak = 0  # the most slots self.llm held after a step since ``take_llm_cache_peak``
         # writes of a beam plan's tokens whose scores the search computed: fed to self.llm with the next step
@@ -270,7 +264,6 @@ class StreamingSession:
         self._recent: deque[int] = deque(maxlen=getattr(self.policy, "recent_tokens", 0))
         self.logits: list[torch.Tensor] = []  # (V,) per fed target row, when record_logits is set
         self.record_logits = False
-        self._chunks_made = 0
         self._samples_in = 0  # samples of the stream so far: fed, and lost in gaps
         self.lost_samples = 0  # samples lost in gaps (``gap``): counted on the timeline, never read
         self._units_read = 0
@@ -287,19 +280,17 @@ class StreamingSession:
         self.finished = False
         # long sessions (decoding.vad): segments cut at pauses, each with a fresh front end and LLM cache
         self.segment = 0  # the segment the LLM reads and writes; +1 at each reset (outside drivers: a fresh row)
-        self.vad = Endpointer(VADConfig(min_silence_ms=decoding.vad_min_silence_ms)) if decoding.vad else None
-        self.endpoints: list[Endpoint] = []  # segment ends found so far (absolute samples)
+        vad = Endpointer(VADConfig(min_silence_ms=decoding.vad_min_silence_ms)) if decoding.vad else None
+        self.router = Router(vad)  # what the fed samples are: audio to encode, silence to drop, segment starts and cuts
         # where each segment's audio starts (absolute samples; VAD speech starts); without VAD the first segment's (0)
         # is not listed, only those that begin after a gap or a cut at the LLM's positions
         self.segment_starts: list[int] = []
         self._front_segment = 0  # the segment the front end is building (ahead of ``segment`` until read)
         self._front_start = 0  # absolute sample where the front end's segment starts
-        self._front_open = self.vad is None  # the front end's segment has audio (with VAD: once its speech starts)
-        self._released = 0  # absolute samples passed on to the front end or dropped as silence
-        self._routed = 0  # absolute samples routed (``_route``): ahead of _released while steps wait in _steps
-        self._route_open = self.vad is None  # the routing has opened a segment (a VAD speech start) not yet cut
-        self._waiting = np.zeros(0, np.float32)  # with VAD, samples from _routed on: not yet known to be speech
-        # outside drivers: front-end steps (``_route``, gaps, the end) carried out when the LLM asks for audio, each
+        self._front_open = vad is None  # the front end's segment has audio (with VAD: once its speech starts)
+        self._released = 0  # absolute samples passed on to the front end or dropped as silence (behind router.routed
+        # while steps wait in _steps)
+        # outside drivers: front-end steps (routed, gaps, the end) carried out when the LLM asks for audio, each
         # with the ``advance`` it was given (whether a session alone lets its LLM work after each of its chunks)
         self._steps: deque[tuple[str, object, bool]] = deque()
         self._cut_check = False  # outside drivers: the segment cut after the last chunk is still to be decided
@@ -331,7 +322,7 @@ class StreamingSession:
         if self.decoding.ablation == "interleaved":
             return self._interleaved_limit(limit)
         speech = limit - len(self.model.prefix_ids) - len(self.model.suffix_ids)
-        samples = schedule.max_segment_samples(speech, self.chunker.chunk_size, self.model.config.projector.stack)
+        samples = schedule.max_segment_samples(speech, self.front.chunk_size, self.model.config.projector.stack)
         if samples <= 0:
             raise InputError(f"model {self.model.config.name}: its LLM has {limit} positions, too few for the prompt "
                              f"and one {self.decoding.chunk_ms} ms chunk")
@@ -348,7 +339,7 @@ class StreamingSession:
         """``_position_limit`` under ablation "interleaved", where a segment's source and target tokens take one
         sequence of positions in arrival order: the most whole chunks whose source group and worst-case writing fit
         in ``limit`` together; the target group gets the positions that source group leaves."""
-        chunk, stack = self.chunker.chunk_size, self.model.config.projector.stack
+        chunk, stack = self.front.chunk_size, self.model.config.projector.stack
         prompt = len(self.model.prefix_ids) + len(self.model.suffix_ids)
 
         def source(chunks: int) -> int:
@@ -382,7 +373,7 @@ class StreamingSession:
     def _cut_due(self) -> bool:
         """After a chunk: the front end's segment must end here when one more chunk could carry its source group
         or its target group past the LLM's positions (each segment is checked before it grows)."""
-        if self._segment_samples is not None and self._chunks_made * self.chunker.chunk_size >= self._segment_samples:
+        if self._segment_samples is not None and self.front.chunks * self.front.chunk_size >= self._segment_samples:
             return True
         if self._target_room is None:
             return False
@@ -406,7 +397,7 @@ class StreamingSession:
         self._check_whole()
         start = self._clock_start()
         with torch.no_grad(), self._failing():
-            steps = self._route(samples)
+            steps = self.router.route(samples)
             self._samples_in += samples.size  # (before the steps: a Ctrl-C inside them ends a stream these samples
             events = self._carry_out(steps)  # were routed in, so its "end" counts them in audio_s, as source_s does)
         self._compute_s += time.perf_counter() - start
@@ -437,7 +428,7 @@ class StreamingSession:
                     continue
                 kind, value, advance = self._steps.popleft()
                 if kind == "audio" and advance:  # up to the end of one chunk, whose cut waits for the LLM to read it
-                    size = self.chunker.chunk_size
+                    size = self.front.chunk_size
                     n = size - (self._released - self._front_start) % size if self._front_open else size
                     if n < value.size:
                         self._steps.appendleft((kind, value[n:], advance))
@@ -457,7 +448,7 @@ class StreamingSession:
     def chunks_waiting(self) -> int:
         """Chunks the LLM has not read yet: encoded units, and (outside drivers) queued audio in whole chunks."""
         queued = sum(value.size for kind, value, _ in self._steps if kind == "audio")
-        return len(self.units) + queued // self.chunker.chunk_size
+        return len(self.units) + queued // self.front.chunk_size
 
     def _check_whole(self) -> None:
         """Refuse more work once an earlier call failed mid-way (``_failing``)."""
@@ -475,48 +466,8 @@ class StreamingSession:
             self._failure = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
             raise
 
-    def _route(self, samples: np.ndarray) -> list[tuple[str, object]]:
-        """What the front end does with a feed, in order: ("audio", samples) to encode, ("skip", n) samples dropped
-        before a segment's speech, ("start", sample) a segment's audio begins, ("cut", None) the segment ends.
-
-        Without VAD all audio is encoded. With it, audio before a segment's speech is confirmed waits in
-        ``_waiting`` (at most the VAD's look-back: ``speech_pad_ms``, plus up to ``max_segment_s`` while speech heard
-        is not yet confirmed) and is dropped, except the ``speech_pad_ms`` before the speech."""
-        if self.vad is None:  # every sample is encoded (``_front`` opens a segment where none is open)
-            self._routed += samples.size
-            return [("audio", samples)]
-        found = self.vad.push(samples)  # windows are aligned to the stream start: slicing-invariant
-        waiting = np.concatenate([self._waiting, samples]) if self._waiting.size else samples
-        at = self._routed  # absolute sample of waiting[0]
-        steps: list[tuple[str, object]] = []
-
-        def take(until: int, kind: str) -> None:
-            nonlocal waiting, at
-            n = until - at
-            if n > 0:
-                steps.append((kind, waiting[:n]) if kind == "audio" else (kind, n))
-                waiting, at = waiting[n:], until
-
-        for item in found:
-            if isinstance(item, SpeechStart):
-                take(item.start, "skip")
-                steps.append(("start", item.start))
-                self._route_open = True
-            else:
-                take(item.cut, "audio")
-                self.endpoints.append(item)
-                steps.append(("cut", None))
-                self._route_open = False
-        if self.vad.speaking:
-            take(at + waiting.size, "audio")
-        else:
-            take(self.vad.keep_from(), "skip")
-        self._waiting = waiting.copy() if waiting.size else np.zeros(0, np.float32)
-        self._routed = at
-        return steps
-
     def _front(self, step: tuple[str, object], advance: bool = True, later: bool = False) -> list[Event]:
-        """Carry out one routing step (``_route``), or ("gap", where the audio goes on) or ("end", None), on the front
+        """Carry out one routing step (``Router.route``), or ("gap", where the audio goes on) or ("end", None), on the front
         end; return the events of the LLM work it allowed (none with ``advance`` False: the units are only queued).
         ``later``: the cut after a chunk is left to ``_pump`` (``_cut_check``), which decides it once the LLM has read
         the chunk."""
@@ -526,7 +477,7 @@ class StreamingSession:
             return []
         if kind == "end":  # the end of the audio (``end_audio``)
             if self._front_open:
-                self._add_unit(self.chunker.flush(), final=True)
+                self._add_unit(self.front.tail(), final=True)
             else:  # only silence since the last cut (or since the start): it is passed over, not read
                 self._silent_end = True
             return []
@@ -546,14 +497,14 @@ class StreamingSession:
             if self._front_open:  # (not when the segment was just ended at the positions' limit: ``_cut_due``)
                 self._end_front_segment()
             return self._advance() if advance else []
-        chunk_size = self.chunker.chunk_size
+        chunk_size = self.front.chunk_size
         while value.size:  # up to the end of one chunk at a time: a segment may end after any chunk
             if not self._front_open:  # without VAD after a gap or a cut, with it after a cut inside speech
                 self._front(("start", self._released))
             piece = value[: chunk_size - (self._released - self._front_start) % chunk_size]
             value = value[piece.size :]
             self._released += piece.size
-            for chunk in self.chunker.push(piece):
+            for chunk in self.front.split(piece):
                 self._add_unit(chunk, final=False)
                 if later:  # an outside driver: decided once its LLM has read the chunk (``_pump``)
                     self._cut_check = True
@@ -566,15 +517,10 @@ class StreamingSession:
 
     def _end_front_segment(self) -> None:
         """A VAD cut: the segment's last unit (audio tail + end marker) is queued; the front end starts afresh."""
-        self._add_unit(self.chunker.flush(), final=True)
+        self._add_unit(self.front.tail(), final=True)
         self._front_segment += 1
         self._front_open = False
-        self._chunks_made = 0
-        self.chunker = Chunker(self.decoding.chunk_ms)
-        self.mel = LogMelStream()
-        self.encoder = EncoderStream(self.model.encoder)
-        self.projector = ProjectorStream(self.model.projector)
-        self.ctc_windows = self._new_ctc_windows()
+        self.front = self._new_front()
 
     def finish(self) -> list[Event]:
         """Read the rest of the audio and the end marker; write the rest; end with an "end" event."""
@@ -599,20 +545,8 @@ class StreamingSession:
             return
         self._check_whole()
         with torch.no_grad(), self._failing():
-            self._carry_out(self._onset_steps() + [("end", None)], advance=False)
+            self._carry_out(self.router.onset() + [("end", None)], advance=False)
             self._audio_done = True
-
-    def _onset_steps(self) -> list[tuple[str, object]]:
-        """With VAD, where the audio stops (its end, or a gap): speech heard but not yet confirmed opens its segment
-        (it would have been read had the audio gone on). Its front-end steps, routed."""
-        if self.vad is None or self._route_open or self.vad.pending_onset is None:
-            return []
-        start = self.vad.keep_from()
-        steps = [("skip", start - self._routed), ("start", start), ("audio", self._waiting[start - self._routed :])]
-        self._routed += self._waiting.size
-        self._route_open = True
-        self._waiting = np.zeros(0, np.float32)
-        return steps
 
     def gap(self, samples: int) -> list[Event]:
         """``samples`` samples of the stream were lost before they reached the session (``live``: the capture queue
@@ -631,13 +565,10 @@ class StreamingSession:
         self._check_whole()
         start = self._clock_start()
         with torch.no_grad(), self._failing():
-            onset = self._onset_steps()
+            onset = self.router.onset()
             self._samples_in += int(samples)
             self.lost_samples += int(samples)
-            self._routed, self._route_open = self._samples_in, False
-            self._waiting = np.zeros(0, np.float32)
-            if self.vad is not None:
-                self.vad.skip(int(samples))
+            self.router.lose(int(samples))
             events = self._carry_out(onset, advance=False) + self._carry_out([("gap", self._samples_in)])
         self._compute_s += time.perf_counter() - start
         return events
@@ -695,6 +626,11 @@ class StreamingSession:
         return self.text.committed
 
     @property
+    def endpoints(self) -> list[Endpoint]:
+        """With VAD, the segment ends found so far (absolute samples); [] without."""
+        return self.router.endpoints
+
+    @property
     def segment_start_times(self) -> list[float]:
         """``segment_starts`` in seconds from the start of the stream (for ``outputs.cues``; without VAD the first
         segment's start, 0, is not in it)."""
@@ -716,35 +652,32 @@ class StreamingSession:
 
     # -- source side --------------------------------------------------------------------------
 
-    def _new_ctc_windows(self) -> CTCWindowStream | None:
-        """Joint CTC decoding with the model's fine CTC head: its windows over this segment's encoder frames."""
-        if self.joint is None or self.model.ctc_head is None:
-            return None
-        return CTCWindowStream(self.model.ctc_head)
+    def _new_front(self) -> FrontEnd:
+        """A fresh front end (at the start and at each segment); with joint CTC decoding on a model with a fine CTC
+        head it also runs that head."""
+        fine = self.joint is not None and self.model.ctc_head is not None
+        return FrontEnd(self.model, self.decoding.chunk_ms, fine_ctc=fine)
 
     def _add_unit(self, samples: np.ndarray, final: bool) -> None:
-        mel = self.mel.push(samples)
-        if final:
-            mel = torch.cat([mel, self.mel.finish()])
-        frames = self.encoder.push(mel, final=final)
-        tokens = self.projector.push(frames, final=final)
+        """Encode one chunk (``final``: the segment's last) and queue it for the LLM as a unit: the prompt before the
+        segment's first speech tokens, the end-of-source marker after its last."""
+        chunk = self.front.encode(samples, final)
         parts = []
-        if self._chunks_made == 0:
+        if self.front.chunks == 1:
             parts.append(self.model.embed_ids(self.model.prefix_ids))
-        parts.append(tokens.to(self.model.decoder.dtype))
+        parts.append(chunk.tokens.to(self.model.decoder.dtype))
         if final:
             parts.append(self.model.embed_ids(self.model.suffix_ids))
         embeds = torch.cat(parts)
-        self._chunks_made += 1
-        chunk_end = self._front_start + self._chunks_made * self.chunker.chunk_size  # absolute samples
+        chunk_end = self._front_start + self.front.chunks * self.front.chunk_size  # absolute samples
         source_s = self._released / SAMPLE_RATE if final else chunk_end / SAMPLE_RATE
-        stats = UnitStats(encoder_frames=frames.shape[0], source_tokens=embeds.shape[0])
+        stats = UnitStats(encoder_frames=chunk.frames.shape[0], source_tokens=embeds.shape[0])
         self.stats.append(stats)
         ctc = None
-        if self.ctc_windows is not None:
-            ctc = self.joint.frame_vectors(self.ctc_windows.push(frames, final=final), fine=True)
+        if chunk.ctc_vectors is not None:
+            ctc = self.joint.frame_vectors(chunk.ctc_vectors, fine=True)
         elif self.joint is not None:
-            ctc = self.joint.frame_vectors(tokens)
+            ctc = self.joint.frame_vectors(chunk.tokens)
         self.units.append(_Unit(embeds, source_s, stats, last=final, segment=self._front_segment, ctc=ctc,
                                 origin_s=self._front_start / SAMPLE_RATE))
 

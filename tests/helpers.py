@@ -122,3 +122,18 @@ def default_sigint_in_child() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class ScriptedVAD:
+    """A stand-in for the Silero model that plays a list of speech probabilities, one per 512-sample window (then 0)."""
+
+    def __init__(self, probabilities):
+        self.probabilities = list(probabilities)
+
+    def reset_states(self):
+        pass
+
+    def __call__(self, window, rate):
+        import torch
+
+        return torch.tensor([[self.probabilities.pop(0) if self.probabilities else 0.0]])

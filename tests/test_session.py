@@ -70,8 +70,8 @@ def test_work_per_chunk_is_flat_over_five_minutes(tiny_model):
     step = int(chunk_s * SAMPLE_RATE)
     for start in range(0, audio.size, step):
         session.feed(audio[start : start + step])
-        cache = session.encoder._cache[0][0]
-        buffer_sizes.append((cache.shape[2], session.encoder._mel.shape[0], session.mel._padded.size))
+        cache = session.front.encoder._cache[0][0]
+        buffer_sizes.append((cache.shape[2], session.front.encoder._mel.shape[0], session.front.mel._padded.size))
     session.finish()
     stats = session.stats[:-1]  # the last unit is the end-of-audio flush
     assert len(stats) == int(seconds / chunk_s)

@@ -10,6 +10,7 @@ from speechstream.errors import InputError
 from speechstream.session import StreamingSession
 from speechstream.vad import Endpoint, Endpointer, SpeechStart, VADConfig
 from tests.conftest import text_favouring_chooser
+from tests.helpers import ScriptedVAD
 
 
 def find_endpoints(samples: np.ndarray, config: VADConfig = VADConfig(), feed_size: int = 16_000) -> list[Endpoint]:
@@ -85,30 +86,17 @@ def test_speech_without_a_pause_is_cut_at_twice_the_segment_limit():
     assert [type(e) for e in found] == [SpeechStart, Endpoint] * len(cuts) + [SpeechStart]
 
 
-class _Script:
-    """A stand-in for the Silero model that plays a list of speech probabilities, one per window."""
-
-    def __init__(self, probabilities):
-        self.probabilities = list(probabilities)
-
-    def reset_states(self):
-        pass
-
-    def __call__(self, window, rate):
-        return torch.tensor([[self.probabilities.pop(0) if self.probabilities else 0.0]])
-
-
 def test_a_segment_starts_a_pad_before_its_confirmed_speech():
     """Silence, a blip (forgotten after 600 ms of silence), silence, then speech: the segment starts 512 ms (16 windows)
     before the speech's first window, once 250 ms (8 windows) of it have been heard; nothing cuts before it."""
     script = [0.0] * 40 + [0.9] * 3 + [0.0] * 30 + [0.9] * 20 + [0.0] * 5
-    endpointer = Endpointer(VADConfig(), model=_Script(script))
+    endpointer = Endpointer(VADConfig(), model=ScriptedVAD(script))
     assert endpointer.push(np.zeros(42 * 512, np.float32)) == []
     assert endpointer.pending_onset == 40 * 512 and endpointer.keep_from() == 24 * 512  # the blip might be speech
     found = endpointer.push(np.zeros((len(script) - 42) * 512, np.float32))
     assert found == [SpeechStart(start=(73 - 16) * 512, confirmed=(73 + 8) * 512)]
     assert endpointer.speaking and endpointer.keep_from() == (73 - 16) * 512
-    early = Endpointer(VADConfig(), model=_Script([0.0] * 3 + [0.9] * 8))
+    early = Endpointer(VADConfig(), model=ScriptedVAD([0.0] * 3 + [0.9] * 8))
     assert early.push(np.zeros(11 * 512, np.float32)) == [SpeechStart(start=0, confirmed=11 * 512)]  # not before 0
 
 
@@ -130,9 +118,9 @@ def feed_all(model, audio, size, decoding=DECODING):
     session = StreamingSession(model, decoding, choose=text_favouring_chooser(model))
     events, trace = [], []
     for start in range(0, audio.size, size):
-        before = (session.segment, session.llm_cache_length, session.encoder.frames_done)
+        before = (session.segment, session.llm_cache_length, session.front.encoder.frames_done)
         events += session.feed(audio[start : start + size])
-        trace.append((before, (session.segment, session.llm_cache_length, session.encoder.frames_done)))
+        trace.append((before, (session.segment, session.llm_cache_length, session.front.encoder.frames_done)))
     events += session.finish()
     return session, events, trace
 
@@ -292,7 +280,7 @@ def test_a_short_word_at_the_end_is_still_read(tiny_model):
 def _scripted_session(model, script, own_llm=True):
     decoding = DecodingConfig(chunk_ms=160, k=1, max_tokens_per_chunk=4, max_tail_tokens=10, vad=True)
     session = StreamingSession(model, decoding, choose=text_favouring_chooser(model), own_llm=own_llm)
-    session.vad.model = _Script(script)
+    session.router.vad.model = ScriptedVAD(script)
     return session
 
 
@@ -334,13 +322,13 @@ def test_speech_never_confirmed_is_forgotten_after_the_segment_limit(tiny_model)
     confirms the speech nor forgets it as a blip): after max_segment_s the onset is forgotten, so the audio the session
     holds for it stays bounded. It used to hold (and copy at every feed) all the audio since that window."""
     session = _scripted_session(tiny_model, [0.0] * 4 + [0.9] + [0.4] * (60 * SAMPLE_RATE // 512))
-    config = session.vad.config
+    config = session.router.vad.config
     held = []
     for _ in range(60):
         session.feed(np.zeros(SAMPLE_RATE, np.float32))
-        held.append(session._waiting.size)
+        held.append(session.router.waiting)
     assert max(held) <= (config.max_segment_s + config.speech_pad_ms / 1000) * SAMPLE_RATE + 512
-    assert session.vad.pending_onset is None and held[-1] <= config.speech_pad_ms * SAMPLE_RATE // 1000 + 512
+    assert session.router.vad.pending_onset is None and held[-1] <= config.speech_pad_ms * SAMPLE_RATE // 1000 + 512
     events = session.finish()
     assert session.segment_starts == [] and session.stats == [] and [e.type for e in events] == ["end"]
     assert events[-1].source_s == 60.0
@@ -405,8 +393,8 @@ def test_random_streams_alone_sliced_and_batched_give_the_same_events(tiny_model
 
     def session(decoding, config, own_llm=True):
         made = StreamingSession(tiny_model, decoding, choose=choose, own_llm=own_llm)
-        if made.vad is not None:
-            made.vad.config = config
+        if made.router.vad is not None:
+            made.router.vad.config = config
         return made
 
     expected = []
