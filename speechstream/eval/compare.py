@@ -102,11 +102,14 @@ def read_run(folder: str | Path) -> Run:
 
 def run_settings(config: dict) -> dict:
     """The settings of a run's config.json that tell runs of one manifest apart: the system, its model (the name and,
-    where recorded, the checkpoint's sha256: retrained weights under one name differ), its languages and decoding
-    options, flat."""
+    where recorded, the sha256 of its config.yaml and of its checkpoint: an edited config or retrained weights under
+    one name differ), its languages and decoding options, flat."""
     fingerprint = config.get("model_fingerprint")
-    checkpoint = fingerprint.get("checkpoint") if isinstance(fingerprint, dict) else None
+    fingerprint = fingerprint if isinstance(fingerprint, dict) else {}
+    checkpoint = fingerprint.get("checkpoint")
     settings = {key: config[key] for key in ("baseline", "model", "source_lang", "target_lang") if key in config}
+    if "config_sha256" in fingerprint:
+        settings["model_config"] = str(fingerprint["config_sha256"])[:12]
     if isinstance(checkpoint, dict) and "sha256" in checkpoint:
         settings["checkpoint"] = str(checkpoint["sha256"])[:12]
     decoding = config.get("decoding")

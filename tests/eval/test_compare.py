@@ -152,20 +152,23 @@ def test_a_run_that_scores_the_same_has_p_one(tmp_path):
 
 def test_each_run_names_what_differs_from_the_baseline(tmp_path):
     references = sentences(5, 20)
-    gpe = {"baseline": "gpe", "model": "m", "model_fingerprint": {"checkpoint": {"sha256": "ab" * 32}},
+    model = {"config_sha256": "01" * 32, "checkpoint": {"sha256": "ab" * 32}}
+    gpe = {"baseline": "gpe", "model": "m", "model_fingerprint": model,
            "decoding": {"chunk_ms": 640, "k": 2, "vad": False}}
     configs = [gpe, gpe | {"decoding": {"chunk_ms": 640, "k": 3, "vad": False}},
-               gpe | {"model_fingerprint": {"checkpoint": {"sha256": "cd" * 32}}},
+               gpe | {"model_fingerprint": model | {"checkpoint": {"sha256": "cd" * 32}}},
+               gpe | {"model_fingerprint": model | {"config_sha256": "23" * 32}},  # config.yaml edited (right context)
                {"baseline": "whisper-offline", "model": "whisper-base", "decoding": {"search": "greedy"}}]
     folders = [write_run(tmp_path / str(i), "asr", references, references, config=config)
                for i, config in enumerate(configs)]
     result = compare(folders, 20)
     assert [row["differs"] for row in result["systems"]] == [
-        {}, {"k": 3}, {"checkpoint": "cd" * 6}, {"baseline": "whisper-offline", "model": "whisper-base",
-                                                 "search": "greedy"}]
+        {}, {"k": 3}, {"checkpoint": "cd" * 6}, {"model_config": "23" * 6},
+        {"baseline": "whisper-offline", "model": "whisper-base", "search": "greedy"}]
     lines = comparison_text(result).splitlines()
     assert lines[2].endswith("differs from the baseline") and lines[3].endswith(" -") and lines[4].endswith(" k=3")
-    assert lines[6].endswith(" baseline=whisper-offline model=whisper-base search=greedy")
+    assert lines[6].endswith(" model_config=" + "23" * 6)
+    assert lines[7].endswith(" baseline=whisper-offline model=whisper-base search=greedy")
 
 
 def test_utterances_are_paired_by_id_not_by_line(tmp_path):
