@@ -20,13 +20,15 @@ Notation used in the docstrings (speech input, text output, SimulEval's default 
 Where SimulEval uses which length:
 
 - AL: |Y_ref|.  LAAL: max(|Y*|, |Y_ref|).  AP: |Y_ref|.  DAL: always |Y*|.  StartOffset, EndOffset, ATD: none.
+- YAAL, which SimulEval 1.1.4 does not have (Papi et al. 2025), takes LAAL's max(|Y*|, |Y_ref|).
 - ATD ignores |X| as well: it only looks at the delays (and the elapsed times for ATD_CA).
 
 Skipping and averaging (SimulEval's corpus rules, reproduced by `corpus_latency`):
 
 - The corpus value of a metric is the unweighted mean of its per-utterance values.
 - A plain metric skips utterances whose `delays` are missing or empty (no output). A `_CA` metric skips
-  utterances whose `elapsed` are missing or empty; ATD_CA needs both `delays` and `elapsed`.
+  utterances whose `elapsed` are missing or empty; ATD_CA needs both `delays` and `elapsed`. YAAL (and YAAL_CA)
+  also skips an utterance that wrote nothing before the end of its source.
 - When every utterance is skipped SimulEval fails (the mean of nothing); here the key is left out instead.
 - A reference field that is absent counts as the empty string (|Y_ref| = 1); a JSON `null` reference means
   "use |Y*|". This mirrors how SimulEval rebuilds instances from `instances.log`.
@@ -53,8 +55,10 @@ ATD_SOURCE_TOKEN_MS = 300
 # Text target tokens have no duration of their own in ATD (speech input, text output).
 ATD_TARGET_TOKEN_MS = 0
 
-# Metric names as they appear in scores.json; each also exists with the suffix "_CA".
-LATENCY_METRICS = ("AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset", "ATD")
+# The metrics SimulEval 1.1.4 scores, as they appear in scores.json; each also exists with the suffix "_CA".
+SIMULEVAL_METRICS = ("AL", "LAAL", "DAL", "AP", "StartOffset", "EndOffset", "ATD")
+# Every latency metric of scores.json (each also with "_CA"): SimulEval's, then YAAL.
+LATENCY_METRICS = (*SIMULEVAL_METRICS, "YAAL")
 # Suffix that marks the computation-aware variant of a metric.
 COMPUTATION_AWARE_SUFFIX = "_CA"
 
@@ -133,6 +137,27 @@ def laal(delays: Sequence[float], source_length: float, reference_length: int | 
     being compared with a slower ideal writer. Computation-aware: pass `elapsed` as `delays`.
     """
     return _lagging(delays, source_length, max(len(delays), _target_length(delays, reference_length)))
+
+
+def yaal(delays: Sequence[float], source_length: float, reference_length: int | None = None,
+         end: float | None = None) -> float | None:
+    """Yet Another Average Lagging (Papi et al. 2025, "Better Late Than Never"), the lagging of LAAL over the units
+    written before the source ended.
+
+    With rate = max(|Y*|, |Y_ref|) / |X| (as LAAL), and d'_1, d'_2, ... the delays below ``end`` (|X| unless given:
+    the long form passes the end of the whole recording) in their order:
+        YAAL = (1 / n) * sum over j = 1..n of (d'_j - (j - 1) / rate).
+    Units written once the source was over are left out instead of being cut off after the first of them (AL's tau),
+    so a system is not scored on what it writes after it has heard everything; unlike AL there is no d_1 > |X| rule.
+    None when no unit came before ``end`` (the corpus skips such an utterance). Computation-aware: pass `elapsed`.
+    """
+    _check_output(delays)
+    rate = max(len(delays), _target_length(delays, reference_length)) / source_length
+    limit = source_length if end is None else end
+    early = [delay for delay in delays if delay < limit]
+    if not early:
+        return None
+    return sum(delay - index / rate for index, delay in enumerate(early)) / len(early)
 
 
 def dal(delays: Sequence[float], source_length: float, reference_length: int | None = None) -> float:
@@ -303,6 +328,7 @@ _LENGTH_METRICS = {
     "AP": ap,
     "StartOffset": start_offset,
     "EndOffset": end_offset,
+    "YAAL": yaal,
 }
 
 
@@ -325,10 +351,10 @@ def instance_latency(
 
     scores: dict[str, float] = {}
     for name, metric in _LENGTH_METRICS.items():
-        if delays:
-            scores[name] = metric(delays, source_length, ref_length)
-        if elapsed:
-            scores[name + COMPUTATION_AWARE_SUFFIX] = metric(elapsed, source_length, ref_length)
+        for key, times in ((name, delays), (name + COMPUTATION_AWARE_SUFFIX, elapsed)):
+            value = metric(times, source_length, ref_length) if times else None
+            if value is not None:  # (YAAL of an utterance that wrote nothing before the source ended)
+                scores[key] = value
     if delays:
         scores["ATD"] = atd(delays)
         if elapsed:
@@ -353,8 +379,10 @@ def corpus_latency(
     return {name: float(statistics.mean(per_metric[name])) for name in names if name in per_metric}
 
 
-# Long-form latency: the key in scores.json (and with "_CA").
+# Long-form latency: the keys in scores.json (each also with "_CA").
 STREAM_LAAL = "StreamLAAL"
+LONG_YAAL = "LongYAAL"
+LONG_FORM_METRICS = (STREAM_LAAL, LONG_YAAL)
 
 
 def sentence_delays(record: Mapping) -> list[dict]:
@@ -386,30 +414,36 @@ def sentence_delays(record: Mapping) -> list[dict]:
     return sentences
 
 
-def stream_laal(records: Iterable[Mapping]) -> dict[str, float]:
-    """StreamLAAL (Papi et al. 2024, StreamAtt) and its ``_CA`` twin over long-form records.
+def long_form_latency(records: Iterable[Mapping]) -> dict[str, float]:
+    """StreamLAAL (Papi et al. 2024, StreamAtt) and LongYAAL (Papi et al. 2025), each with its ``_CA`` twin, over
+    long-form records.
 
-    Each record's hypothesis is resegmented into its reference sentences (`sentence_delays`), LAAL is computed per
-    sentence with the delays measured from the sentence's start, |X| = the sentence's duration and |Y_ref| its
-    reference (in words, as SimulEval counts them), and the corpus value is the mean over every sentence of every
-    record that was given at least one word (a sentence given none is skipped, as SimulEval skips an utterance with
-    no output). Empty when a record has no ``segments`` or no sentence got a word.
+    Each record's hypothesis is resegmented into its reference sentences (`sentence_delays`), and each sentence is
+    scored with the delays measured from its start, |X| = its duration and |Y_ref| its reference (in words, as
+    SimulEval counts them). StreamLAAL is LAAL per sentence. LongYAAL is YAAL per sentence with the cut-off at the
+    end of the recording (the end of its last reference sentence) instead of the sentence's: a word of the sentence
+    written after the sentence but while the talk goes on still counts, one written after the talk is over does not.
+    The corpus value of each is the mean over every sentence of every record that was given at least one word (and,
+    for LongYAAL, one before that end); a sentence given none is skipped, as SimulEval skips an utterance with no
+    output. Empty when a record has no ``segments`` or no sentence got a word.
+
+    The resegmentation is `speechstream.eval.resegment`'s (the same for both); the authors' LongYAAL aligns with
+    their SoftSegmenter instead, so a sentence's words, and then the figures, may differ from theirs.
     """
     records = list(records)
     if not records or any(not record.get("segments") for record in records):
         return {}
-    plain: list[float] = []
-    aware: list[float] = []
+    per_metric: dict[str, list[float]] = {}
     for record in records:
-        for sentence in sentence_delays(record):
+        talk_end = max(segment["offset"] + segment["duration"] for segment in record["segments"])
+        for sentence, segment in zip(sentence_delays(record), record["segments"]):
             length = reference_length(sentence["reference"])
-            if sentence["delays"]:
-                plain.append(laal(sentence["delays"], sentence["duration"], length))
-            if sentence["elapsed"]:
-                aware.append(laal(sentence["elapsed"], sentence["duration"], length))
-    scores = {}
-    if plain:
-        scores[STREAM_LAAL] = float(statistics.mean(plain))
-    if aware:
-        scores[STREAM_LAAL + COMPUTATION_AWARE_SUFFIX] = float(statistics.mean(aware))
-    return scores
+            for suffix, times in (("", sentence["delays"]), (COMPUTATION_AWARE_SUFFIX, sentence["elapsed"])):
+                if not times:
+                    continue
+                per_metric.setdefault(STREAM_LAAL + suffix, []).append(laal(times, sentence["duration"], length))
+                lagging = yaal(times, sentence["duration"], length, end=talk_end - segment["offset"])
+                if lagging is not None:
+                    per_metric.setdefault(LONG_YAAL + suffix, []).append(lagging)
+    names = [name + suffix for suffix in ("", COMPUTATION_AWARE_SUFFIX) for name in LONG_FORM_METRICS]
+    return {name: float(statistics.mean(per_metric[name])) for name in names if name in per_metric}

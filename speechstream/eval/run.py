@@ -26,10 +26,10 @@ same way. What lands in the output folder:
   once (exit 2): both would resume from the same log and log every utterance left twice.
 - ``scores.json``: WER/CER (raw and normalised) or BLEU/chrF, every latency metric with its ``_CA`` twin
   (`speechstream.eval.latency.corpus_latency` on the log), ``RTF`` and ``num_instances``; for a long-form
-  manifest (``segments`` on every line: whole talks, each scored per reference sentence) also ``StreamLAAL`` and
-  ``StreamLAAL_CA`` (`speechstream.eval.latency.stream_laal` on the records' ``segments``); for the gpe system also
-  ``LLM_tokens`` (tokens the LLM was fed) and ``LLM_reencoded_tokens`` (the extra ones ``--ablation reencode``
-  fed again), summed from the records' ``llm_tokens`` and ``llm_reencoded_tokens``.
+  manifest (``segments`` on every line: whole talks, each scored per reference sentence) also ``StreamLAAL``,
+  ``LongYAAL`` and their ``_CA`` twins (`speechstream.eval.latency.long_form_latency` on the records' ``segments``);
+  for the gpe system also ``LLM_tokens`` (tokens the LLM was fed) and ``LLM_reencoded_tokens`` (the extra ones
+  ``--ablation reencode`` fed again), summed from the records' ``llm_tokens`` and ``llm_reencoded_tokens``.
 - ``summary.txt``: the same scores as a small table a person can read.
 
 Timing: once the system is loaded, and before the first utterance is timed, it decodes the first second of the
@@ -67,10 +67,10 @@ from speechstream.errors import InputError, SpeechstreamError
 from speechstream.eval.latency import (
     COMPUTATION_AWARE_SUFFIX,
     LATENCY_METRICS,
-    STREAM_LAAL,
+    LONG_FORM_METRICS,
     corpus_latency,
+    long_form_latency,
     split_units,
-    stream_laal,
 )
 from speechstream.interrupts import Terminated, TerminateAsInterrupt
 from speechstream.locks import hold_folder
@@ -352,7 +352,7 @@ def score_instances(records: Sequence[dict], task: str) -> dict[str, float]:
         scorer = transcription_scores if task == "asr" else translation_scores
         scores.update(scorer(predictions, references))
     scores.update(corpus_latency(records))
-    scores.update(stream_laal(records))
+    scores.update(long_form_latency(records))
     scores["RTF"] = sum(record["compute_s"] for record in records) / sum(record["audio_s"] for record in records)
     for field, name in LLM_WORK.items():
         if all(field in record for record in records):
@@ -379,7 +379,7 @@ def summary_text(scores: dict[str, float], config: dict) -> str:
     else:
         lines.append("quality: not scored (no references)")
     lines += ["", f"latency (ms){'plain':>16}{'comp.-aware':>14}"]
-    for name in (*LATENCY_METRICS, *((STREAM_LAAL,) if STREAM_LAAL in scores else ())):
+    for name in (*LATENCY_METRICS, *(name for name in LONG_FORM_METRICS if name in scores)):
         plain, aware = scores.get(name), scores.get(name + COMPUTATION_AWARE_SUFFIX)
         cells = "".join(f"{value:>14.3f}" if value is not None else f"{'-':>14}" for value in (plain, aware))
         lines.append(f"  {name + (' (ratio)' if name == 'AP' else ''):<14}{cells}")

@@ -17,6 +17,7 @@ import pytest
 
 from speechstream.eval.latency import (
     LATENCY_METRICS,
+    SIMULEVAL_METRICS,
     al,
     ap,
     atd,
@@ -27,16 +28,19 @@ from speechstream.eval.latency import (
     end_offset,
     instance_latency,
     laal,
+    long_form_latency,
     reference_length,
     sentence_delays,
     split_units,
     start_offset,
-    stream_laal,
+    yaal,
 )
 
 TOLERANCE = 1e-6
 # Every key corpus_latency can produce, plain metrics first.
 ALL_KEYS = [*LATENCY_METRICS, *(name + "_CA" for name in LATENCY_METRICS)]
+# The keys SimulEval 1.1.4 scores too (all but YAAL's).
+SIMULEVAL_KEYS = [*SIMULEVAL_METRICS, *(name + "_CA" for name in SIMULEVAL_METRICS)]
 # Seeded random instances compared one by one against SimulEval.
 RANDOM_INSTANCES = 200
 
@@ -57,7 +61,7 @@ def simuleval_corpus(
     scorers, log_instance = scorers_and_instance
     instances = {index: log_instance(json.dumps(record), unit) for index, record in enumerate(records)}
     results = {}
-    for key in ALL_KEYS:
+    for key in SIMULEVAL_KEYS:
         name, computation_aware = key.removesuffix("_CA"), key.endswith("_CA")
         try:
             results[key] = scorers[name](computation_aware=computation_aware, use_ref_len=use_ref_len)(instances)
@@ -67,7 +71,8 @@ def simuleval_corpus(
 
 
 def assert_same_scores(ours: dict[str, float], theirs: dict[str, float]) -> None:
-    """The same keys, and every value within TOLERANCE."""
+    """Our scores of SimulEval's metrics: the same keys as its, and every value within TOLERANCE."""
+    ours = {key: value for key, value in ours.items() if key in SIMULEVAL_KEYS}
     assert sorted(ours) == sorted(theirs)
     for key, value in theirs.items():
         assert ours[key] == pytest.approx(value, abs=TOLERANCE, rel=0), key
@@ -292,7 +297,7 @@ def simuleval_score_only(directory, computation_aware: bool) -> dict[str, float]
         target_type="text",
         eval_latency_unit="word",
         eval_latency_spm_model=None,
-        latency_metrics=list(LATENCY_METRICS),
+        latency_metrics=list(SIMULEVAL_METRICS),
         quality_metrics=[],
         computation_aware=computation_aware,
         no_use_ref_len=False,
@@ -313,13 +318,39 @@ def test_simuleval_score_only_runs_match(simuleval_scorers, random_records, tmp_
     (tmp_path / "instances.log").write_text("".join(json.dumps(line) + "\n" for line in lines))
     plain_run = simuleval_score_only(tmp_path, computation_aware=False)
     aware_run = simuleval_score_only(tmp_path, computation_aware=True)
-    for name in LATENCY_METRICS:
+    for name in SIMULEVAL_METRICS:
         assert aware_run[name] == aware_run[name + "_CA"]  # SimulEval's quirk, see the docstring
     expected = {**plain_run, **{key: value for key, value in aware_run.items() if key.endswith("_CA")}}
     assert_same_scores(corpus_latency(lines), expected)
 
 
-# -- long-form: StreamLAAL ------------------------------------------------------------------------------
+# -- YAAL ---------------------------------------------------------------------------------------------------
+
+
+def test_yaal_by_hand_leaves_out_what_was_written_after_the_source():
+    # rate max(4, 3) / 2000: one word per 500 ms; the two words at the end of the source are left out
+    assert yaal([500, 1000, 2000, 2000], 2000, 3) == pytest.approx((500 + (1000 - 500)) / 2)
+    # LAAL closes its sum with the first of them instead
+    assert laal([500, 1000, 2000, 2000], 2000, 3) == pytest.approx((500 + 500 + (2000 - 1000)) / 3)
+    assert yaal([2000, 2000], 2000, 2) is None  # nothing before the end (AL's d_1 > |X| rule does not apply)
+    assert yaal([2500], 2000, 1) is None and al([2500], 2000, 1) == 2500
+    assert yaal([500, 1000, 2000, 2600], 2000, 3, end=2600) == pytest.approx((500 + 500 + 1000) / 3)
+    assert yaal([300, 2500, 600], 1000, 3) == pytest.approx((300 + 600 - 1000 / 3) / 2)  # the early ones, in order
+    assert yaal([300, 600], 900, None) == pytest.approx((300 + 600 - 450) / 2)  # |Y*| without a reference
+
+
+def test_yaal_corpus_skips_utterances_that_wrote_only_at_the_end():
+    early = record([500, 1000, 2000], 2000, reference="a b c", elapsed=[600, 2100, 2100])
+    late = record([1500, 1500], 1500, reference="a b")
+    scores = corpus_latency([early, late])
+    assert scores["YAAL"] == pytest.approx(yaal([500, 1000, 2000], 2000, 3))  # the late one is skipped
+    assert scores["YAAL_CA"] == pytest.approx(600)
+    assert scores["AL"] == pytest.approx((al([500, 1000, 2000], 2000, 3) + al([1500, 1500], 1500, 2)) / 2)
+    assert "YAAL" not in instance_latency(late) and "AL" in instance_latency(late)
+    assert "YAAL" not in corpus_latency([late]) and "LAAL" in corpus_latency([late])
+
+
+# -- long-form: StreamLAAL and LongYAAL ----------------------------------------------------------------------
 
 
 def long_form_record(prediction: str, delays: list[float], segments: list[tuple[float, float, str]]) -> dict:
@@ -328,18 +359,25 @@ def long_form_record(prediction: str, delays: list[float], segments: list[tuple[
             "segments": [{"offset": o, "duration": d, "reference": r} for o, d, r in segments]}
 
 
-def test_stream_laal_by_hand():
+def test_stream_laal_and_long_yaal_by_hand():
     record = long_form_record("a b c d", [500, 1500, 2600, 3100], [(0, 2000, "a b"), (2000, 1000, "c d e")])
     sentences = sentence_delays(record)
     assert [s["delays"] for s in sentences] == [[500, 1500], [600, 1100]]  # from each sentence's start
     # sentence 1: |X| 2000, 2 words: lags 500, 1500 - 1000 -> 500; sentence 2: |X| 1000, |Y_ref| 3: lags 600,
     # 1100 - 1000/3, which is past the end and closes the sum
     first, second = 500.0, (600 + 1100 - 1000 / 3) / 2
-    scores = stream_laal([record])
+    scores = long_form_latency([record])
     assert scores["StreamLAAL"] == pytest.approx((first + second) / 2, abs=1e-9)
     assert scores["StreamLAAL_CA"] == pytest.approx((first + 100 + second + 100) / 2, abs=1e-9)
     # each sentence's value is LAAL of its own delays (LAAL itself is checked against simuleval above)
     assert laal([600, 1100], 1000, 3) == pytest.approx(second)
+    # LongYAAL: the talk ends at 3000 ms (its last sentence's end); sentence 1 keeps both words (lags 500, 500),
+    # sentence 2 only the word before the talk's end, 1000 ms after its start (600); the same + 100 computation-aware
+    assert scores["LongYAAL"] == pytest.approx((500 + 600) / 2, abs=1e-9)
+    assert scores["LongYAAL_CA"] == pytest.approx((600 + 700) / 2, abs=1e-9)
+    assert list(scores) == ["StreamLAAL", "LongYAAL", "StreamLAAL_CA", "LongYAAL_CA"]
+    after = long_form_record("a b c d", [500, 1500, 3000, 3100], [(0, 2000, "a b"), (2000, 1000, "c d e")])
+    assert long_form_latency([after])["LongYAAL"] == pytest.approx(500)  # sentence 2 said nothing before the end
 
 
 def test_stream_laal_skips_sentences_without_words_and_needs_segments_everywhere():
@@ -347,10 +385,10 @@ def test_stream_laal_skips_sentences_without_words_and_needs_segments_everywhere
                               [(0, 1000, "alpha beta"), (1000, 1000, "gamma delta"), (2000, 1000, "epsilon zeta")])
     assert [len(s["delays"]) for s in sentence_delays(record)] == [2, 0, 1]
     expected = (laal([300, 900], 1000, 2) + laal([900], 1000, 2)) / 2
-    assert stream_laal([record])["StreamLAAL"] == pytest.approx(expected)
+    assert long_form_latency([record])["StreamLAAL"] == pytest.approx(expected)
     plain = {key: value for key, value in record.items() if key != "segments"}
-    assert stream_laal([record, plain]) == {} and stream_laal([]) == {}
+    assert long_form_latency([record, plain]) == {} and long_form_latency([]) == {}
     silent = long_form_record("", [], [(0, 1000, "a")])
-    assert stream_laal([silent]) == {}
+    assert long_form_latency([silent]) == {}
     with pytest.raises(ValueError, match="delays"):
         sentence_delays(long_form_record("a b", [1.0], [(0, 1000, "a b")]))
