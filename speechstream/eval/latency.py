@@ -20,7 +20,7 @@ Notation used in the docstrings (speech input, text output, SimulEval's default 
 Where SimulEval uses which length:
 
 - AL: |Y_ref|.  LAAL: max(|Y*|, |Y_ref|).  AP: |Y_ref|.  DAL: always |Y*|.  StartOffset, EndOffset, ATD: none.
-- YAAL, which SimulEval 1.1.4 does not have (Papi et al. 2025), takes LAAL's max(|Y*|, |Y_ref|).
+- YAAL, which SimulEval 1.1.4 does not have (Polák et al. 2025), takes LAAL's max(|Y*|, |Y_ref|).
 - ATD ignores |X| as well: it only looks at the delays (and the elapsed times for ATD_CA).
 
 Skipping and averaging (SimulEval's corpus rules, reproduced by `corpus_latency`):
@@ -141,7 +141,7 @@ def laal(delays: Sequence[float], source_length: float, reference_length: int | 
 
 def yaal(delays: Sequence[float], source_length: float, reference_length: int | None = None,
          end: float | None = None) -> float | None:
-    """Yet Another Average Lagging (Papi et al. 2025, "Better Late Than Never"), the lagging of LAAL over the units
+    """Yet Another Average Lagging (Polák et al. 2025, "Better Late Than Never"), the lagging of LAAL over the units
     written before the source ended.
 
     With rate = max(|Y*|, |Y_ref|) / |X| (as LAAL), and d'_1, d'_2, ... the delays below ``end`` (|X| unless given:
@@ -415,7 +415,7 @@ def sentence_delays(record: Mapping) -> list[dict]:
 
 
 def long_form_latency(records: Iterable[Mapping]) -> dict[str, float]:
-    """StreamLAAL (Papi et al. 2024, StreamAtt) and LongYAAL (Papi et al. 2025), each with its ``_CA`` twin, over
+    """StreamLAAL (Papi et al. 2024, StreamAtt) and LongYAAL (Polák et al. 2025), each with its ``_CA`` twin, over
     long-form records.
 
     Each record's hypothesis is resegmented into its reference sentences (`sentence_delays`), and each sentence is
