@@ -467,10 +467,10 @@ class StreamingSession:
             raise
 
     def _front(self, step: tuple[str, object], advance: bool = True, later: bool = False) -> list[Event]:
-        """Carry out one routing step (``Router.route``), or ("gap", where the audio goes on) or ("end", None), on the front
-        end; return the events of the LLM work it allowed (none with ``advance`` False: the units are only queued).
-        ``later``: the cut after a chunk is left to ``_pump`` (``_cut_check``), which decides it once the LLM has read
-        the chunk."""
+        """Carry out one routing step (``Router.route``), or ("gap", where the audio goes on) or ("end", None), on
+        the front end; return the events of the LLM work it allowed (none with ``advance`` False: the units are only
+        queued). ``later``: the cut after a chunk is left to ``_pump`` (``_cut_check``), which decides it once the LLM
+        has read the chunk."""
         kind, value = step
         if kind == "skip":
             self._released += value

@@ -2,14 +2,16 @@
 
 Every point is one ``speechstream eval MANIFEST --out OUT/<point>`` run, which resumes by itself: rerun this
 script after an interruption and finished points are skipped, a half-done point continues where it stopped.
+``--rescore`` runs the finished points' evals too: they decode nothing and score their logs again (after a metric
+was added to ``speechstream eval``; the RTFs stay those the logs recorded).
 Ctrl-C or SIGTERM is passed on to the eval running (in its own process group, so that it gets one signal, from the
 sweep): it logs what it finished and stops, and the sweep then stops too, in one line, exit 130 / 143, leaving the
 report as it is.
 Afterwards the script reads every ``OUT/*/scores.json`` of this model and manifest and writes (unless every
 point failed: then the last report is left as it is)
 
-- ``REPORT_DIR/RESULTS.md``: tables (system / setting, quality, AL, LAAL, StartOffset, EndOffset, RTF, and p of
-  the first quality metric against GPE at 640 ms, k = 2 by ``speechstream compare``'s paired bootstrap), the model,
+- ``REPORT_DIR/RESULTS.md``: tables (system / setting, quality, AL, LAAL, YAAL, StartOffset, EndOffset, RTF, and p
+  of the first quality metric against GPE at 640 ms, k = 2 by ``speechstream compare``'s paired bootstrap), the model,
   the data, the date and the exact command that produced it;
 - ``REPORT_DIR/quality_latency.png``: quality against AL, one curve per chunk size over k, the ablations and the
   baselines as labelled points.
@@ -26,14 +28,14 @@ Points (``--quick`` keeps fewer):
 
 A long-form manifest (``segments`` on every line: whole talks, each scored per reference sentence; docs/manifest.md)
 is swept as ``eval`` is best run on it: every GPE point cut at pauses (``--vad``), no baselines (they take single
-utterances), and the report adds StreamLAAL, which the plot puts on its latency axis in place of AL (the AL of a
-whole talk measures one stream minutes long, not how far each sentence's text lags its speech).
+utterances), and the report adds StreamLAAL and LongYAAL; the plot puts StreamLAAL on its latency axis in place of
+AL (the AL of a whole talk measures one stream minutes long, not how far each sentence's text lags its speech).
 
 Usage (``recipes/eval/run.sh`` passes its arguments here)::
 
     .venv/bin/python recipes/eval/sweep.py [--model smollm2-whisper-base] [--manifest samples/manifest.jsonl]
         [--out runs/sweep] [--quick] [--baselines auto|none|NAME,...] [--report-dir recipes] [--report-only]
-        [--threads N]
+        [--rescore] [--threads N]
 
 Relative ``--manifest``, ``--out``, ``--report-dir`` and a ``--model`` that names an existing folder or file are
 taken from the directory the script is run from; the defaults (shown above) are inside the repository, wherever
@@ -69,8 +71,9 @@ QUICK_KS, QUICK_CHUNKS = (1, 2), (640, 1280)
 ABLATION_CHUNK_MS, ABLATION_K = 640, 2
 SWEEP_BASELINES = ("whisper-offline", "whisper-la2")  # the baselines the sweep runs when the package has them
 RESULTS_FILE, PLOT_FILE = "RESULTS.md", "quality_latency.png"
-LATENCY_COLUMNS = ("AL", "LAAL", "StartOffset", "EndOffset")
-LONG_FORM_LATENCY = "StreamLAAL"  # the added column of a long-form manifest, and its plot's latency axis
+LATENCY_COLUMNS = ("AL", "LAAL", "YAAL", "StartOffset", "EndOffset")
+LONG_FORM_LATENCY = "StreamLAAL"  # added for a long-form manifest, and its plot's latency axis
+LONG_FORM_COLUMNS = (LONG_FORM_LATENCY, "LongYAAL")  # the columns a long-form manifest adds
 
 
 class SweepError(Exception):
@@ -329,8 +332,8 @@ def _number(value, digits: int) -> str:
 
 
 def latency_columns(long_form: bool) -> tuple[str, ...]:
-    """The latency scores of the tables: SimulEval's, and StreamLAAL for whole talks."""
-    return (*LATENCY_COLUMNS, LONG_FORM_LATENCY) if long_form else LATENCY_COLUMNS
+    """The latency scores of the tables: SimulEval's and YAAL, and StreamLAAL and LongYAAL for whole talks."""
+    return (*LATENCY_COLUMNS, *LONG_FORM_COLUMNS) if long_form else LATENCY_COLUMNS
 
 
 def _cells(row: Row, metrics: list[str], long_form: bool = False) -> list[str]:
@@ -385,7 +388,10 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
         "- quality: " + ("BLEU and chrF (sacrebleu, higher is better)" if metric == "BLEU" else
                          "normalised WER (%, lower is better; both sides through "
                          "`speechstream.eval.quality.normalize_english`)"),
-        "- latency: SimulEval AL, LAAL, StartOffset, EndOffset in ms of audio read (not computation-aware); "
+        "- latency: SimulEval AL, LAAL, StartOffset, EndOffset, and YAAL (LAAL over the words written before the "
+        "source ended; an utterance whose every word came after it is left out of its mean, so at long waits it "
+        "averages the longer utterances only; `-` where none wrote before its end, as offline systems do), in ms of "
+        "audio read (not computation-aware); "
         "RTF: compute seconds / audio seconds on the machine that ran the sweep (it varies with that machine's "
         "load, so compare RTFs of one sweep only)",
         "- every number comes from the `scores.json` of the folder named in the first column "
@@ -404,7 +410,8 @@ def results_markdown(rows: list[Row], model: str, manifest: Path, utterances: in
             "- long form: each line of the manifest is a whole recording with its reference sentences "
             "(`segments`), decoded as one stream cut at pauses (`--vad`, every GPE point); AL and the rest are "
             "those of the whole recording, StreamLAAL is LAAL per reference sentence after the hypothesis is "
-            "resegmented into them (docs/manifest.md, Long form). The Whisper baselines take single utterances "
+            "resegmented into them, LongYAAL YAAL per sentence counting words up to the talk's end "
+            "(docs/manifest.md, Long form). The Whisper baselines take single utterances "
             "and are not run."]
     grid = sorted((r for r in rows if plain(r)), key=lambda r: (r.point.chunk_ms, r.point.k))
     if grid:
@@ -643,11 +650,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-dir", help="where RESULTS.md and quality_latency.png go (default: recipes in the "
                         "repository)")
     parser.add_argument("--report-only", action="store_true", help="decode nothing: tabulate the results there are")
+    parser.add_argument("--rescore", action="store_true", help="run the finished points' evals too, which only score "
+                        "their logs again (after a new metric)")
     parser.add_argument("--threads", type=int, help="CPU threads of each eval (OMP_NUM_THREADS; default: torch's)")
     try:
         args = parser.parse_args(argv)
         if args.threads is not None and args.threads < 1:
             raise SweepError("--threads must be at least 1")
+        if args.rescore and args.report_only:
+            raise SweepError("--rescore runs the finished points' evals, --report-only runs none: give one of them")
         # relative paths are the caller's; the evals run from the repository root (run_point)
         manifest = caller_path(args.manifest, "samples/manifest.jsonl")
         out, report_dir = caller_path(args.out, "runs/sweep"), caller_path(args.report_dir, "recipes")
@@ -678,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with TerminateAsInterrupt():  # SIGTERM ended the sweep at once, its eval left running
                 for point in points:
-                    if is_done(point, out, model, manifest, count, ctc_weight):
+                    if not args.rescore and is_done(point, out, model, manifest, count, ctc_weight):
                         print(f"sweep: {point.name}: done", file=sys.stderr)
                         continue
                     status = run_point(point, model, manifest, out, args.threads)

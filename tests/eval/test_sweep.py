@@ -53,6 +53,8 @@ def _fake_run(out: Path, name: str, manifest: Path, baseline: str = "gpe", model
     if task == "translate":
         config |= {"source_lang": "es", "target_lang": "en"}
     scores = {"AL": al, "LAAL": al + 10, "StartOffset": al / 2, "EndOffset": 300.0, "RTF": 0.5, "num_instances": n}
+    if baseline != "whisper-offline":  # (which writes everything once the source is over: no YAAL)
+        scores["YAAL"] = al - 100
     scores |= {"BLEU": wer, "chrF": wer + 20} if task == "translate" else {"WER_normalized": wer, "WER": wer + 1}
     scores |= extra or {}
     (folder / "config.json").write_text(json.dumps(config))
@@ -128,14 +130,15 @@ def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
     assert text.startswith("# Quality and latency: m\n")
     assert "```sh\npython recipes/eval/sweep.py --model m\n```" in text
     assert "2026-11-30 16:00 UTC" in text and "(2 utterances, 5.0 s of audio)" in text
-    assert "| chunk (ms), k | WER norm. (%) | AL (ms) | LAAL (ms) | StartOffset (ms) | EndOffset (ms) | RTF |" in text
-    assert "| 320 ms, k=1 (`gpe-c320-k1`) | 75.0 | 640 | 650 | 320 | 300 | 0.50 |" in text
+    assert ("| chunk (ms), k | WER norm. (%) | AL (ms) | LAAL (ms) | YAAL (ms) | StartOffset (ms) | EndOffset (ms) "
+            "| RTF |") in text
+    assert "| 320 ms, k=1 (`gpe-c320-k1`) | 75.0 | 640 | 650 | 540 | 320 | 300 | 0.50 |" in text
     assert "| 1280 ms, k=1 (`gpe-c1280-k1-old`) | 77.7 | 2222 |" in text  # a run from before --ablation
     assert "| reencode, 640 ms, k=2 (`gpe-c640-k2-reencode`) | 69.5 |" in text
     assert "400 (+1000, +250 %)" in text
     ablation_section = text.split("## Decoding-time ablations")[1].split("## Baselines")[0]
     assert ablation_section.index("| none, 640 ms, k=2") < ablation_section.index("| interleaved")
-    assert "| whisper-offline (whisper-base) (`whisper-offline`) | 12.2 | 5000 |" in text
+    assert "| whisper-offline (whisper-base) (`whisper-offline`) | 12.2 | 5000 | 5010 | - | 2500 |" in text
     assert "| whisper-la2 (whisper-base, re-run every 640 ms of audio) (`whisper-la2`) | 14.5 | 1500 |" in text
     assert "1.0 |" not in text and "| 2.0 |" not in text
     segmented = text.split("## Segmented at pauses")[1].split("## Decoding-time ablations")[0]
@@ -324,6 +327,26 @@ def test_a_sweep_whose_every_point_failed_leaves_the_report_alone(sweep, tmp_pat
     assert (report / "RESULTS.md").read_text() == "the committed tables"
 
 
+def test_rescore_runs_the_finished_points_evals_again(sweep, tmp_path, capsys, monkeypatch):
+    """A finished point is skipped, unless --rescore asks for its eval again (it only scores its log: a new metric);
+    --rescore with --report-only is refused."""
+    manifest = _manifest(tmp_path)
+    out = tmp_path / "out"
+    _fake_run(out, "gpe-c640-k2", manifest, model="tiny-random")
+    args = ["--manifest", str(manifest), "--model", "tiny-random", "--baselines", "none", "--quick", "--out", str(out),
+            "--report-dir", str(tmp_path / "rep")]
+    ran = []
+    monkeypatch.setattr(sweep, "model_ctc_weight", lambda model, strict=True: 0.0)
+    monkeypatch.setattr(sweep, "run_point", lambda point, *rest: ran.append(point.name) or 0)
+    assert sweep.main(args) == 0
+    assert "gpe-c640-k2" not in ran and "sweep: gpe-c640-k2: done" in capsys.readouterr().err
+    ran.clear()
+    assert sweep.main([*args, "--rescore"]) == 0
+    assert "gpe-c640-k2" in ran and ran == [point.name for point in sweep.plan(quick=True, baselines=())]
+    assert sweep.main([*args, "--rescore", "--report-only"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
 def test_a_long_form_manifest_is_swept_cut_at_pauses_and_reports_stream_laal(sweep, tmp_path, capsys):
     """Whole talks ("segments"): every GPE point with --vad, no baselines, StreamLAAL in the tables and on the
     plot's latency axis; a manifest with segments on some lines only, or baselines asked for, are refused."""
@@ -336,7 +359,7 @@ def test_a_long_form_manifest_is_swept_cut_at_pauses_and_reports_stream_laal(swe
     out = tmp_path / "out"
     for k in (1, 2):
         _fake_run(out, f"gpe-c640-k{k}-vad", talks, k=k, vad=True, ctc_weight=0.5, wer=30.0 + k, al=20000.0 * k,
-                  extra={"StreamLAAL": 1500.0 * k})
+                  extra={"StreamLAAL": 1500.0 * k, "LongYAAL": 1400.0 * k})
     _fake_run(out, "gpe-c640-k2-greedy-vad", talks, vad=True, ctc_weight=0.0, wer=60.0, extra={"StreamLAAL": 1400.0})
     _fake_run(out, "gpe-c640-k2-reencode-vad", talks, ablation="reencode", vad=True, ctc_weight=0.5, wer=70.0,
               extra={"StreamLAAL": 1700.0, "LLM_tokens": 100, "LLM_reencoded_tokens": 50})
@@ -345,9 +368,10 @@ def test_a_long_form_manifest_is_swept_cut_at_pauses_and_reports_stream_laal(swe
     assert len(rows) == 4
     text = (report / "RESULTS.md").read_text()
     assert "(2 recordings, 5.0 s of audio)" in text and "- long form:" in text
-    assert "| EndOffset (ms) | StreamLAAL (ms) | RTF |" in text
+    assert "| EndOffset (ms) | StreamLAAL (ms) | LongYAAL (ms) | RTF |" in text
     grid = text.split("## GPE, wait-k over chunks, cut at pauses")[1].split("## Joint CTC")[0]
-    assert "| 640 ms, k=1 (`gpe-c640-k1-vad`) | 31.0 | 20000 | 20010 | 10000 | 300 | 1500 | 0.50 |" in grid
+    row = "| 640 ms, k=1 (`gpe-c640-k1-vad`) | 31.0 | 20000 | 20010 | 19900 | 10000 | 300 | 1500 | 1400 | 0.50 |"
+    assert row in grid
     assert "| greedy, 640 ms, k=2 (`gpe-c640-k2-greedy-vad`) | 60.0 |" in text
     assert "| reencode, 640 ms, k=2 (`gpe-c640-k2-reencode-vad`) | 70.0 |" in text
     assert "## Segmented at pauses" not in text
