@@ -4,7 +4,7 @@ A system turns one utterance's audio file into the events a streaming session re
 the "end" event); `speechstream.eval.run` logs and scores those events the same way whatever produced them, so
 every system is measured by the same word delays, latency metrics and RTF.
 
-- ``gpe``: this package's streaming decoder, fed chunk by chunk through `speechstream.session.transcribe_file`
+- ``gpe``: this package's streaming decoder, fed chunk by chunk through `speechstream.transcribe.transcribe_file`
   (the loop ``speechstream transcribe`` uses, so evaluation measures what ships). Its model is a GPE model.
 - ``whisper-offline``: a Whisper model (an asset name such as ``whisper-base`` or ``whisper-tiny.en``, a
   transformers Whisper directory, or a hub id) run offline with transformers'
@@ -88,7 +88,7 @@ class StreamingSystem(System):
         self.decoding = decoding
 
     def decode(self, audio_path: str, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:
-        from speechstream.session import transcribe_file
+        from speechstream.transcribe import transcribe_file
 
         decoder = self.model.decoder
         fed, reencoded = decoder.fed_total, decoder.reencoded_total

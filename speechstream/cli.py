@@ -511,7 +511,7 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
     """Transcribe every input in turn, writing text, jsonl, srt and vtt to ``out`` as they come and appending the json
     documents to ``documents``; a file that fails is reported and skipped. Returns the last such error, if any."""
     from speechstream import outputs
-    from speechstream.session import StreamInterrupted, transcribe_file, transcribe_pcm
+    from speechstream.transcribe import StreamInterrupted, transcribe_file, transcribe_pcm
 
     failed = None
     for path in args.audio:

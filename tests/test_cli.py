@@ -18,6 +18,7 @@ import soundfile
 import torch
 
 from speechstream import session as session_module
+from speechstream import transcribe as transcribe_module
 from speechstream.cli import main
 from speechstream.errors import InputError
 
@@ -100,7 +101,8 @@ class TextSession(session_module.StreamingSession):
 
 @pytest.fixture
 def wordy(monkeypatch):
-    monkeypatch.setattr(session_module, "StreamingSession", TextSession)
+    for module in (session_module, transcribe_module):  # (live builds its own sessions, transcribe through the other)
+        monkeypatch.setattr(module, "StreamingSession", TextSession)
 
 
 # -- errors: exit 2, one line, no traceback -----------------------------------------------------------------
@@ -618,7 +620,7 @@ def test_empty_transcript_subtitles(capsys, clip, monkeypatch):
             kwargs["choose"] = lambda logits: model.eos_id
             super().__init__(model, *args, **kwargs)
 
-    monkeypatch.setattr(session_module, "StreamingSession", Silent)
+    monkeypatch.setattr(transcribe_module, "StreamingSession", Silent)
     assert run(capsys, "transcribe", clip, "--format", "srt")[:2] == (0, "")
     assert run(capsys, "transcribe", clip, "--format", "vtt")[:2] == (0, "WEBVTT\n\n")
     assert run(capsys, "transcribe", clip)[:2] == (0, "\n")
@@ -686,14 +688,14 @@ def test_an_output_is_kept_when_no_audio_file_gives_a_transcript(capsys, tmp_pat
 def test_ctrl_c_keeps_the_files_already_transcribed(capsys, monkeypatch, tmp_path, fmt):
     """Ctrl-C while the third file decodes: exit 130, and the two finished files are in the output, json too."""
     first, second, third = (write_wav(tmp_path / f"{n}.wav", seed=n) for n in range(3))
-    real = session_module.transcribe_file
+    real = transcribe_module.transcribe_file
 
     def interrupted_on_the_third(model, decoding, path, *args, **kwargs):
         if path == str(third):
             raise KeyboardInterrupt
         return real(model, decoding, path, *args, **kwargs)
 
-    monkeypatch.setattr(session_module, "transcribe_file", interrupted_on_the_third)
+    monkeypatch.setattr(transcribe_module, "transcribe_file", interrupted_on_the_third)
     output = tmp_path / "out"
     code, out, err = run(capsys, "transcribe", first, second, third, "--format", fmt, "--output", output)
     assert_one_error(code, err, 130, "interrupted")
@@ -720,7 +722,7 @@ class InterruptedSession(TextSession):
 def test_ctrl_c_inside_a_long_file_keeps_its_text_so_far(capsys, monkeypatch, tmp_path, fmt):
     """Ctrl-C 7.7 s into a 20 s file: exit 130 with one line saying how far it got, and the text committed until then
     is in the output in every format (json, srt and vtt wrote nothing of it: minutes of a long file were lost)."""
-    monkeypatch.setattr(session_module, "StreamingSession", InterruptedSession)
+    monkeypatch.setattr(transcribe_module, "StreamingSession", InterruptedSession)
     audio = write_wav(tmp_path / "long.wav", seconds=20.0)
     output = tmp_path / f"out.{'txt' if fmt == 'text' else fmt}"
     code, out, err = run(capsys, "transcribe", audio, "--format", fmt, "--output", output)
@@ -758,7 +760,7 @@ def test_sigterm_inside_a_long_file_keeps_its_text_so_far(capsys, monkeypatch, t
     def default_action(signum, frame):
         raise AssertionError("SIGTERM reached the process's own handler: transcribe would have died, writing nothing")
 
-    monkeypatch.setattr(session_module, "StreamingSession", TerminatedSession)
+    monkeypatch.setattr(transcribe_module, "StreamingSession", TerminatedSession)
     previous = signal.signal(signal.SIGTERM, default_action)
     try:
         audio = write_wav(tmp_path / "long.wav", seconds=20.0)

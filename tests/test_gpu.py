@@ -18,7 +18,8 @@ from speechstream.batch import DynamicBatch, transcribe_batch
 from speechstream.config import DecodingConfig
 from speechstream.eval.quality import wer
 from speechstream.model import ARCHITECTURES, build_model, load_model
-from speechstream.session import StreamingSession, transcribe_file
+from speechstream.session import StreamingSession
+from speechstream.transcribe import transcribe_file
 from speechstream.verify import tiny_config, verify_model
 from tests.conftest import text_favouring_chooser
 from tests.helpers import fine_head_model

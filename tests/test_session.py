@@ -179,7 +179,7 @@ def test_the_greedy_choice_copies_its_mask_once_not_at_every_token(tiny_model, m
 
 
 def test_real_clip_end_to_end_with_the_cli_loop(tiny_model):
-    from speechstream.session import transcribe_file
+    from speechstream.transcribe import transcribe_file
 
     seen = []
     events = transcribe_file(tiny_model, DECODING, "samples/jfk.wav", seen.append)
@@ -198,7 +198,7 @@ def test_a_long_file_is_transcribed_in_the_memory_of_a_block(tiny_model, tmp_pat
 
     import speechstream.audio
     from speechstream.chunker import chunk_samples
-    from speechstream.session import transcribe_file
+    from speechstream.transcribe import transcribe_file
 
     rate, seconds = 48000, 60
     path = tmp_path / "long.wav"
@@ -332,7 +332,7 @@ def test_ctrl_c_during_a_feed_lets_that_buffer_finish(tiny_model, monkeypatch):
     import signal
     import time
 
-    from speechstream.session import transcribe_pcm
+    from speechstream.transcribe import transcribe_pcm
 
     fed, original = [], StreamingSession.feed
 
@@ -361,7 +361,7 @@ def test_ctrl_c_while_waiting_for_the_pipe_ends_at_once(tiny_model):
     import signal
     import threading
 
-    from speechstream.session import transcribe_pcm
+    from speechstream.transcribe import transcribe_pcm
 
     stream, write_fd = _pipe_with(4800)
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))  # while the read waits for more
@@ -571,7 +571,7 @@ def test_a_closed_session_asks_for_no_more_llm_work(tiny_model):
 ])
 def test_transcribe_pcm_refuses_what_is_not_a_binary_stream_with_one_line(tiny_model, stream, rate, block, match):
     """(a text stream ended in "TypeError: can't concat str to bytes", a float block_bytes in the read)"""
-    from speechstream.session import transcribe_pcm
+    from speechstream.transcribe import transcribe_pcm
 
     with pytest.raises(InputError, match=match):
         transcribe_pcm(tiny_model, DecodingConfig(), stream, rate, lambda e: None, block_bytes=block)
@@ -667,7 +667,7 @@ def test_a_stop_inside_a_step_keeps_the_streams_text(tiny_model, monkeypatch, st
     which the session refused (an InputError). Now the session is closed and `StreamInterrupted` carries every event,
     the text committed before the stop and the "end" event included."""
     from speechstream.interrupts import Terminated
-    from speechstream.session import StreamInterrupted, transcribe_file, transcribe_pcm
+    from speechstream.transcribe import StreamInterrupted, transcribe_file, transcribe_pcm
 
     audio = load_audio("samples/jfk.wav")[: 8 * SAMPLE_RATE]
     pcm = (audio * 32767).astype("<i2").tobytes()

@@ -507,7 +507,7 @@ def test_streams_share_one_onnx_session_with_states_of_their_own(tiny_model, mon
     import silero_vad
 
     from speechstream import vad
-    from speechstream.session import transcribe_file
+    from speechstream.transcribe import transcribe_file
 
     loads = []
     real = silero_vad.load_silero_vad

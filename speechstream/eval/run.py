@@ -1,7 +1,7 @@
 """The evaluation driver behind ``speechstream eval``: decode a manifest, log every utterance, score the log.
 
 Each utterance is streamed through a `StreamingSession` by the very loop ``speechstream transcribe`` uses
-(`speechstream.session.transcribe_file`), so evaluation measures what ships; ``--baseline`` swaps in another
+(`speechstream.transcribe.transcribe_file`), so evaluation measures what ships; ``--baseline`` swaps in another
 system with the same interface (`speechstream.baselines`: audio file in, events out), logged and scored the
 same way. What lands in the output folder:
 

@@ -23,6 +23,7 @@ import soundfile
 import torch
 
 import speechstream.session
+import speechstream.transcribe
 from speechstream.cli import main
 from speechstream.config import DecodingConfig
 from speechstream.errors import InputError
@@ -95,7 +96,7 @@ def patch_word_sessions(patch: pytest.MonkeyPatch) -> list:
             super().__init__(model, decoding, *args, **kwargs)
             built.append(self)
 
-    patch.setattr(speechstream.session, "StreamingSession", WordSession)
+    patch.setattr(speechstream.transcribe, "StreamingSession", WordSession)
     return built
 
 
@@ -839,7 +840,7 @@ def test_a_run_stopped_inside_a_long_recording_says_so_and_a_rerun_redoes_it(tmp
     the rerun decodes that recording again from its start and ends as a run never stopped."""
     manifest = long_form_manifest(tmp_path / "data")
     built = patch_word_sessions(monkeypatch)
-    session_class = speechstream.session.StreamingSession  # the word session
+    session_class = speechstream.transcribe.StreamingSession  # the word session
     feed, calls = session_class.feed, []
 
     def stopping_feed(self, samples):
