@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "recipes").glob("*/README.md"),
                *(ROOT / "models").glob("*/MODEL_CARD.md"), ROOT / "samples/README.md"])
-COMMANDS = ("transcribe", "verify", "eval", "train", "serve", "live", "bench", "fetch")
+COMMANDS = ("transcribe", "verify", "eval", "compare", "train", "serve", "live", "bench", "fetch")
 # options of other tools that the docs mention (pip's, for how simuleval is installed; those of torchrun and accelerate
 # launch, which start a multi-process training run)
 FOREIGN_OPTIONS = {"--no-deps", "--nproc_per_node", "--multi_gpu", "--num_processes", "--cpu", "--mixed_precision"}
@@ -240,7 +240,7 @@ def stated_numbers() -> list[tuple[str, str]]:
         ("docs/websocket.md", f"or one event has waited {serving.send_timeout_s:g} s"),
         ("docs/websocket.md", f'"message": "{server.UNREAD_MESSAGE}"'),
         ("README.md", f"({serving.max_unread_events} waiting, or one for {serving.send_timeout_s:g} s)"),
-        ("README.md", f"`bench` has its own `threads` ({BenchConfig().threads} by default)"),
+        ("README.md", f"`bench` always measures on {'one thread' if BenchConfig().threads == 1 else None}"),
         ("README.md", f"`train` takes the recipe's `threads` ({train_threads} by default: torch's own"),
     ]
 
