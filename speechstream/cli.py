@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare", help="test eval runs of the same utterances against a baseline run (paired bootstrap)",
         description="Reads finished `speechstream eval` folders (the first the baseline) that scored the same "
         "utterances, and prints each run's quality (BLEU and chrF, or normalized and raw WER) with its 95 % interval "
-        "and the paired bootstrap's p against the baseline, beside AL, LAAL and RTF as scored.")
+        "and the paired bootstrap's p against the baseline, the same for AL, LAAL and YAAL, and RTF as scored.")
     comparison.add_argument("folders", nargs="+", type=nonempty, help="eval output folders, the baseline first")
     comparison.add_argument("--resamples", type=int, default=1000,
                             help="bootstrap draws (10 .. 10000; default: %(default)s)")

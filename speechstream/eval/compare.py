@@ -17,8 +17,9 @@ each draw, and give
 Translation runs are scored for BLEU and chrF by sacrebleu's own paired bootstrap (``sacrebleu.significance``;
 its seed, 12345 unless ``SACREBLEU_SEED`` says otherwise). Transcription runs are scored for normalized and raw WER
 by the same procedure here, from each utterance's word edits and reference words (jiwer), with the same seed and so
-the same draws. AL and LAAL are tested the same way: each is the mean over the utterances with output (as SimulEval
-scores a corpus), a ratio of two sums over the utterances like WER. RTF is shown as ``scores.json`` has it.
+the same draws. AL, LAAL and YAAL are tested the same way: each is the mean over the utterances it applies to (those
+with output; for YAAL, with a word before the end of their source), as SimulEval scores a corpus, a ratio of two sums
+over the utterances like WER. RTF is shown as ``scores.json`` has it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from speechstream.eval.run import CONFIG_FILE, INSTANCES_FILE, SCORES_FILE
 
 RESAMPLES = 1000  # draws of the paired bootstrap (sacrebleu's default for its own)
 MAX_RESAMPLES = 10_000  # the draws are resamples x utterances indices (2,620 LibriSpeech utterances: 210 MB)
-TESTED_LATENCY = ("AL", "LAAL")  # tested as quality is: means over the utterances with output, in ms
+TESTED_LATENCY = ("AL", "LAAL", "YAAL")  # tested as quality is: means over the utterances each applies to, in ms
 SHOWN_AS_SCORED = ("RTF",)  # figures of scores.json shown beside the tested ones
 # quality metrics of each task: (name, higher is better)
 METRICS = {"translate": (("BLEU", True), ("chrF", True)), "asr": (("WER_normalized", False), ("WER", False))}

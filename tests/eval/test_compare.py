@@ -91,12 +91,12 @@ def test_latency_is_tested_over_the_utterances_with_output(tmp_path):
     for folder in folders[1:]:  # the second writes later: its delays shifted
         records = [json.loads(line) for line in (folder / INSTANCES_FILE).read_text().splitlines()]
         for record in records:
-            record["delays"] = [d + 150.0 * (record["index"] % 4) for d in record["delays"]]
+            record["delays"] = [d + 250.0 * (record["index"] % 4) for d in record["delays"]]  # some past the end
         (folder / INSTANCES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
         (folder / SCORES_FILE).write_text(json.dumps(score_instances(records, "asr")))
     result = compare(folders, resamples)
     draws = bootstrap_draws(12, resamples)
-    for name in ("AL", "LAAL"):
+    for name in ("AL", "LAAL", "YAAL"):  # (YAAL: over the utterances with a word before the end of their source)
         per = []
         for folder in folders:
             records = [json.loads(line) for line in (folder / INSTANCES_FILE).read_text().splitlines()]
@@ -110,7 +110,8 @@ def test_latency_is_tested_over_the_utterances_with_output(tmp_path):
         expected_p = (np.sum(differences - differences.mean() > abs(measured[1] - measured[0])) + 1) / (resamples + 1)
         assert result["systems"][1][name]["p"] == pytest.approx(expected_p)
         assert result["systems"][1][name]["mean"] == pytest.approx(drawn[1].mean())
-    assert list(result["higher_is_better"]) == ["WER_normalized", "WER", "AL", "LAAL"]
+    assert list(result["higher_is_better"]) == ["WER_normalized", "WER", "AL", "LAAL", "YAAL"]
+    assert result["systems"][1]["YAAL"]["score"] != result["systems"][1]["LAAL"]["score"]  # a word past the end left out
 
 
 def test_translation_is_sacrebleus_paired_bootstrap(tmp_path):
@@ -136,7 +137,7 @@ def test_a_run_against_itself_has_p_one(tmp_path, task):
     base = write_run(tmp_path / "a", task, predictions, references)
     again = write_run(tmp_path / "b", task, predictions, references)
     result = compare([base, again], 50)
-    assert len(result["higher_is_better"]) == 4  # two of quality, AL and LAAL
+    assert len(result["higher_is_better"]) == 5  # two of quality, AL, LAAL and YAAL
     assert all(result["systems"][1][name]["p"] == 1.0 for name in result["higher_is_better"])
 
 
