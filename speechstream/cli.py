@@ -254,6 +254,16 @@ def _bench_args(parser: argparse.ArgumentParser) -> None:
                         "transcribe's (default: %(default)s)")
 
 
+def same_file(one: str, other: str) -> bool:
+    """The two paths name one file: the same path, a symbolic link to it or a hard link (the same inode)."""
+    if Path(one).resolve() == Path(other).resolve():
+        return True
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # (one of them does not exist yet, or cannot be looked at)
+        return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     from speechstream.config import DTYPES
 
@@ -475,7 +485,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if args.format in ("srt", "vtt") and len(args.audio) > 1:
         raise InputError(f"--format {args.format} makes one subtitle file per audio file: give one file at a time")
     files = [p for p in args.audio if p != "-"]
-    if args.output and any(Path(args.output).resolve() == Path(p).resolve() for p in files):
+    if args.output and any(same_file(args.output, p) for p in files):
         raise InputError(f"--output {args.output} is one of the input files; it would be overwritten")
     unreadable = no_readable_input(args.audio)
     if unreadable:
@@ -844,6 +854,8 @@ def one_line(message: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
+    if hasattr(sys.stdout, "reconfigure"):  # a character stdout's encoding lacks (cp1252 on Windows, redirected) is
+        sys.stdout.reconfigure(errors="replace")  # written as "?": it ended the output half-written, exit 1
     try:
         with TerminateAsInterrupt() as terminate:  # SIGTERM before a command takes it (a model loading): one line, 143
             args = build_parser().parse_args(argv)  # (which imports numpy: a quarter of a second)

@@ -167,6 +167,9 @@ def _parse_line(line: str, path: Path, number: int, folder: Path) -> Utterance:
         entry = json.loads(line)
     except json.JSONDecodeError as error:
         raise InputError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; arrays nested thousands deep
+        raise InputError(f"{where}: not a JSON line this reader takes ({type(error).__name__}: "
+                         f"{str(error).split(';')[0]})") from None
     if not isinstance(entry, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(entry).__name__}")
     for key in ("id", "audio"):
@@ -196,15 +199,25 @@ def _string(entry: dict, key: str, name: str) -> str | None:
     return value
 
 
+MAX_TIME_S = 1e9  # the largest offset or duration a manifest may give (32 years: beyond it, sample counts overflow)
+
+
 def time_field(entry: dict, key: str, name: str) -> float | None:
     """An optional time field of a manifest line (``offset``, ``duration``): None, or a finite number of seconds
     >= 0 (> 0 for a duration); InputError naming it as ``name`` otherwise. Also read by training."""
     value = entry.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not math.isfinite(value) or value < 0 or (key == "duration" and value == 0)):
+    if value is None:
+        return None
+    try:
+        seconds = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer too large for a float
+        seconds = math.nan
+    if not 0 <= seconds or (key == "duration" and seconds == 0):  # (NaN fails)
         kind = "a positive number of seconds" if key == "duration" else "a number of seconds >= 0"
-        raise InputError(f"{name} must be {kind}, got {value!r}")
-    return None if value is None else float(value)
+        raise InputError(f"{name} must be {kind}, got {value!r:.40}")
+    if seconds > MAX_TIME_S:
+        raise InputError(f"{name} must be at most {MAX_TIME_S:.0e} seconds, got {value!r:.40}")
+    return seconds
 
 
 def _parse_segments(value, where: str) -> tuple[Segment, ...]:

@@ -301,7 +301,7 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
             example = Example(str(row["id"]), audio_path(folder, row["audio"]), str(row["text"]), words,
                               None if translation is None else str(translation), float(offset or 0.0),
                               None if duration is None else float(duration))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, InputError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError, OverflowError, InputError) as error:
             raise InputError(f"{path}:{number}: bad manifest line ({type(error).__name__}: {error})") from None
         if not example.audio.is_file():
             raise InputError(f"{path}:{number}: {row['audio']}: no such audio file")

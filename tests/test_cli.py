@@ -479,6 +479,18 @@ def test_subprocess_missing_file_has_no_traceback(tmp_path):
     assert result.stdout == ""
 
 
+def test_a_stdout_that_cannot_encode_a_name_still_gets_the_whole_output(tmp_path):
+    """stdout in cp1252 (Windows, redirected to a file): a file name it cannot encode ended the JSON half-written,
+    exit 1. Such characters are written as "?" and the rest is whole."""
+    audio = write_wav(tmp_path / "ünï 日本.wav")
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONIOENCODING="cp1252", HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-m", "speechstream", "transcribe", str(audio), "--model", "tiny-random",
+                             "--format", "json"], capture_output=True, cwd=REPO, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    written = json.loads(result.stdout.decode("cp1252"))
+    assert written["audio"].endswith("ünï ??.wav") and "segments" in written
+
+
 def test_an_audio_file_it_may_not_read_says_so(tmp_path):
     """A chmod 000 wav was "not a readable audio file (... System error.)". Root reads any file: the command then runs
     without the capabilities that let it (setpriv), as any other user."""
@@ -990,9 +1002,17 @@ def test_an_empty_name_is_refused_not_taken_as_left_out(capsys, tmp_path, clip, 
     assert out == "" and list(here.iterdir()) == [] and not (tmp_path / "e").exists()
 
 
-def test_output_onto_an_input_is_refused_and_the_input_kept(capsys, clip):
+@pytest.mark.parametrize("link", [None, "symbolic", "hard"])
+def test_output_onto_an_input_is_refused_and_the_input_kept(capsys, clip, tmp_path, link):
+    """The same path, a symbolic link to it, or a hard link (another name, the same inode: it was overwritten, and
+    the rest of the file transcribed from the text written into it)."""
     before = clip.read_bytes()
-    code, out, err = run(capsys, "transcribe", clip, "--output", clip)
+    output = tmp_path / "out.txt"
+    if link == "symbolic":
+        output.symlink_to(clip)
+    elif link == "hard":
+        os.link(clip, output)
+    code, out, err = run(capsys, "transcribe", clip, "--output", clip if link is None else output)
     assert_one_error(code, err, match="one of the input files")
     assert clip.read_bytes() == before
 

@@ -97,6 +97,12 @@ def test_a_symlinked_manifest_reads_audio_beside_the_file_it_points_to(clips: Pa
         ('{"id": "b", "audio": "clips/b.wav", "offset": "3"}', 'm.jsonl:2: "offset" must be a number of seconds'),
         ('{"id": "b", "audio": "clips/b.wav", "duration": 0}', 'm.jsonl:2: "duration" must be a positive number'),
         ('{"id": "b", "audio": "clips/b.wav", "duration": true}', 'm.jsonl:2: "duration" must be a positive number'),
+        # numbers no recording has: an infinite sample count (OverflowError, exit 1), a float overflow, then JSON's
+        ('{"id": "b", "audio": "clips/b.wav", "duration": 1e308}', '"duration" must be at most 1e+09 seconds, got 1e+308'),
+        ('{"id": "b", "audio": "clips/b.wav", "offset": 1' + "0" * 400 + '}', '"offset" must be a number of seconds'),
+        ('{"id": "b", "audio": "clips/b.wav", "offset": 1' + "0" * 5000 + '}',
+         "m.jsonl:2: not a JSON line this reader takes (ValueError: Exceeds the limit (4300 digits)"),
+        ("[" * 100_000 + "]" * 100_000, "m.jsonl:2: not a JSON line this reader takes (RecursionError"),
         ('{"id": "b", "audio": "clips/b.wav", "segments": []}', 'm.jsonl:2: "segments" must be a non-empty list'),
         ('{"id": "b", "audio": "clips/b.wav", "segments": [3]}', 'm.jsonl:2: "segments"[0] must be an object'),
         ('{"id": "b", "audio": "clips/b.wav", "segments": [{"offset": 0}]}', '"segments"[0] lacks "duration"'),

@@ -92,13 +92,28 @@ def read_run(folder: str | Path) -> Run:
         references = tuple(record["reference"] for record in records)
         latency = tuple({name: value for name, value in instance_latency(record).items() if name in TESTED_LATENCY}
                         for record in records)
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        _check_types(predictions, references, scores, task)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise InputError(f"{folder}: unreadable eval output ({type(error).__name__}: {one_line(error)})") from None
     if task not in METRICS:
         raise InputError(f"{folder}: unknown task {task!r} in {CONFIG_FILE}")
     if not records or any(reference is None for reference in references):
         raise InputError(f"{folder}: the run has no references to compare against")
     return Run(str(folder), task, ids, predictions, references, scores, run_settings(config), latency)
+
+
+def _check_types(predictions: tuple, references: tuple, scores, task) -> None:
+    """TypeError unless the texts are strings (references may be null), the scores a JSON object of numbers where
+    they are figures, and the task a string: a hand-edited folder failed later, deep in the scoring, with exit 1."""
+    if not isinstance(task, str):
+        raise TypeError(f"the task in {CONFIG_FILE} must be a string, not {type(task).__name__}")
+    if not all(isinstance(text, str) for text in predictions) or not all(
+            isinstance(text, str) or text is None for text in references):
+        raise TypeError(f"a prediction or reference in {INSTANCES_FILE} is not a string")
+    if not isinstance(scores, dict) or not all(
+            isinstance(scores.get(name, 0), (int, float)) and not isinstance(scores.get(name), bool)
+            for name in SHOWN_AS_SCORED):
+        raise TypeError(f"{SCORES_FILE} must be a JSON object whose {', '.join(SHOWN_AS_SCORED)} are numbers")
 
 
 def run_settings(config: dict) -> dict:

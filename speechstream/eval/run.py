@@ -186,6 +186,7 @@ def evaluate(
         if not fresh:  # (a fresh run's were checked above)
             _check_audio(todo, manifest_path)
         if todo:
+            _check_appendable(out_dir / INSTANCES_FILE)  # before the system loads, not after
             if sentences[0] is not None and baseline == "gpe" and not decoding.vad:  # (after every check passed)
                 print(LONG_FORM_NOTE, file=sys.stderr)
             records += _decode(todo, references, sentences, out_dir / INSTANCES_FILE, baseline, model, decoding,
@@ -196,6 +197,19 @@ def evaluate(
         _write_atomically(out_dir / SCORES_FILE, json.dumps(scores, indent=2) + "\n")
         _write_atomically(out_dir / SUMMARY_FILE, summary_text(scores, config))
     return scores
+
+
+def _check_appendable(path: Path) -> None:
+    """InputError unless records can be appended to ``path`` where it exists (a missing one is made in the folder the
+    lock file was made in): a read-only log was found only once the system had loaded, as a PermissionError (exit 1).
+    """
+    if not path.exists():
+        return
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as error:
+        raise InputError(f"{path}: cannot write the records there ({error.strerror or error})") from None
 
 
 def check_languages(declared: tuple[str | None, str | None], run: tuple[str | None, str | None], task: str,
@@ -417,6 +431,9 @@ def _check_config(out_dir: Path, config: dict) -> None:
         previous = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InputError(f"{path}: cannot read the previous run's options ({error})") from None
+    if not isinstance(previous, dict):
+        raise InputError(f"{path}: not a run's options (a JSON object), but {type(previous).__name__}: use another "
+                         "--out") from None
     old, new = _flatten(previous), _flatten(config)
     fingerprinted = "model_fingerprint" in previous  # else a run from before fingerprints: compared by name
     same_model = previous.get("model_fingerprint") == config["model_fingerprint"] if fingerprinted else None

@@ -200,6 +200,19 @@ def test_bad_folders_are_refused_on_one_line(tmp_path):
     for folder, message in cases.values():
         with pytest.raises(InputError, match=message):
             compare([base, folder], 20)
+    # hand-edited folders failed deep in the scoring (exit 1): each is refused as unreadable
+    edits = {
+        "prediction": (INSTANCES_FILE, lambda text: text.replace('"prediction": "', '"prediction": 123, "x": "', 1)),
+        "scores list": (SCORES_FILE, lambda text: '["RTF"]'),
+        "RTF text": (SCORES_FILE, lambda text: '{"RTF": "fast"}'),
+        "task list": (CONFIG_FILE, lambda text: '{"task": ["asr"]}'),
+        "config null": (CONFIG_FILE, lambda text: "null"),
+    }
+    for name, (file, edit) in edits.items():
+        folder = write_run(tmp_path / f"edited {name}", "asr", references, references)
+        (folder / file).write_text(edit((folder / file).read_text()))
+        with pytest.raises(InputError, match=f"edited {name}: unreadable eval output"):
+            compare([base, folder], 20)
     single = write_run(tmp_path / "single", "asr", references[:1], references[:1])
     with pytest.raises(InputError, match="one utterance: a bootstrap of the utterances needs two or more"):
         compare([single, single])

@@ -931,3 +931,45 @@ def test_an_audio_file_whose_name_is_not_utf8_is_logged_and_resumed(tmp_path, wo
     decoded = len(word_sessions)
     again = evaluate(folder / "manifest.jsonl", tmp_path / "out", "tiny-random", DECODING, "asr", progress=False)
     assert deterministic(again) == deterministic(scores) and len(word_sessions) == decoded  # resumed, not redone
+
+
+def test_a_log_it_may_not_append_to_is_refused_before_decoding(tmp_path, word_sessions):
+    """A resumed run whose instances.log is read-only failed with a PermissionError (exit 1) once the system had
+    loaded; now it is refused on one line first, and nothing is decoded. Root writes any file: the command then runs
+    without the capabilities that let it (setpriv), as any other user."""
+    import shutil
+
+    from speechstream.eval.run import _check_appendable
+
+    (tmp_path / "folder.log").mkdir()
+    with pytest.raises(InputError, match=r"folder\.log: cannot write the records there \(Is a directory\)"):
+        _check_appendable(tmp_path / "folder.log")
+    manifest = write_manifest(tmp_path / "data", list(DURATIONS))
+    out = tmp_path / "out"
+    evaluate(manifest, out, "tiny-random", DecodingConfig(), "asr", progress=False)  # (the command's options)
+    log = out / INSTANCES_FILE
+    log.write_text("".join(log.read_text().splitlines(keepends=True)[:-1]))  # the last utterance left to decode
+    log.chmod(0o444)
+    prefix = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("root without setpriv writes any file")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run([*prefix, sys.executable, "-m", "speechstream", "eval", str(manifest), "--out", str(out),
+                             "--model", "tiny-random"], capture_output=True, text=True, cwd=repo, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=str(repo), HF_HUB_OFFLINE="1"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"speechstream: error: {log}: cannot write the records there "
+                                                  "(Permission denied)"]
+    assert not (out / "scores.json").exists() or json.loads((out / "scores.json").read_text())["num_instances"] == 3
+
+
+def test_a_config_json_that_is_no_object_is_refused_on_resume(tmp_path, word_sessions):
+    """A config.json holding null (hand-edited, or a torn write by another tool) failed with an AttributeError."""
+    manifest = write_manifest(tmp_path / "data", [1.5, 2.0])
+    out = tmp_path / "out"
+    evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
+    (out / "config.json").write_text("null\n")
+    with pytest.raises(InputError, match=r"config\.json: not a run's options \(a JSON object\), but NoneType"):
+        evaluate(manifest, out, "tiny-random", DECODING, "asr", progress=False)
