@@ -81,7 +81,7 @@ def _reading(path: Path) -> Iterator[None]:
         message = str(error)
         raise InputError(message if message.startswith(f"{path}: ") else f"{path}: {message}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise InputError(f"{path}: not a readable audio file ({_reason(error)}){_convert_hint(path)}") from None
+        raise InputError(f"{path}: not a readable audio file ({_reason(error, path)}){_convert_hint(path)}") from None
 
 
 def _convert_hint(path: Path) -> str:
@@ -316,11 +316,16 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
     except InputError as error:
         raise InputError(f"{path}: {error}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise InputError(f"{path}: not a readable audio file ({_reason(error)}){_convert_hint(path)}") from None
+        raise InputError(f"{path}: not a readable audio file ({_reason(error, path)}){_convert_hint(path)}") from None
 
 
-def _reason(error: BaseException) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
+def _reason(error: BaseException, path: str | Path | None = None) -> str:
+    """libsndfile's first line about a file it could not open. Of a regular file whose MPEG data it cannot decode it
+    says the file "does not exist or is not a regular file", which is untrue: said as what happened."""
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if path is not None and "does not exist or is not a regular file" in reason and Path(path).is_file():
+        return "libsndfile could not decode its data"
+    return reason
 
 
 def _frame_range(frames: int, rate: int, offset_s: float, duration_s: float | None) -> tuple[int, int]:

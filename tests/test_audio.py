@@ -526,6 +526,16 @@ def test_text_named_mp3_is_refused_before_the_mpeg_decoder_chatters(tmp_path, ca
         assert load_audio(good).size > 15000
 
 
+def test_data_that_only_looks_like_mpeg_is_not_said_to_be_missing(tmp_path):
+    """A JPEG named .mp3 starts with bytes an MPEG frame could start with (FF E0), so libsndfile tries to decode it
+    and fails saying the file "does not exist or is not a regular file"; the error says what happened instead."""
+    photo = tmp_path / "photo.mp3"
+    photo.write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + np.random.default_rng(0).bytes(20000))
+    with pytest.raises(InputError, match=r"photo\.mp3: not a readable audio file \(libsndfile could not decode its "
+                                         r"data\)$"):
+        load_audio(photo)
+
+
 @pytest.mark.parametrize("name, hint", [("talk.m4a", True), ("talk.webm", True), ("talk.wav", False), ("talk", False)])
 def test_an_unreadable_file_of_a_format_libsndfile_lacks_says_how_to_convert_it(tmp_path, name, hint):
     path = tmp_path / name
