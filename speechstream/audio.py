@@ -293,6 +293,9 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: is a directory, not an audio file")
+    if not path.is_file():  # a pipe (<(...), a FIFO, /dev/stdin from one) has no size and cannot seek: "empty", it said
+        raise InputError(f"{path}: a pipe or device, not a file: stream it to `speechstream transcribe -` on stdin "
+                         "(raw 16-bit PCM or a WAV stream)")
     size = path.stat().st_size
     if size == 0:
         raise InputError(f"{path}: the file is empty")

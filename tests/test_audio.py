@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import soundfile
@@ -524,6 +526,15 @@ def test_text_named_mp3_is_refused_before_the_mpeg_decoder_chatters(tmp_path, ca
         good = tmp_path / "good.mp3"
         soundfile.write(good, signal, SAMPLE_RATE, format="MP3")
         assert load_audio(good).size > 15000
+
+
+def test_a_pipe_is_sent_to_transcribe_on_stdin(tmp_path):
+    """A named pipe (as `<(cat a.wav)` gives) was "empty": it has no size and cannot seek."""
+    fifo = tmp_path / "audio.wav"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match=r"audio\.wav: a pipe or device, not a file: stream it to `speechstream "
+                                         r"transcribe -` on stdin"):
+        load_audio(fifo)
 
 
 def test_data_that_only_looks_like_mpeg_is_not_said_to_be_missing(tmp_path):
