@@ -81,7 +81,7 @@ def _reading(path: Path) -> Iterator[None]:
         message = str(error)
         raise InputError(message if message.startswith(f"{path}: ") else f"{path}: {message}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise InputError(f"{path}: not a readable audio file ({_reason(error, path)}){_convert_hint(path)}") from None
+        raise _unreadable(path, error) from None
 
 
 def _convert_hint(path: Path) -> str:
@@ -319,16 +319,17 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
     except InputError as error:
         raise InputError(f"{path}: {error}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise InputError(f"{path}: not a readable audio file ({_reason(error, path)}){_convert_hint(path)}") from None
+        raise _unreadable(path, error) from None
 
 
-def _reason(error: BaseException, path: str | Path | None = None) -> str:
-    """libsndfile's first line about a file it could not open. Of a regular file whose MPEG data it cannot decode it
-    says the file "does not exist or is not a regular file", which is untrue: said as what happened."""
+def _unreadable(path: Path, error: BaseException) -> InputError:
+    """The error for a file libsndfile could not open: its first line, and how to convert the file where its format
+    is one libsndfile lacks. Of a regular file whose MPEG data it cannot decode it says the file "does not exist or is
+    not a regular file", which is untrue: said as what happened."""
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-    if path is not None and "does not exist or is not a regular file" in reason and Path(path).is_file():
-        return "libsndfile could not decode its data"
-    return reason
+    if "does not exist or is not a regular file" in reason and Path(path).is_file():
+        reason = "libsndfile could not decode its data"
+    return InputError(f"{path}: not a readable audio file ({reason}){_convert_hint(path)}")
 
 
 def _frame_range(frames: int, rate: int, offset_s: float, duration_s: float | None) -> tuple[int, int]:

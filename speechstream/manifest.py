@@ -203,8 +203,8 @@ MAX_TIME_S = 1e9  # the largest offset or duration a manifest may give (32 years
 
 
 def time_field(entry: dict, key: str, name: str) -> float | None:
-    """An optional time field of a manifest line (``offset``, ``duration``): None, or a finite number of seconds
-    >= 0 (> 0 for a duration); InputError naming it as ``name`` otherwise. Also read by training."""
+    """An optional time field of a manifest line (``offset``, ``duration``): None, or a number of seconds >= 0 (> 0
+    for a duration) and at most ``MAX_TIME_S``; InputError naming it as ``name`` otherwise. Also read by training."""
     value = entry.get(key)
     if value is None:
         return None

@@ -304,7 +304,8 @@ def comparison_text(result: dict) -> str:
         cells.append(" ".join(f"{key}={value}" for key, value in system["differs"].items()) or "-")
         rows.append(cells)
     widths = [max(len(row[j]) for row in [header] + rows) for j in range(len(header))]
-    better = ", ".join(f"{name} {'higher' if up else 'lower'} is better" for name, up in result["higher_is_better"].items())
+    better = ", ".join(f"{name} {'higher' if up else 'lower'} is better"
+                       for name, up in result["higher_is_better"].items())
     lines = [f"task {result['task']}, {result['utterances']} utterances; paired bootstrap over {result['resamples']} "
              f"draws, p against the baseline; {better}; {', '.join(SHOWN_AS_SCORED)} as scored", ""]
     for row in [header] + rows:

@@ -1,10 +1,10 @@
 """Resegmentation: the words of one long hypothesis shared out among the reference's sentences.
 
 A long recording (a talk) is decoded as one stream, but its reference comes as sentences, each with its time
-range in the audio. Sentence-level scores of such a run (StreamLAAL and LongYAAL, `speechstream.eval.latency.long_form_latency`)
-first need each hypothesis word assigned to a reference sentence. `assign_words` does it by a minimum edit
-distance alignment of the hypothesis words with the reference words of all sentences in a row (Levenshtein over
-words, compared after `comparison_form`: case folded, punctuation dropped), as mwerSegmenter / mweralign do for
+range in the audio. Sentence-level scores of such a run (StreamLAAL and LongYAAL,
+`speechstream.eval.latency.long_form_latency`) first need each hypothesis word assigned to a reference sentence.
+`assign_words` does it by a minimum edit distance alignment of the hypothesis words with the reference words of all
+sentences in a row (Levenshtein over words, compared after `comparison_form`: case folded, punctuation dropped), as mwerSegmenter / mweralign do for
 speech translation; this is our own word-level version, so a segmentation may differ from theirs where several
 alignments cost the same.
 
