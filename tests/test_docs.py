@@ -252,7 +252,7 @@ def test_a_number_a_doc_states_is_the_code_constant(doc, phrase):
 
 
 def test_the_readme_lists_the_recipe_fields_a_resumed_training_may_change():
-    from speechstream.train import FREE_FIELDS
+    from speechstream.train.recipe import FREE_FIELDS
 
     text = flat(ROOT / "README.md")
     sentence = text[text.index("a resumed training run is held to the recipe"):].split(" may change")[0]

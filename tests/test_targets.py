@@ -22,7 +22,8 @@ def test_chunk_texts_keeps_order_and_allows_empty_chunks():
 def test_written_words_keep_the_transcript_spelling():
     from pathlib import Path
 
-    from speechstream.train import Example, written_words
+    from speechstream.train import Example
+    from speechstream.train.examples import written_words
 
     timed = (TimedWord("hello", 0.5), TimedWord("world", 1.0))
     example = Example("a", Path("a.wav"), "Hello, world!", timed)

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from speechstream.targets import TimedWord, translation_chunk_texts
-from speechstream.train import Example, TrainConfig, example_pieces, read_examples
+from speechstream.train import Example, TrainConfig, read_examples
+from speechstream.train.examples import example_pieces
 
 
 def _source(ends):

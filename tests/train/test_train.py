@@ -14,7 +14,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from speechstream.train import batch_indices, learning_rate_factor, load_train_config, train
+from speechstream.train import load_train_config, train
+from speechstream.train.examples import batch_indices
+from speechstream.train.loop import learning_rate_factor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,14 +106,14 @@ def test_a_signal_mid_step_saves_that_step_and_the_rerun_ends_as_an_uninterrupte
     to the weights of a run never interrupted. The command says so in one line."""
     import signal
 
-    import speechstream.train as train_module
+    import speechstream.train.loop as train_loop
     from speechstream.cli import main
 
     (tmp_path / "a").mkdir()
     train(load_train_config(str(write_recipe(tmp_path / "a", save_every=100)), []), progress=False)
     (tmp_path / "b").mkdir()
     recipe = write_recipe(tmp_path / "b", save_every=100)
-    factor = train_module.phase_learning_rate_factor
+    factor = train_loop.phase_learning_rate_factor
 
     def signalled(step, config):  # the signal arrives during step 3 (0-based 2), before its forward
         if step == 2:
@@ -121,7 +123,7 @@ def test_a_signal_mid_step_saves_that_step_and_the_rerun_ends_as_an_uninterrupte
     def unhandled(signum, frame):  # (what the signal did before: the run ended, losing the steps since a save)
         raise SystemExit(f"{signal_name} ended the run")
 
-    monkeypatch.setattr(train_module, "phase_learning_rate_factor", signalled)
+    monkeypatch.setattr(train_loop, "phase_learning_rate_factor", signalled)
     previous = signal.signal(signal.SIGTERM, unhandled)  # (SIGTERM's default would end pytest itself)
     try:
         assert main(["train", str(recipe)]) == 130
@@ -132,7 +134,7 @@ def test_a_signal_mid_step_saves_that_step_and_the_rerun_ends_as_an_uninterrupte
     assert len(err) == 1 and err[0].startswith(f"speechstream: error: {signal_name} after step 3 of 6: "), err
     assert err[0].endswith("the same command resumes")
     assert json.loads((tmp_path / "b" / "run" / "progress.json").read_text())["step"] == 3
-    monkeypatch.setattr(train_module, "phase_learning_rate_factor", factor)
+    monkeypatch.setattr(train_loop, "phase_learning_rate_factor", factor)
     assert main(["train", str(recipe)]) == 0
     a = load_file(str(tmp_path / "a" / "run" / "trainable.safetensors"))
     b = load_file(str(tmp_path / "b" / "run" / "trainable.safetensors"))
@@ -152,12 +154,12 @@ def test_ctrl_c_during_a_dev_evaluation_stops_it_at_once_and_keeps_the_step(tmp_
     and the command exits 130."""
     import signal
 
-    import speechstream.train as train_module
+    import speechstream.train.dev as train_dev
     from speechstream.cli import main
 
     recipe = write_recipe(tmp_path, steps=steps, save_every=100, eval_every=eval_every,
                           dev_manifest=str(ROOT / "samples" / "manifest.jsonl"))
-    scored, greedy = [], train_module.greedy_ctc_text
+    scored, greedy = [], train_dev.greedy_ctc_text
 
     def signalled(*args, **kwargs):  # Ctrl-C while the first dev utterance is scored
         scored.append(1)
@@ -165,7 +167,7 @@ def test_ctrl_c_during_a_dev_evaluation_stops_it_at_once_and_keeps_the_step(tmp_
             os.kill(os.getpid(), signal.SIGINT)
         return greedy(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "greedy_ctc_text", signalled)
+    monkeypatch.setattr(train_dev, "greedy_ctc_text", signalled)
     assert main(["train", str(recipe)]) == 130
     done = eval_every or steps
     err = speechstream_lines(capsys.readouterr().err)
@@ -267,14 +269,14 @@ def run_two_processes(recipe: Path, port: int, program: list[str] | None = None,
 # an out-of-memory killer may signal one process)
 SIGTERM_TO_RANK_1 = """
 import os, signal, sys
-import speechstream.train as train_module
+import speechstream.train.loop as train_loop
 from speechstream.cli import main
-factor = train_module.phase_learning_rate_factor
+factor = train_loop.phase_learning_rate_factor
 def signalled(step, config):
     if step == 2 and os.environ["RANK"] == "1":
         os.kill(os.getpid(), signal.SIGTERM)
     return factor(step, config)
-train_module.phase_learning_rate_factor = signalled
+train_loop.phase_learning_rate_factor = signalled
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -334,14 +336,14 @@ def test_a_process_killed_while_saving_ends_the_run_and_the_rerun_resumes_from_t
 NOTING_ENCODER = """
 import os, sys
 from pathlib import Path
-import speechstream.train as train_module
+import speechstream.train.feature_cache as feature_cache
 from speechstream.cli import main
-store = train_module.FeatureCache._encode_and_store
+store = feature_cache.FeatureCache._encode_and_store
 def noted(self, examples, audios):
     with open(Path(__file__).with_name(f"encoded-{os.environ['RANK']}.txt"), "a") as out:
         out.writelines(example.id + "\\n" for example in examples)
     return store(self, examples, audios)
-train_module.FeatureCache._encode_and_store = noted
+feature_cache.FeatureCache._encode_and_store = noted
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -378,9 +380,9 @@ def test_two_processes_share_the_feature_cache_filling(tmp_path):
 SIGTERM_TO_RANK_1_DURING_THE_EVALUATION = """
 import os, signal, sys, time
 from pathlib import Path
-import speechstream.train as train_module
+import speechstream.train.dev as train_dev
 from speechstream.cli import main
-greedy, scored = train_module.greedy_ctc_text, Path(__file__).with_name("scored.txt")
+greedy, scored = train_dev.greedy_ctc_text, Path(__file__).with_name("scored.txt")
 def signalled(*args, **kwargs):
     if not scored.exists():
         for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -392,7 +394,7 @@ def signalled(*args, **kwargs):
         out.write("1\\n")
     return greedy(*args, **kwargs)
 if os.environ["RANK"] == "0":
-    train_module.greedy_ctc_text = signalled
+    train_dev.greedy_ctc_text = signalled
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -415,7 +417,7 @@ def test_a_signal_to_another_process_during_the_dev_evaluation_stops_it_at_the_n
 
 
 def test_agreed_signal_names_the_signal_any_rank_got():
-    from speechstream.train import agreed_signal
+    from speechstream.train.processes import agreed_signal
 
     def over_ranks(*codes):  # the largest of a value over ranks whose other values are codes
         return lambda tensor: torch.tensor([max(int(tensor), *codes)])
@@ -581,7 +583,7 @@ def test_fresh_ignores_the_model_configs_checkpoint(tmp_path):
 def test_spec_augment_masks_spans_and_channels_reproducibly():
     import numpy as np
 
-    from speechstream.train import spec_augment
+    from speechstream.train.objective import spec_augment
 
     frames = torch.ones(2, 100, 20)
     out = spec_augment(frames, [100, 40], np.random.default_rng(3), 0.2, 5, 0.1)
@@ -597,7 +599,8 @@ def test_spec_augment_masks_spans_and_channels_reproducibly():
 
 
 def test_each_phase_has_its_own_schedule():
-    from speechstream.train import TrainConfig, phase_learning_rate_factor
+    from speechstream.train import TrainConfig
+    from speechstream.train.loop import phase_learning_rate_factor
 
     config = TrainConfig(model="m", train_manifest="t", steps=300, ctc_only_steps=100, warmup_steps=10)
     assert phase_learning_rate_factor(9, config) == pytest.approx(1.0)
@@ -692,7 +695,8 @@ def test_shipped_recipes_load_and_chain(path):
 
 def test_recipe_lookahead_gives_the_encoder_right_context_its_own_cache_and_later_words(tmp_path):
     from speechstream.targets import TimedWord
-    from speechstream.train import Example, example_pieces, training_model
+    from speechstream.train import Example, training_model
+    from speechstream.train.examples import example_pieces
 
     recipe = load_train_config(str(write_recipe(tmp_path, steps=1, lookahead_frames=16)), [])
     assert training_model(recipe, "cpu").config.encoder.lookahead_frames == 16
@@ -1158,7 +1162,7 @@ def test_a_dev_clip_sharing_a_training_id_is_refused(capsys, tmp_path):
 
 def test_init_checkpoint_is_held_to_its_content_not_its_spelling(tmp_path):
     from speechstream.errors import InputError
-    from speechstream.train import check_same_recipe, file_digest
+    from speechstream.train.recipe import check_same_recipe, file_digest
 
     weights = tmp_path / "ckpt.safetensors"
     weights.write_bytes(b"first")
@@ -1259,7 +1263,7 @@ def test_manifest_segments_train_on_their_time_range_and_long_clips_are_skipped_
 def test_a_failing_dev_evaluation_loses_no_training(tmp_path, monkeypatch):
     """The steps are saved before the dev set is scored: an error there (here a stand-in) leaves the last step's
     checkpoint and weights, and the rerun only finishes the evaluation."""
-    import speechstream.train as train_module
+    import speechstream.train.dev as train_dev
 
     recipe = load_train_config(str(write_recipe(tmp_path, steps=3, save_every=10,
                                                 dev_manifest=str(ROOT / "samples" / "manifest.jsonl"))), [])
@@ -1267,7 +1271,7 @@ def test_a_failing_dev_evaluation_loses_no_training(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("dev evaluation failed")
 
-    monkeypatch.setattr(train_module, "dev_ctc_wer", broken)
+    monkeypatch.setattr(train_dev, "dev_ctc_wer", broken)
     with pytest.raises(RuntimeError, match="dev evaluation failed"):
         train(recipe, progress=False)
     assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 3
@@ -1518,7 +1522,8 @@ def test_ctc_targets_longer_than_their_frames_count_as_zero_and_are_logged(tmp_p
     the CTC loss (zero_infinity) and nothing to its gradient; the log says which share of the batch that was
     (the tiny byte-level model hears 4 of the 6 sample clips at 12.5 speech tokens/s, too few for their letters)."""
     from speechstream.model import load_model
-    from speechstream.train import StreamingLoss, unfit_ctc_targets
+    from speechstream.train import StreamingLoss
+    from speechstream.train.objective import unfit_ctc_targets
 
     assert unfit_ctc_targets([3, 3, 3, 2, 0], [[1, 2, 3], [1, 1, 2], [1, 1], [], [5]]) == 2
     torch.manual_seed(0)
@@ -1529,7 +1534,7 @@ def test_ctc_targets_longer_than_their_frames_count_as_zero_and_are_logged(tmp_p
     loss = StreamingLoss(model, 1.0)
     unfit = loss.ctc_loss(source, [[7, 7, 8]])  # needs 4 frames
     unfit.backward()
-    assert float(unfit) == 0.0 and not speech.grad.any()
+    assert float(unfit.detach()) == 0.0 and not speech.grad.any()
     blank_only = loss.ctc_loss(source, [[]])  # an empty target: every frame blank
     expected = -model.ctc_logits(speech).log_softmax(-1)[0, :, -1].sum()
     assert torch.allclose(blank_only, expected)
