@@ -35,6 +35,9 @@ class EncoderConfig:
     # (0: no right context beyond the stem's own look-ahead)
     lookahead_frames: int = 0
     weights: str | None = None  # Whisper checkpoint (asset name, HF directory or hub id); None: random init
+    # the last N transformer layers (and the final layer norm) are trained with the projector, and their weights
+    # ship in the model's checkpoint; the layers below stay Whisper's (0: the whole encoder frozen)
+    tuned_layers: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,9 +362,13 @@ def check_sizes(config: ModelConfig, where: str) -> None:
         if value < 1:
             raise InputError(f"{where}: {name} must be at least 1, not {value}")
     for name, value in {"encoder.left_frames": enc.left_frames or 0, "encoder.lookahead_frames": enc.lookahead_frames,
-                        "llm.phi": llm.phi, "llm.lora_rank": llm.lora_rank}.items():
+                        "encoder.tuned_layers": enc.tuned_layers, "llm.phi": llm.phi,
+                        "llm.lora_rank": llm.lora_rank}.items():
         if value < 0:
             raise InputError(f"{where}: {name} must not be negative, not {value}")
+    if enc.tuned_layers > enc.layers:
+        raise InputError(f"{where}: encoder.tuned_layers ({enc.tuned_layers}) must not exceed encoder.layers "
+                         f"({enc.layers})")
     from speechstream.audio import N_MELS
 
     if enc.num_mel_bins != N_MELS:

@@ -147,6 +147,46 @@ class StreamingWhisperEncoder(nn.Module):
         mel_lengths: torch.Tensor,  # (B,) valid mel frames per item
         segment_ends: list[list[int]],  # per item, cumulative encoder frames per segment
     ) -> torch.Tensor:  # (B, U, d), U = ceil(T / 2); frames past an item's length are undefined
+        x, mask, total, _ = self._rows(mel, mel_lengths, segment_ends)
+        for layer in self.layers:
+            x, _ = layer(x, mask)
+        return self.layer_norm(x[:, :total])
+
+    def lower_rows(self, mel: torch.Tensor, mel_lengths: torch.Tensor, segment_ends: list[list[int]],
+                   upto: int) -> list[torch.Tensor]:
+        """What ``forward`` computes up to layer ``upto`` (exclusive), per item: (R, d) rows, the item's frames
+        (``segment_ends[b][-1]`` of them) then its look-ahead copies in ``block_layout``'s order. ``upper`` takes
+        them from there (the frozen layers of a partly tuned encoder, computed once and cached)."""
+        x, mask, total, copies = self._rows(mel, mel_lengths, segment_ends)
+        for layer in self.layers[:upto]:
+            x, _ = layer(x, mask)
+        return [torch.cat([x[b, : min(ends[-1], total)], x[b, total : total + copies[b]]])
+                for b, ends in enumerate(segment_ends)]
+
+    def upper(self, rows: torch.Tensor, segment_ends: list[list[int]], start: int) -> torch.Tensor:
+        """(B, R, d) padded ``lower_rows`` of layers below ``start`` -> (B, U, d) encoder frames, as ``forward``
+        gives them (zero past each item's frames): layers ``start`` on and the final layer norm."""
+        layouts = [block_layout(ends, self.config.left_frames, self.config.lookahead_frames, ends[-1])
+                   for ends in segment_ends]
+        batch, width = rows.shape[0], rows.shape[1]
+        if any(len(index) > width for index, _ in layouts):
+            raise ValueError("rows hold fewer rows than the items' frames and look-ahead copies")
+        mask = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)  # padding rows attend to themselves
+        for b, (index, item_mask) in enumerate(layouts):
+            mask[b, : len(index), : len(index)] = item_mask
+        x = rows
+        for layer in self.layers[start:]:
+            x, _ = layer(x, mask[:, None].to(x.device))
+        frames = max(ends[-1] for ends in segment_ends)
+        out = self.layer_norm(x[:, :frames])
+        keep = torch.arange(frames, device=x.device)[None, :] < torch.tensor([e[-1] for e in segment_ends],
+                                                                             device=x.device)[:, None]
+        return out * keep[..., None]
+
+    def _rows(self, mel: torch.Tensor, mel_lengths: torch.Tensor, segment_ends: list[list[int]]
+              ) -> tuple[torch.Tensor, torch.Tensor, int, list[int]]:
+        """The stem's frames with their positions, each item's look-ahead copies appended after the ``total``
+        frames (``block_layout``), the (B, 1, R, R) mask, ``total`` and each item's number of copies."""
         x = self.stem(mel, mel_lengths)
         batch, total, _ = x.shape
         x = x + self.positions(0, total)[None]
@@ -160,10 +200,7 @@ class StreamingWhisperEncoder(nn.Module):
             mask[b, : len(item_index), : len(item_index)] = item_mask
         if rows > total:  # some item has look-ahead copies: append them after the frames
             x = torch.gather(x, 1, index.to(x.device)[..., None].expand(-1, -1, x.shape[2]))  # (B, R, d)
-        mask = mask[:, None].to(x.device)  # (B, 1, R, R)
-        for layer in self.layers:
-            x, _ = layer(x, mask)
-        return self.layer_norm(x[:, :total])
+        return x, mask[:, None].to(x.device), total, [len(item_index) - total for item_index, _ in layouts]
 
 
 class EncoderStream:

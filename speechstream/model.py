@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ from torch import nn
 
 from speechstream import features, gpe, schedule, shipped_dir
 from speechstream.chunker import chunk_samples
-from speechstream.config import DTYPES, LLMConfig, ModelConfig, check_device, load_model_config
+from speechstream.config import DTYPES, EncoderConfig, LLMConfig, ModelConfig, check_device, load_model_config
 from speechstream.ctc_head import CTCHead
 from speechstream.decoder import GPEDecoder
 from speechstream.encoder import StreamingWhisperEncoder
@@ -222,6 +222,29 @@ class SpeechLLM(nn.Module):
 
     def encode(self, audios: list[np.ndarray], chunk_ms: int) -> EncodedBatch:
         """Training-side encoder pass: every item's frames under the block-causal schedule of ``chunk_ms``."""
+        mel, mel_len, frame_ends = self._mel_batch(audios, chunk_ms)
+        frames = self.encoder(mel, mel_len, frame_ends)  # (B, U, d)
+        n_frames = torch.tensor([ends[-1] for ends in frame_ends], device=frames.device)
+        keep = torch.arange(frames.shape[1], device=frames.device)[None, :] < n_frames[:, None]
+        return EncodedBatch(frames * keep[..., None], frame_ends)
+
+    def encode_frozen(self, audios: list[np.ndarray], chunk_ms: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """The frozen part of the encoder pass of a partly tuned encoder (``encoder.tuned_layers``): each item's
+        rows below the tuned layers (``StreamingWhisperEncoder.lower_rows``) and its segment frame ends;
+        ``frames_from_frozen`` finishes the pass."""
+        mel, mel_len, frame_ends = self._mel_batch(audios, chunk_ms)
+        upto = self.config.encoder.layers - self.config.encoder.tuned_layers
+        return self.encoder.lower_rows(mel, mel_len, frame_ends, upto), frame_ends
+
+    def frames_from_frozen(self, rows: torch.Tensor, frame_ends: list[list[int]]) -> torch.Tensor:
+        """(B, R, d) padded ``encode_frozen`` rows -> (B, U, d) encoder frames, through the tuned layers."""
+        upto = self.config.encoder.layers - self.config.encoder.tuned_layers
+        return self.encoder.upper(rows, frame_ends, upto)
+
+    def _mel_batch(self, audios: list[np.ndarray], chunk_ms: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+        """(B, T, n_mels) padded log-mel on the encoder's device and dtype, (B,) lengths, and each item's
+        segment frame ends under the schedule of ``chunk_ms`` (and the encoder's right context)."""
         chunk = chunk_samples(chunk_ms)
         device = self.encoder.conv1.weight.device
         mels = [features.log_mel(a) for a in audios]
@@ -231,10 +254,7 @@ class SpeechLLM(nn.Module):
         mel = torch.zeros(len(audios), max(1, int(mel_len.max())), features.N_MELS)
         for b, m in enumerate(mels):
             mel[b, : m.shape[0]] = m
-        frames = self.encoder(mel.to(self.encoder.conv1.weight), mel_len.to(device), frame_ends)  # (B, U, d)
-        n_frames = torch.tensor([ends[-1] for ends in frame_ends], device=device)
-        keep = torch.arange(frames.shape[1], device=device)[None, :] < n_frames[:, None]
-        return EncodedBatch(frames * keep[..., None], frame_ends)
+        return mel.to(self.encoder.conv1.weight), mel_len.to(device), frame_ends
 
     def source_from_frames(self, encoded: EncodedBatch) -> SourceBatch:
         """Project encoder frames and frame them with the prompt into the source group."""
@@ -394,13 +414,23 @@ def add_lora(llm: nn.Module, config: LLMConfig) -> None:
 CTC_CLASSES = "ctc_classes"  # checkpoint entry: the token ids of the CTC head's classes (int64), when a subset
 
 
+def tuned_encoder_prefixes(config: EncoderConfig) -> tuple[str, ...]:
+    """The parameter-name prefixes of a partly tuned encoder's trained part (``tuned_layers``): its last layers and
+    its final layer norm; () for a frozen encoder."""
+    if not config.tuned_layers:
+        return ()
+    return (*(f"encoder.layers.{i}." for i in range(config.layers - config.tuned_layers, config.layers)),
+            "encoder.layer_norm.")
+
+
 def trainable_state(model: SpeechLLM) -> dict[str, torch.Tensor]:
-    """The weights training changes: projector, CTC blank, fine CTC head and LoRA adapters (and the CTC class
-    ids)."""
+    """The weights training changes: projector, CTC blank, fine CTC head, LoRA adapters and the tuned encoder layers
+    (``encoder.tuned_layers``), and the CTC class ids."""
+    trained = ("projector.", "ctc_head.", *tuned_encoder_prefixes(model.config.encoder))
     state = {
         name: tensor.detach().cpu().contiguous()
         for name, tensor in model.state_dict().items()
-        if name.startswith(("projector.", "ctc_head.")) or name == "ctc_blank" or "lora_" in name
+        if name.startswith(trained) or name == "ctc_blank" or "lora_" in name
     }
     if model.ctc_classes is not None:
         state[CTC_CLASSES] = model.ctc_classes.detach().cpu().long().contiguous()
@@ -434,9 +464,30 @@ def load_trainable(model: SpeechLLM, path: Path, merge: LLMConfig | None = None)
     wrong += [name for name in state if name in own and own[name].shape != state[name].shape]
     if unknown or wrong:
         raise InputError(f"{path}: checkpoint does not fit the model (unknown {unknown[:3]}, wrong shape {wrong[:3]})")
+    tuned = checkpoint_tuned_layers(list(state), list(own), model.config.encoder, path)
     model.load_state_dict(state, strict=False)
     merge_lora_pairs(model.decoder.llm, pairs, merge.lora_alpha / merge.lora_rank if lora else 1.0)
+    if tuned > model.config.encoder.tuned_layers:  # the model is one of a partly tuned encoder (its checkpoint says)
+        encoder = replace(model.config.encoder, tuned_layers=tuned)
+        model.config = replace(model.config, encoder=encoder)
+        model.encoder.config = encoder
     return sorted([*state, *lora])
+
+
+def checkpoint_tuned_layers(names: list[str], own: list[str], config: EncoderConfig, path: Path) -> int:
+    """How many of the encoder's last layers a checkpoint carries (whole, with the final layer norm: a partly
+    tuned encoder's trained part, ``tuned_encoder_prefixes``); 0 for none. ``own``: the model's parameter names.
+    Any other set of encoder weights is refused (one line): the rest of the encoder is Whisper's."""
+    encoder = {name for name in names if name.startswith("encoder.")}  # (all the model's own names: checked)
+    if not encoder:
+        return 0
+    layers = {int(name.split(".")[2]) for name in encoder if name.startswith("encoder.layers.")}
+    tuned = config.layers - min(layers) if layers else 0
+    expected = tuned_encoder_prefixes(replace(config, tuned_layers=tuned))
+    if not expected or encoder != {name for name in own if name.startswith(expected)}:
+        raise InputError(f"{path}: its encoder weights are not the encoder's last layers and final layer norm, "
+                         "whole (the trained part of a partly tuned encoder)")
+    return tuned
 
 
 LORA_ENTRY = re.compile(r"decoder\.llm\.(.+)\.lora_([AB])\.default\.weight")  # a peft adapter's checkpoint entry

@@ -102,6 +102,34 @@ def test_batch_items_of_different_lengths_match_single_items():
             assert (batch[b, : e[-1]] - single).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("lookahead", [0, 8])
+def test_frozen_rows_then_the_upper_layers_give_the_forward(lookahead):
+    """A partly tuned encoder's training pass: the rows below layer ``upto`` of a batch of different lengths (frames
+    and look-ahead copies, computed once for the feature cache), taken item by item through the layers from
+    ``upto`` on, give the frames of the whole forward, at every split (0: everything after the stem)."""
+    torch.manual_seed(3)
+    config = EncoderConfig(d_model=32, layers=3, heads=4, ffn_dim=64, left_frames=20, lookahead_frames=lookahead)
+    encoder = StreamingWhisperEncoder(config).eval()
+    rng = np.random.default_rng(5)
+    audios = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (21000, 9000, 33000)]
+    mels = [features.log_mel(a) for a in audios]
+    ends = [schedule.segment_frame_ends(len(a), chunk_samples(320), lookahead) for a in audios]
+    padded = torch.nn.utils.rnn.pad_sequence(mels, batch_first=True)
+    lengths = torch.tensor([m.shape[0] for m in mels])
+    with torch.no_grad():
+        whole = encoder(padded, lengths, ends)
+        for upto in range(config.layers + 1):
+            rows = encoder.lower_rows(padded, lengths, ends, upto)
+            copies = [len(block_layout(e, 20, lookahead, e[-1])[0]) - e[-1] for e in ends]
+            assert [len(r) for r in rows] == [e[-1] + c for e, c in zip(ends, copies)]
+            frames = encoder.upper(torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), ends, upto)
+            assert frames.shape[:2] == (3, max(e[-1] for e in ends))
+            for b, e in enumerate(ends):
+                assert (frames[b, : e[-1]] - whole[b, : e[-1]]).abs().max() < 1e-5, (upto, b)
+                assert not frames[b, e[-1] :].any()  # zero past the item's frames
+    assert lookahead == 0 or sum(copies) > 0  # (the right context was exercised)
+
+
 def test_cache_is_bounded_by_left_window():
     encoder = tiny_encoder(left_frames=25)
     rng = np.random.default_rng(3)

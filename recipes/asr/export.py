@@ -2,7 +2,7 @@
 
     python recipes/asr/export.py runs/smollm2-whisper-base models/smollm2-whisper-base
 
-Copies the run's trainable weights (projector, CTC blank, LoRA) as float16 safetensors
+Copies the run's trainable weights (projector, CTC blank, LoRA, tuned encoder layers) as float16 safetensors
 next to the model's config.yaml and points the config's ``checkpoint`` at them. The CTC head's
 class ids (``ctc_classes``, for joint CTC decoding) are copied as they are; a run saved before
 checkpoints carried them gets them from its recipe (``--recipe``: the same ``ctc_vocab`` and manifest).

@@ -49,6 +49,8 @@ def dev_ctc_wer(model: SpeechLLM, cache: FeatureCache, examples: list[Example],
             return None
         frames, ends, _ = cache.frames(example)
         frames = frames.to(model.ctc_blank.device)
+        if model.config.encoder.tuned_layers:  # (the cache holds the rows below the tuned layers)
+            frames = model.frames_from_frozen(frames[None], [ends])[0]
         if fine:
             hypotheses.append(greedy_ctc_text(model, model.ctc_head(frames[: ends[-1]]), ctc_classes, fine=True))
             continue

@@ -15,15 +15,22 @@ import torch
 
 from speechstream.config import one_line
 from speechstream.errors import InputError
-from speechstream.model import SpeechLLM
+from speechstream.model import SpeechLLM, tuned_encoder_prefixes
 from speechstream.train.examples import Example, example_audio
 
 
 def encoder_fingerprint(model: SpeechLLM) -> str:
     """A short digest of what the cached frames depend on besides the audio and the chunk size: the encoder's
-    config and weights (another Whisper checkpoint or random seed gives other frames)."""
-    digest = hashlib.sha256(json.dumps(dataclasses.asdict(model.config.encoder), sort_keys=True).encode())
+    config and weights (another Whisper checkpoint or random seed gives other frames); of a partly tuned encoder
+    only the frozen layers' weights (those the cache holds the output of)."""
+    config = dataclasses.asdict(model.config.encoder)
+    if not config["tuned_layers"]:  # (the digest of a frozen encoder is the one it had before the field existed)
+        del config["tuned_layers"]
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    tuned = tuple(prefix.removeprefix("encoder.") for prefix in tuned_encoder_prefixes(model.config.encoder))
     for name, tensor in sorted(model.encoder.state_dict().items()):
+        if tuned and name.startswith(tuned):
+            continue
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:12]
@@ -53,11 +60,15 @@ def process_alive(pid: int) -> bool:
 class FeatureCache:
     """Frozen-encoder frames per utterance, stored as safetensors in a folder per chunk size, right context and
     encoder (``encoder_fingerprint``); each entry records the audio file it came from and is encoded again when
-    that file differs (another path, size or modification time)."""
+    that file differs (another path, size or modification time). For a partly tuned encoder
+    (``encoder.tuned_layers``) an entry holds the rows below the tuned layers instead (``SpeechLLM.encode_frozen``:
+    the frames, then their look-ahead copies), which each step takes through the tuned layers."""
 
     def __init__(self, folder: Path, model: SpeechLLM, chunk_ms: int):
         lookahead = model.config.encoder.lookahead_frames
+        tuned = model.config.encoder.tuned_layers
         self.folder = folder / (f"chunk{chunk_ms}" + (f"-lookahead{lookahead}" if lookahead else "")
+                                + (f"-frozen{model.config.encoder.layers - tuned}" if tuned else "")
                                 + f"-encoder{encoder_fingerprint(model)}")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -90,7 +101,8 @@ class FeatureCache:
             return None
 
     def frames(self, example: Example) -> tuple[torch.Tensor, list[int], int]:
-        """(U, d) frames, the segment frame ends, and the number of samples."""
+        """(U, d) frames (a partly tuned encoder's: (R, d) rows below its tuned layers), the segment frame ends,
+        and the number of samples."""
         stored = self._stored(example)
         if stored is not None:
             return stored["frames"].float(), stored["frame_ends"].tolist(), int(stored["samples"])
@@ -150,11 +162,15 @@ class FeatureCache:
         from safetensors.torch import save_file
 
         with torch.no_grad():
-            encoded = self.model.encode(audios, self.chunk_ms)
+            if self.model.config.encoder.tuned_layers:
+                rows, frame_ends = self.model.encode_frozen(audios, self.chunk_ms)
+            else:
+                encoded = self.model.encode(audios, self.chunk_ms)
+                frame_ends = encoded.frame_ends
+                rows = [encoded.frames[b, : ends[-1]] for b, ends in enumerate(frame_ends)]
         out = []
-        for b, (example, audio) in enumerate(zip(examples, audios)):
-            ends = encoded.frame_ends[b]
-            frames = encoded.frames[b, : ends[-1]].half().cpu().contiguous()
+        for example, audio, item_rows, ends in zip(examples, audios, rows, frame_ends):
+            frames = item_rows.half().cpu().contiguous()
             path = self.path(example)
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # DDP processes may draw the same clip at once
             save_file({"frames": frames, "frame_ends": torch.tensor(ends), "samples": torch.tensor(len(audio))},

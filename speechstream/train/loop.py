@@ -284,9 +284,9 @@ class Run:
 
 def step_batch(model: SpeechLLM, cache: FeatureCache, examples: list[Example], config: TrainConfig, step: int,
                rank: int) -> tuple[torch.Tensor, list, list, list]:
-    """One process's share of a step: its clips' cached encoder frames padded into one (B, T, D) tensor (with
-    SpecAugment, seeded by step and ``rank``), each clip's chunk frame ends, its GPE target sequence (wait-k
-    pieces, ``example_pieces``) and the token ids of its CTC text."""
+    """One process's share of a step: its clips' cached encoder frames (or rows below a partly tuned encoder's tuned
+    layers) padded into one (B, T, D) tensor (with SpecAugment, seeded by step and ``rank``), each clip's chunk frame
+    ends, its GPE target sequence (wait-k pieces, ``example_pieces``) and the token ids of its CTC text."""
     chunk_s = config.chunk_ms / 1000
     lookahead_s = model.config.encoder.lookahead_frames * ENCODER_FRAME_S
     frames, frame_ends, targets, texts = [], [], [], []
@@ -300,6 +300,8 @@ def step_batch(model: SpeechLLM, cache: FeatureCache, examples: list[Example], c
     padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
     if config.mask_time or config.mask_channels:
         rng = np.random.default_rng([config.seed, step, rank, 11])
-        padded = spec_augment(padded, [len(f) for f in frames], rng, config.mask_time, config.mask_span,
+        # on the frames' rows only (a partly tuned encoder's cache rows: those its tuned layers read; the look-ahead
+        # copies after them stay whole)
+        padded = spec_augment(padded, [ends[-1] for ends in frame_ends], rng, config.mask_time, config.mask_span,
                               config.mask_channels)
     return padded, frame_ends, targets, texts

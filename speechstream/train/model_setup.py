@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from speechstream.config import check_ctc_hop, load_model_config
+from speechstream.config import check_ctc_hop, check_sizes, load_model_config
 from speechstream.errors import InputError
-from speechstream.model import SpeechLLM, build_model, model_config_path
+from speechstream.model import SpeechLLM, build_model, model_config_path, tuned_encoder_prefixes
 from speechstream.train.examples import Example, example_pieces
 from speechstream.train.recipe import TrainConfig
 
@@ -34,7 +34,8 @@ def ctc_class_ids(model: SpeechLLM, examples: list[Example], config: TrainConfig
 
 def training_model(config: TrainConfig, device: str) -> SpeechLLM:
     """The model to train: as its config says (with its shipped checkpoint), or freshly initialised; with the
-    recipe's ``lora_targets``, ``lookahead_frames`` and ``ctc_hop`` where it names them."""
+    recipe's ``lora_targets``, ``lookahead_frames``, ``encoder_tuned_layers`` and ``ctc_hop`` where it names
+    them."""
     path = model_config_path(config.model)
     model_config = load_model_config(path)
     if config.lora_targets:
@@ -43,6 +44,10 @@ def training_model(config: TrainConfig, device: str) -> SpeechLLM:
     if config.lookahead_frames >= 0:
         encoder = dataclasses.replace(model_config.encoder, lookahead_frames=config.lookahead_frames)
         model_config = dataclasses.replace(model_config, encoder=encoder)
+    if config.encoder_tuned_layers >= 0:
+        encoder = dataclasses.replace(model_config.encoder, tuned_layers=config.encoder_tuned_layers)
+        model_config = dataclasses.replace(model_config, encoder=encoder)
+        check_sizes(model_config, "recipe")
     if config.ctc_hop >= 0:
         model_config = dataclasses.replace(model_config, ctc_hop=config.ctc_hop)
         check_ctc_hop(model_config, "recipe")
@@ -52,10 +57,12 @@ def training_model(config: TrainConfig, device: str) -> SpeechLLM:
 
 
 def trainable_parameters(model: SpeechLLM, ctc_head_only: bool = False
-                         ) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """Freeze everything but projector, CTC blank and LoRA; return (projector-group, lora-group). With
-    ``ctc_head_only``, everything but the fine CTC head: (its parameters, [])."""
-    projector, lora = [], []
+                         ) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """Freeze everything but projector, CTC blank, LoRA and the tuned encoder layers (``encoder.tuned_layers``);
+    return (projector group, LoRA group, encoder group). With ``ctc_head_only``, everything but the fine CTC head:
+    (its parameters, [], [])."""
+    projector, lora, encoder = [], [], []
+    tuned = tuned_encoder_prefixes(model.config.encoder)
     for name, param in model.named_parameters():
         if ctc_head_only:
             param.requires_grad_(name.startswith("ctc_head."))
@@ -67,9 +74,12 @@ def trainable_parameters(model: SpeechLLM, ctc_head_only: bool = False
         elif "lora_" in name:
             param.requires_grad_(True)
             lora.append(param)
+        elif tuned and name.startswith(tuned):
+            param.requires_grad_(True)
+            encoder.append(param)
         else:
             param.requires_grad_(False)
-    return projector, lora
+    return projector, lora, encoder
 
 
 def starting_model(config: TrainConfig, device: str) -> SpeechLLM:
@@ -94,8 +104,10 @@ def starting_model(config: TrainConfig, device: str) -> SpeechLLM:
 def parameter_groups(model: SpeechLLM, config: TrainConfig) -> list[dict]:
     """The optimizer's groups: the projector side at ``lr_projector``, the LoRA adapters (where trained) at
     ``lr_lora``."""
-    projector_params, lora_params = trainable_parameters(model, config.ctc_head_only)
+    projector_params, lora_params, encoder_params = trainable_parameters(model, config.ctc_head_only)
     groups = [{"params": projector_params, "lr": config.lr_projector}]
     if lora_params:
         groups.append({"params": lora_params, "lr": config.lr_lora})
+    if encoder_params:
+        groups.append({"params": encoder_params, "lr": config.lr_encoder})
     return groups

@@ -32,6 +32,8 @@ class StreamingLoss(nn.Module):
     def forward(self, frames: torch.Tensor, frame_ends: list[list[int]], targets: list[list[int]],
                 texts: list[list[int]], k: int, ctc_only: bool = False) -> dict[str, torch.Tensor]:
         model = self.model
+        if model.config.encoder.tuned_layers:  # cached rows below the tuned layers -> encoder frames
+            frames = model.frames_from_frozen(frames, frame_ends)
         if self.ctc_head_only:
             ctc = self.head_ctc_loss(frames, frame_ends, texts)
             windows = [-(-ends[-1] // model.ctc_head.hop) for ends in frame_ends]

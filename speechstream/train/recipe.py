@@ -70,6 +70,10 @@ class TrainConfig:
     lora_targets: str = ""
     # encoder frames of right context (``encoder.lookahead_frames``); -1: as the model config says
     lookahead_frames: int = -1
+    # the encoder's last layers trained (``encoder.tuned_layers``: with the final layer norm, at ``lr_encoder``; the
+    # frozen layers below are computed once into the feature cache); -1: as the model config says
+    encoder_tuned_layers: int = -1
+    lr_encoder: float = 2e-5  # the tuned encoder layers
     # train only the fine CTC head (speechstream/ctc_head.py) with CTC on the frozen encoder's frames: no LLM pass.
     # The head starts as a copy of the projector and its blank unless the checkpoint loaded already has one
     ctc_head_only: bool = False
@@ -92,7 +96,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be at least 1, not {getattr(self, name)}")
         for name in ("warmup_steps", "ctc_only_steps", "ctc_only_batch_size", "eval_every", "threads", "lag_words",
-                     "weight_decay", "ctc_weight", "word_margin_s", "lr_projector", "lr_lora"):
+                     "weight_decay", "ctc_weight", "word_margin_s", "lr_projector", "lr_lora", "lr_encoder"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must not be negative, not {getattr(self, name)}")
         if self.threads > MAX_COUNT:  # (torch takes a C int)
@@ -112,8 +116,9 @@ class TrainConfig:
             raise InputError(f"ctc_vocab must be 'full', 'train' or 'train+init', not {self.ctc_vocab!r}")
         if self.lora_targets not in ("", "attention", "all"):
             raise InputError(f"lora_targets must be '', 'attention' or 'all', not {self.lora_targets!r}")
-        if self.lookahead_frames < -1 or self.ctc_hop < -1:
-            raise InputError("lookahead_frames and ctc_hop must be -1 (the model's) or at least 0")
+        if min(self.lookahead_frames, self.ctc_hop, self.encoder_tuned_layers) < -1:
+            raise InputError("lookahead_frames, encoder_tuned_layers and ctc_hop must be -1 (the model's) or at "
+                             "least 0")
         if self.ctc_only_steps > self.steps:
             raise InputError(f"ctc_only_steps ({self.ctc_only_steps}) must not exceed steps ({self.steps})")
         # each phase warms up on its own (phase_learning_rate_factor): a warm-up longer than a phase never ends

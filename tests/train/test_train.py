@@ -1555,3 +1555,71 @@ def test_a_recipe_tool_usage_error_is_one_line_and_exit_2(script, arguments, mes
     done = subprocess.run([sys.executable, str(ROOT / "recipes" / "asr" / script), *arguments], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith(message), done.stderr
+
+
+def test_a_partly_tuned_encoder_trains_its_last_layers_and_ships_them(tmp_path):
+    """encoder_tuned_layers=1: the cache holds the rows below the last encoder layer; the steps train that layer
+    and the final layer norm (at lr_encoder) and leave the layer below as it was; the checkpoint carries them,
+    and a model loaded from it (its config without the field) encodes with them. Resumed after step 3, the run
+    gives the weights of a run never stopped."""
+    from speechstream.model import build_model, load_model
+    from speechstream.config import load_model_config
+
+    runs = {}
+    for name, stop in (("straight", None), ("resumed", 3)):
+        folder = tmp_path / name
+        folder.mkdir()
+        recipe = write_recipe(folder, encoder_tuned_layers=1, lr_encoder=1e-2, mask_time=0.2,
+                              dev_manifest=str(ROOT / "samples" / "manifest.jsonl"), eval_utterances=2)
+        config = load_train_config(str(recipe), [])
+        if stop:
+            train(config, progress=False, stop_after=stop)
+        train(config, progress=False)
+        runs[name] = load_file(str(folder / "run" / "trainable.safetensors"))
+    trained = runs["straight"]
+    assert trained.keys() == runs["resumed"].keys()
+    for key in trained:
+        assert torch.allclose(trained[key], runs["resumed"][key], atol=1e-6), key
+    tuned = sorted(key for key in trained if key.startswith("encoder."))
+    assert tuned and all(key.startswith(("encoder.layers.1.", "encoder.layer_norm.")) for key in tuned), tuned
+    initial = build_model(load_model_config(str(tmp_path / "straight" / "model.yaml"))).state_dict()
+    assert all(not torch.equal(trained[key], initial[key]) for key in tuned if key.endswith("weight")), tuned
+    caches = [path.name for path in (tmp_path / "straight" / "run" / "features").iterdir()]
+    assert len(caches) == 1 and "-frozen1-" in caches[0], caches
+    log = [json.loads(line) for line in (tmp_path / "straight" / "run" / "log.jsonl").read_text().splitlines()]
+    assert any("dev_ctc_wer" in row for row in log)
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(
+        TINY_LORA | {"checkpoint": str(tmp_path / "straight" / "run" / "trainable.safetensors")}))
+    model = load_model(str(tmp_path / "model.yaml"))
+    for key in tuned:
+        assert torch.equal(model.state_dict()[key], trained[key]), key
+    frozen = "encoder.layers.0.fc1.weight"
+    assert torch.equal(model.state_dict()[frozen], initial[frozen])
+
+
+def test_a_checkpoint_with_tuned_encoder_layers_keeps_them_in_later_stages(tmp_path):
+    """A stage continuing a partly tuned encoder's run (its recipe and model config say nothing of the encoder)
+    trains and ships the layers the checkpoint carries, instead of silently dropping them from its own; a
+    checkpoint whose encoder weights are not the last layers and the final norm is refused in one line."""
+    from safetensors.torch import save_file
+
+    from speechstream.errors import InputError
+    from speechstream.model import load_model
+
+    (tmp_path / "a").mkdir()
+    train(load_train_config(str(write_recipe(tmp_path / "a", steps=2, encoder_tuned_layers=1)), []), progress=False)
+    first = tmp_path / "a" / "run" / "trainable.safetensors"
+    (tmp_path / "b").mkdir()
+    recipe = write_recipe(tmp_path / "b", steps=2, init_checkpoint=str(first), lr_encoder=1e-2)
+    train(load_train_config(str(recipe), []), progress=False)
+    before, after = load_file(str(first)), load_file(str(tmp_path / "b" / "run" / "trainable.safetensors"))
+    tuned = [key for key in before if key.startswith("encoder.")]
+    assert tuned and set(tuned) <= set(after)
+    assert not torch.equal(before["encoder.layers.1.fc1.weight"], after["encoder.layers.1.fc1.weight"])
+    assert any("-frozen1-" in path.name for path in (tmp_path / "b" / "run" / "features").iterdir())
+    wrong = dict(before)
+    wrong["encoder.layers.0.fc1.weight"] = wrong.pop("encoder.layers.1.fc1.weight")
+    save_file(wrong, str(tmp_path / "wrong.safetensors"))
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(TINY_LORA | {"checkpoint": str(tmp_path / "wrong.safetensors")}))
+    with pytest.raises(InputError, match="not the encoder's last layers and final layer norm"):
+        load_model(str(tmp_path / "model.yaml"))
