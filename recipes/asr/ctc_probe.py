@@ -3,8 +3,8 @@
     python recipes/asr/ctc_probe.py --model smollm2-whisper-base --manifest samples/manifest.jsonl \\
         --recipe recipes/asr/smollm2-whisper-base.yaml --out runs/eval-smollm2-whisper-base/real-ctc.json
 
-The CTC head (the fine one of ``ctc_hop`` where the model has it, else the one on the speech tokens) scores
-its vectors against the LLM's token embeddings (over the training texts'
+The CTC head (the fine one of ``ctc_hop`` where the model has it, else the one on the speech tokens; ``--head
+tokens``: the one on the speech tokens) scores its vectors against the LLM's token embeddings (over the training texts'
 tokens when the recipe says ``ctc_vocab: train``). It is not a decoding mode of the toolkit; its WER shows how
 much of the words the speech tokens carry, apart from what the LLM makes of them.
 """
@@ -27,10 +27,11 @@ from speechstream.model import load_model  # noqa: E402
 from speechstream.train import ctc_class_ids, greedy_ctc_text, load_train_config, read_examples  # noqa: E402
 
 
-def greedy_ctc(model, audio, chunk_ms: int, classes: torch.Tensor | None) -> str:
-    """The head joint decoding scores: the fine CTC head where the model has one, else the speech tokens'."""
+def greedy_ctc(model, audio, chunk_ms: int, classes: torch.Tensor | None, head: str = "scored") -> str:
+    """Greedy CTC text of a head: "scored", the one joint decoding scores (the fine CTC head where the model has
+    one, else the speech tokens'); "tokens", the head on the speech tokens (trained with the LLM side)."""
     encoded = model.encode([audio], chunk_ms)
-    if model.ctc_head is not None:
+    if model.ctc_head is not None and head == "scored":
         frames = encoded.frames[0, : encoded.frame_ends[0][-1]]
         return greedy_ctc_text(model, model.ctc_head(frames), classes, fine=True).strip()
     source = model.source_from_frames(encoded)
@@ -44,6 +45,9 @@ def main() -> None:
     parser.add_argument("--recipe", required=True, help="the training recipe (its ctc_vocab and train_manifest), "
                         "for checkpoints that do not carry their ctc_classes")
     parser.add_argument("--chunk-ms", type=int, default=640)
+    parser.add_argument("--head", choices=("scored", "tokens"), default="scored",
+                        help="scored: the CTC head joint decoding scores (the fine one where the model has it); "
+                        "tokens: the head on the speech tokens, trained with the projector")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.out.is_dir() or any(p.exists() and not p.is_dir() for p in args.out.parents):
@@ -58,7 +62,7 @@ def main() -> None:
     with torch.no_grad():
         for utterance in read_manifest(args.manifest):
             audio = load_audio(utterance.audio, utterance.offset or 0.0, utterance.duration)
-            hypotheses.append(greedy_ctc(model, audio, args.chunk_ms, classes))
+            hypotheses.append(greedy_ctc(model, audio, args.chunk_ms, classes, args.head))
             references.append(utterance.text or "")
     result = {"WER_normalized": wer(hypotheses, references, normalize=True), "WER": wer(hypotheses, references),
               "utterances": len(hypotheses), "hypotheses": hypotheses}

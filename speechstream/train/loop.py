@@ -30,7 +30,7 @@ from speechstream.train.examples import (Example, batch_indices, check_dev_ids, 
 from speechstream.train.feature_cache import FeatureCache
 from speechstream.train.log import dev_logged, plot_losses, truncate_log, window_row
 from speechstream.train.model_setup import ctc_class_ids, parameter_groups, starting_model
-from speechstream.train.objective import StreamingLoss, global_batch_loss, spec_augment
+from speechstream.train.objective import StreamingLoss, global_batch_loss, spec_augment_mask
 from speechstream.train.processes import (TrainingStopped, check_mixed_precision, raised_by, stop_requested,
                                           trained_precision)
 from speechstream.train.recipe import TrainConfig, check_same_recipe, parse_k_choices, recipe_record
@@ -230,14 +230,16 @@ class Run:
         mine = indices[accelerator.process_index :: accelerator.num_processes]
         items = len(mine)
         mine = mine or indices[:1]  # (a batch smaller than the ranks: a stand-in that does not count)
-        padded, frame_ends, targets, texts = step_batch(self.model, self.cache, [self.examples[i] for i in mine],
-                                                        config, step, accelerator.process_index)
+        padded, frame_ends, targets, texts, keep = step_batch(self.model, self.cache,
+                                                              [self.examples[i] for i in mine], config, step,
+                                                              accelerator.process_index)
         padded = padded.to(accelerator.device)
         k = self.ks[np.random.default_rng([config.seed, step, 7]).integers(len(self.ks))]
         factor = phase_learning_rate_factor(step, config)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * factor
-        out = self.objective(padded, frame_ends, targets, texts, k, ctc_only=ctc_only)
+        out = self.objective(padded, frame_ends, targets, texts, k, ctc_only=ctc_only,
+                             keep=None if keep is None else keep.to(accelerator.device))
         loss, figures = global_batch_loss(out, items, config.ctc_weight,
                                           lambda t: accelerator.reduce(t.to(accelerator.device), "sum").cpu(),
                                           accelerator.num_processes)
@@ -283,10 +285,11 @@ class Run:
 
 
 def step_batch(model: SpeechLLM, cache: FeatureCache, examples: list[Example], config: TrainConfig, step: int,
-               rank: int) -> tuple[torch.Tensor, list, list, list]:
+               rank: int) -> tuple[torch.Tensor, list, list, list, torch.Tensor | None]:
     """One process's share of a step: its clips' cached encoder frames (or rows below a partly tuned encoder's tuned
-    layers) padded into one (B, T, D) tensor (with SpecAugment, seeded by step and ``rank``), each clip's chunk frame
-    ends, its GPE target sequence (wait-k pieces, ``example_pieces``) and the token ids of its CTC text."""
+    layers) padded into one (B, T, D) tensor, each clip's chunk frame ends, its GPE target sequence (wait-k pieces,
+    ``example_pieces``), the token ids of its CTC text, and the SpecAugment mask of its encoder frames (seeded by
+    step and ``rank``; None without SpecAugment), which the objective applies after any tuned encoder layers."""
     chunk_s = config.chunk_ms / 1000
     lookahead_s = model.config.encoder.lookahead_frames * ENCODER_FRAME_S
     frames, frame_ends, targets, texts = [], [], [], []
@@ -298,10 +301,10 @@ def step_batch(model: SpeechLLM, cache: FeatureCache, examples: list[Example], c
         targets.append(model.target_sequence(pieces))
         texts.append(model._ids(ctc_text))
     padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
+    keep = None
     if config.mask_time or config.mask_channels:
         rng = np.random.default_rng([config.seed, step, rank, 11])
-        # on the frames' rows only (a partly tuned encoder's cache rows: those its tuned layers read; the look-ahead
-        # copies after them stay whole)
-        padded = spec_augment(padded, [ends[-1] for ends in frame_ends], rng, config.mask_time, config.mask_span,
-                              config.mask_channels)
-    return padded, frame_ends, targets, texts
+        lengths = [ends[-1] for ends in frame_ends]
+        keep = spec_augment_mask((len(frames), max(lengths), padded.shape[2]), lengths, rng, config.mask_time,
+                                 config.mask_span, config.mask_channels)
+    return padded, frame_ends, targets, texts, keep

@@ -30,10 +30,15 @@ class StreamingLoss(nn.Module):
             self.ctc_lookup = lookup
 
     def forward(self, frames: torch.Tensor, frame_ends: list[list[int]], targets: list[list[int]],
-                texts: list[list[int]], k: int, ctc_only: bool = False) -> dict[str, torch.Tensor]:
+                texts: list[list[int]], k: int, ctc_only: bool = False,
+                keep: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """``frames``: (B, U, d) encoder frames (a partly tuned encoder's: the cached rows below its tuned layers);
+        ``keep``: a SpecAugment mask (``spec_augment_mask``) the encoder frames are multiplied by."""
         model = self.model
         if model.config.encoder.tuned_layers:  # cached rows below the tuned layers -> encoder frames
             frames = model.frames_from_frozen(frames, frame_ends)
+        if keep is not None:
+            frames = frames * keep.to(frames)
         if self.ctc_head_only:
             ctc = self.head_ctc_loss(frames, frame_ends, texts)
             windows = [-(-ends[-1] // model.ctc_head.hop) for ends in frame_ends]
@@ -103,15 +108,21 @@ def spec_augment(frames: torch.Tensor, lengths: list[int], rng: np.random.Genera
                  span: int, channel_ratio: float) -> torch.Tensor:
     """(B, U, d) frames with about ``time_ratio`` of each item's frames zeroed in spans of ``span`` frames and
     ``channel_ratio`` of its channels zeroed (a copy; the same rng gives the same masks)."""
-    out = frames.clone()
+    return frames * spec_augment_mask(frames.shape, lengths, rng, time_ratio, span, channel_ratio)
+
+
+def spec_augment_mask(shape: tuple[int, int, int] | torch.Size, lengths: list[int], rng: np.random.Generator,
+                      time_ratio: float, span: int, channel_ratio: float) -> torch.Tensor:
+    """The (B, U, d) mask of ``spec_augment``: 0 where it zeroes the frames, 1 elsewhere."""
+    keep = torch.ones(tuple(shape))
     for b, length in enumerate(lengths):
         spans = int(round(time_ratio * length / span)) if length > span else 0
         for start in rng.integers(0, max(1, length - span + 1), size=spans):
-            out[b, int(start) : int(start) + span] = 0
-        channels = int(round(channel_ratio * frames.shape[2]))
+            keep[b, int(start) : int(start) + span] = 0
+        channels = int(round(channel_ratio * shape[2]))
         if channels:
-            out[b, :, torch.from_numpy(rng.choice(frames.shape[2], channels, replace=False))] = 0
-    return out
+            keep[b, :, torch.from_numpy(rng.choice(shape[2], channels, replace=False))] = 0
+    return keep
 
 
 def global_batch_loss(out: dict[str, torch.Tensor], items: int, ctc_weight: float, reduce_sum, world: int
