@@ -1,14 +1,14 @@
-"""Training the projector and LoRA adapters under the GPE streaming mask.
+"""Training the projector and LoRA adapters (and any tuned encoder layers) under the GPE streaming mask.
 
-One step: encoder frames (frozen encoder, cached per utterance and chunk size) ->
-projector -> source group; the transcript cut into per-chunk pieces with end-of-chunk
-markers (``targets.chunk_texts``) -> target group; one forward under the wait-k mask
-(k drawn per step from ``k_choices``); loss = LM cross-entropy on the target text and
-markers + ``ctc_weight`` x CTC of the speech tokens against the LLM's own token
-embeddings (the alignment signal that gets training off the language-model plateau).
-With ``task: translate`` the target group gets each line's ``translation`` instead, its words
-placed proportionally to the source words heard (``targets.translation_chunk_texts``), and the
-CTC loss keeps aligning the speech to the (source-language) transcript.
+One step: encoder frames (frozen encoder, cached per utterance and chunk size; with ``encoder_tuned_layers`` the
+frozen layers' rows are cached and the tuned last layers run in the step) -> projector -> source group; the
+transcript cut into per-chunk pieces with end-of-chunk markers (``targets.chunk_texts``) -> target group; one
+forward under the wait-k mask (k drawn per step from ``k_choices``); loss = LM cross-entropy on the target text and
+markers + ``ctc_weight`` x CTC of the speech tokens against the LLM's own token embeddings (the alignment signal
+that gets training off the language-model plateau). With ``task: translate`` the target group gets each line's
+``translation`` instead, its words placed proportionally to the source words heard
+(``targets.translation_chunk_texts``), and the CTC loss keeps aligning the speech to the (source-language)
+transcript.
 
 Runs through accelerate: the same command trains on one CPU, several GPUs or nodes
 (DDP). Each rank takes its slice of a global batch whose order is a pure function of
