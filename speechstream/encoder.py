@@ -108,6 +108,15 @@ def block_layout(segment_ends: list[int], left_frames: int | None, lookahead: in
     return torch.tensor(index, dtype=torch.long), mask
 
 
+def batch_mask(item_masks: list[torch.Tensor], rows: int) -> torch.Tensor:
+    """(B, rows, rows) bool: each item's ``block_layout`` mask in its top-left corner; the padding rows after an
+    item's own attend to themselves only."""
+    mask = torch.eye(rows, dtype=torch.bool).repeat(len(item_masks), 1, 1)
+    for b, item_mask in enumerate(item_masks):
+        mask[b, : len(item_mask), : len(item_mask)] = item_mask
+    return mask
+
+
 class StreamingWhisperEncoder(nn.Module):
     """Conv stem + block-causal transformer; ``forward`` for training, ``EncoderStream`` for streaming."""
 
@@ -168,15 +177,13 @@ class StreamingWhisperEncoder(nn.Module):
         gives them (zero past each item's frames): layers ``start`` on and the final layer norm."""
         layouts = [block_layout(ends, self.config.left_frames, self.config.lookahead_frames, ends[-1])
                    for ends in segment_ends]
-        batch, width = rows.shape[0], rows.shape[1]
+        width = rows.shape[1]
         if any(len(index) > width for index, _ in layouts):
             raise ValueError("rows hold fewer rows than the items' frames and look-ahead copies")
-        mask = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)  # padding rows attend to themselves
-        for b, (index, item_mask) in enumerate(layouts):
-            mask[b, : len(index), : len(index)] = item_mask
+        mask = batch_mask([item_mask for _, item_mask in layouts], width)[:, None].to(rows.device)
         x = rows
         for layer in self.layers[start:]:
-            x, _ = layer(x, mask[:, None].to(x.device))
+            x, _ = layer(x, mask)
         frames = max(ends[-1] for ends in segment_ends)
         out = self.layer_norm(x[:, :frames])
         keep = torch.arange(frames, device=x.device)[None, :] < torch.tensor([e[-1] for e in segment_ends],
@@ -194,10 +201,9 @@ class StreamingWhisperEncoder(nn.Module):
                    for ends in segment_ends]
         rows = max(len(index) for index, _ in layouts)
         index = torch.zeros(batch, rows, dtype=torch.long)
-        mask = torch.eye(rows, dtype=torch.bool).repeat(batch, 1, 1)  # padding rows attend to themselves
-        for b, (item_index, item_mask) in enumerate(layouts):
+        for b, (item_index, _) in enumerate(layouts):
             index[b, : len(item_index)] = item_index
-            mask[b, : len(item_index), : len(item_index)] = item_mask
+        mask = batch_mask([item_mask for _, item_mask in layouts], rows)
         if rows > total:  # some item has look-ahead copies: append them after the frames
             x = torch.gather(x, 1, index.to(x.device)[..., None].expand(-1, -1, x.shape[2]))  # (B, R, d)
         return x, mask[:, None].to(x.device), total, [len(item_index) - total for item_index, _ in layouts]

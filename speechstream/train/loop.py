@@ -238,8 +238,7 @@ class Run:
         factor = phase_learning_rate_factor(step, config)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * factor
-        out = self.objective(padded, frame_ends, targets, texts, k, ctc_only=ctc_only,
-                             keep=None if keep is None else keep.to(accelerator.device))
+        out = self.objective(padded, frame_ends, targets, texts, k, ctc_only=ctc_only, keep=keep)
         loss, figures = global_batch_loss(out, items, config.ctc_weight,
                                           lambda t: accelerator.reduce(t.to(accelerator.device), "sum").cpu(),
                                           accelerator.num_processes)

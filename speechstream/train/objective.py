@@ -104,16 +104,11 @@ def unfit_ctc_targets(lengths: list[int], texts: list[list[int]]) -> int:
                for length, text in zip(lengths, texts))
 
 
-def spec_augment(frames: torch.Tensor, lengths: list[int], rng: np.random.Generator, time_ratio: float,
-                 span: int, channel_ratio: float) -> torch.Tensor:
-    """(B, U, d) frames with about ``time_ratio`` of each item's frames zeroed in spans of ``span`` frames and
-    ``channel_ratio`` of its channels zeroed (a copy; the same rng gives the same masks)."""
-    return frames * spec_augment_mask(frames.shape, lengths, rng, time_ratio, span, channel_ratio)
-
-
 def spec_augment_mask(shape: tuple[int, int, int] | torch.Size, lengths: list[int], rng: np.random.Generator,
                       time_ratio: float, span: int, channel_ratio: float) -> torch.Tensor:
-    """The (B, U, d) mask of ``spec_augment``: 0 where it zeroes the frames, 1 elsewhere."""
+    """SpecAugment as a (B, U, d) mask to multiply (B, U, d) frames by: about ``time_ratio`` of each item's
+    ``lengths[b]`` frames zeroed in spans of ``span`` frames and ``channel_ratio`` of its channels zeroed (0 where
+    it zeroes, 1 elsewhere; the same rng gives the same mask)."""
     keep = torch.ones(tuple(shape))
     for b, length in enumerate(lengths):
         spans = int(round(time_ratio * length / span)) if length > span else 0

@@ -583,7 +583,10 @@ def test_fresh_ignores_the_model_configs_checkpoint(tmp_path):
 def test_spec_augment_masks_spans_and_channels_reproducibly():
     import numpy as np
 
-    from speechstream.train.objective import spec_augment
+    from speechstream.train.objective import spec_augment_mask
+
+    def spec_augment(frames, *args):
+        return frames * spec_augment_mask(frames.shape, *args)
 
     frames = torch.ones(2, 100, 20)
     out = spec_augment(frames, [100, 40], np.random.default_rng(3), 0.2, 5, 0.1)
@@ -1620,7 +1623,8 @@ def test_a_checkpoint_with_tuned_encoder_layers_keeps_them_in_later_stages(tmp_p
     wrong = dict(before)
     wrong["encoder.layers.0.fc1.weight"] = wrong.pop("encoder.layers.1.fc1.weight")
     save_file(wrong, str(tmp_path / "wrong.safetensors"))
-    (tmp_path / "model.yaml").write_text(yaml.safe_dump(TINY_LORA | {"checkpoint": str(tmp_path / "wrong.safetensors")}))
+    wrong_model = TINY_LORA | {"checkpoint": str(tmp_path / "wrong.safetensors")}
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(wrong_model))
     with pytest.raises(InputError, match="not the encoder's last layers and final layer norm"):
         load_model(str(tmp_path / "model.yaml"))
 
