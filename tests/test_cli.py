@@ -955,12 +955,12 @@ def sweep_inputs(folder: Path) -> None:
 ])
 def test_bad_values_and_files_are_one_line_and_leave_nothing(capsys, tmp_path, monkeypatch, argv, match):
     """Rows of a systematic sweep of bad input over every command: one line, exit 2, no output, no files made."""
-    from speechstream import server
+    from speechstream.server import app
 
     def serve_forever(*_):  # a value taken would start serving
         raise AssertionError("serve started")
 
-    monkeypatch.setattr(server, "serve_forever", serve_forever)
+    monkeypatch.setattr(app, "serve_forever", serve_forever)
     folder = tmp_path / "d"
     sweep_inputs(folder)
     before = sorted(tmp_path.rglob("*"))
@@ -988,12 +988,12 @@ def test_bad_values_and_files_are_one_line_and_leave_nothing(capsys, tmp_path, m
     (["train", ""], "recipe"),
 ])
 def test_an_empty_name_is_refused_not_taken_as_left_out(capsys, tmp_path, clip, monkeypatch, argv, what):
-    from speechstream import server
+    from speechstream.server import app
 
     def serve_forever(*_):  # an option taken as left out would start serving
         raise AssertionError("serve started")
 
-    monkeypatch.setattr(server, "serve_forever", serve_forever)
+    monkeypatch.setattr(app, "serve_forever", serve_forever)
     here = tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)

@@ -418,12 +418,12 @@ def test_a_client_that_reads_no_events_has_its_stream_ended(tiny_model, monkeypa
     grew with every event, and the stream held its session slot after its end. Now more than ``max_unread_events``
     waiting, or one event waiting ``send_timeout_s``, ends the stream: the error event and the close frame get a few
     seconds (``UNREAD_CLOSE_S``) to reach the client, then the connection is dropped; the other streams go on."""
-    from speechstream import server as served
+    from speechstream.server import app
     from speechstream.session import Event
 
-    monkeypatch.setattr(served, "UNREAD_CLOSE_S", 0.5)
+    monkeypatch.setattr(app, "UNREAD_CLOSE_S", 0.5)
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(**limits), choose=text_favouring_chooser)
-    socket_class, feed = served.error_event_socket(), server.worker._feed
+    socket_class, feed = app.error_event_socket(), server.worker._feed
     send_str = socket_class.send_str
 
     async def full_socket(self, data, *args, **kwargs):  # stream 1's client reads nothing: its socket stays full
@@ -523,7 +523,7 @@ def test_a_decoding_no_stream_could_run_is_refused_before_serving(tiny_model, ca
     refusal makes no --record-dir (it was made first, an empty folder left behind)."""
     import dataclasses
 
-    from speechstream import server
+    from speechstream.server import app
     from speechstream.errors import InputError
 
     too_many = dataclasses.replace(FAST, max_tokens_per_chunk=9000)  # tiny-random: 8192 target positions
@@ -535,7 +535,7 @@ def test_a_decoding_no_stream_could_run_is_refused_before_serving(tiny_model, ca
     def serve_forever(*_):
         raise AssertionError("serve started")
 
-    monkeypatch.setattr(server, "serve_forever", serve_forever)
+    monkeypatch.setattr(app, "serve_forever", serve_forever)
     code = main(["serve", "--port", "0", "--model", "tiny-random", "--max-tokens-per-chunk", "9000"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("speechstream: error: model tiny-random: its LLM") and err.count("\n") == 1
