@@ -179,6 +179,27 @@ def check_placement(model: SpeechLLM, decoding: DecodingConfig) -> None:
                          f"load it with load_model(name, dtype={decoding.dtype!r})")
 
 
+def session_decoding(model: SpeechLLM, decoding: DecodingConfig, own_chooser: bool, own_llm: bool) -> DecodingConfig:
+    """The decoding a session of ``model`` runs: its arguments checked (``TypeError`` for a wrong kind of object,
+    ``InputError`` for options this model or driver cannot run), the model's defaults filled in. ``own_chooser``: the
+    caller passed its own token chooser (then joint CTC decoding is off unless asked for, and asking for it is an
+    error); ``own_llm``: the session runs its own LLM (a beam needs that)."""
+    if not isinstance(model, SpeechLLM):  # (a name or None failed deep inside, with an AttributeError)
+        raise TypeError(f"model must be a SpeechLLM (speechstream.model.load_model), not {type(model).__name__}")
+    if not isinstance(decoding, DecodingConfig):
+        raise TypeError(f"decoding must be a DecodingConfig, not {type(decoding).__name__}")
+    check_placement(model, decoding)
+    if own_chooser and decoding.ctc_weight is None:
+        decoding = replace(decoding, ctc_weight=0.0)  # the caller's chooser, not the model's default
+    decoding = with_model_defaults(decoding, model.config)
+    if own_chooser and decoding.ctc_weight > 0:
+        raise ValueError("joint CTC decoding (ctc_weight > 0) chooses the tokens itself: pass no choose")
+    if decoding.beam > 1 and not own_llm:
+        raise InputError("--beam above 1 needs a stream that runs its own LLM: batched streams (serve, "
+                         "batch.BatchDecoder) decode greedily")
+    return decoding
+
+
 def llm_positions(llm_config) -> int | None:
     """The positions one segment may give the LLM: ``max_position_embeddings`` (None: no limit); under LongRoPE
     (Phi-3-128k, Phi-3.5) only its ``original_max_position_embeddings``, because transformers picks the short or the
@@ -225,24 +246,12 @@ class StreamingSession:
         own_llm: bool = True,
     ):
         """``own_llm=False`` leaves the LLM to an outside driver that batches several sessions."""
-        if not isinstance(model, SpeechLLM):  # (a name or None failed deep inside, with an AttributeError)
-            raise TypeError(f"model must be a SpeechLLM (speechstream.model.load_model), not {type(model).__name__}")
-        if not isinstance(decoding, DecodingConfig):
-            raise TypeError(f"decoding must be a DecodingConfig, not {type(decoding).__name__}")
-        check_placement(model, decoding)
+        decoding = session_decoding(model, decoding, choose is not None, own_llm)
         self.model = model
-        if choose is not None and decoding.ctc_weight is None:
-            decoding = replace(decoding, ctc_weight=0.0)  # the caller's chooser, not the model's default
-        decoding = with_model_defaults(decoding, model.config)
         self.decoding = decoding
         self.policy = policy or POLICIES[decoding.policy](  # a policy, k and caps DecodingConfig has checked
             decoding.k, decoding.max_tokens_per_chunk, decoding.max_tail_tokens, decoding.max_repeats
         )
-        if choose is not None and decoding.ctc_weight > 0:
-            raise ValueError("joint CTC decoding (ctc_weight > 0) chooses the tokens itself: pass no choose")
-        if decoding.beam > 1 and not own_llm:
-            raise InputError("--beam above 1 needs a stream that runs its own LLM: batched streams (serve, "
-                             "batch.BatchDecoder) decode greedily")
         self.choose = choose or greedy_chooser(model)
         # joint CTC decoding: the CTC head's prefix scores re-rank the LLM's best next tokens
         self.joint = (JointCTC(model, decoding.ctc_weight, decoding.ctc_candidates, decoding.beam)

@@ -649,6 +649,25 @@ def test_bad_arguments_of_the_python_api_are_clear_errors(call, error, match):
     assert "\n" not in str(caught.value)
 
 
+def test_session_decoding_fills_the_models_defaults_and_refuses_what_the_driver_cannot_run(tiny_model):
+    """The decoding a session runs: ctc_weight left unset is the model's default, or off when the caller chooses the
+    tokens itself; joint CTC with the caller's chooser, or a beam in a batched stream, is refused."""
+    from speechstream.config import with_model_defaults
+    from speechstream.session import session_decoding
+
+    unset = DecodingConfig()
+    assert unset.ctc_weight is None
+    assert session_decoding(tiny_model, unset, False, True) == with_model_defaults(unset, tiny_model.config)
+    assert session_decoding(tiny_model, unset, True, True).ctc_weight == 0.0
+    with pytest.raises(ValueError, match="chooses the tokens itself: pass no choose"):
+        session_decoding(tiny_model, DecodingConfig(ctc_weight=0.5), True, True)
+    with pytest.raises(InputError, match="--beam above 1 needs a stream that runs its own LLM"):
+        session_decoding(tiny_model, DecodingConfig(beam=2, ctc_weight=0.5), False, False)
+    assert session_decoding(tiny_model, DecodingConfig(beam=2, ctc_weight=0.5), False, True).beam == 2
+    with pytest.raises(TypeError, match="decoding must be a DecodingConfig, not dict"):
+        session_decoding(tiny_model, {}, False, True)
+
+
 @pytest.mark.parametrize("field, value, named", [
     ("context_tokens", 10**6, "header and its 1000000 context tokens"),
     ("max_tail_tokens", 10**6, "tail \\(max_tail_tokens 1000000\\)"),
