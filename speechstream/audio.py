@@ -455,6 +455,36 @@ def stream_layout(head: bytes, rate: int, ended: bool = False) -> PcmLayout | No
     return None
 
 
+class PcmFramer:
+    """The bytes of a PCM stream as reads return them -> whole frames of its samples. The first bytes tell the layout
+    (``stream_layout``: raw int16 mono at ``rate``, or what a WAV header names); a header's bytes, and any after its
+    data chunk, are not samples; a frame cut between two reads waits in the framer for its rest."""
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        self.layout: PcmLayout | None = None  # known once the first bytes tell it
+        self._carry = b""  # bytes of an unfinished header or frame
+        self._left: int | None = None  # bytes of the data chunk still to come (None: to the end of the stream)
+
+    def push(self, data: bytes, ended: bool = False) -> bytes:
+        """The whole frames ``data`` completes (b"" while the layout is not yet known); ``ended``: no more bytes
+        follow (a header cut short is then raw PCM, or an InputError for a WAV header without its data chunk)."""
+        if self.layout is None:
+            data, self._carry = self._carry + data, b""
+            self.layout = stream_layout(data, self.rate, ended)
+            if self.layout is None:
+                self._carry = data
+                return b""
+            self._left, data = self.layout.length, data[self.layout.offset :]
+        if self._left is not None:  # (the carried bytes of a frame were counted when they came)
+            data, self._left = data[: self._left], self._left - min(self._left, len(data))
+        data = self._carry + data
+        frame = 2 * self.layout.channels
+        whole = len(data) - len(data) % frame
+        self._carry = data[whole:]
+        return data[:whole]
+
+
 def _wav_format(chunk: bytes) -> tuple[int, int]:
     """(rate, channels) of a WAV fmt chunk holding 16-bit PCM, else an InputError saying what to send."""
     if len(chunk) < 16:

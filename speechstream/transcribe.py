@@ -127,7 +127,7 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
     closes it as in ``transcribe_file`` (`StreamInterrupted`). ``segment_starts``, ``words``: as in
     ``transcribe_file``. ``on_layout``: called once with the stream's layout (``offset`` > 0: it had a WAV header)
     when its first bytes tell it."""
-    from speechstream.audio import StreamResampler, pcm_frames_to_float, stream_layout
+    from speechstream.audio import PcmFramer, StreamResampler, pcm_frames_to_float
 
     if isinstance(stream, io.TextIOBase) or not callable(getattr(stream, "read", None)):
         raise InputError(f"transcribe_pcm reads bytes from a binary file object (sys.stdin.buffer, open(path, 'rb'), "
@@ -137,8 +137,8 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
                          f"{sample_rate!r}, {block_bytes!r})")
     session = StreamingSession(model, decoding, partials=partials)
     read = getattr(stream, "read1", stream.read)
-    events, carry, received = [], b"", 0
-    layout, resampler, left = None, None, None  # known once the first bytes tell raw PCM from a WAV header
+    framer = PcmFramer(sample_rate)
+    events, received, resampler = [], 0, None
 
     def feed(samples: np.ndarray) -> None:
         for event in session.feed(samples):
@@ -146,23 +146,17 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
             on_event(event)
 
     def take(data: bytes, ended: bool = False) -> bytes:
-        """Whole frames of ``data`` (after the header, within the data chunk); keeps the rest in ``carry``."""
-        nonlocal carry, layout, resampler, left
-        data = carry + data
-        if layout is None:
-            layout = stream_layout(data, sample_rate, ended)
-            if layout is None:
-                carry = data
-                return b""
-            resampler, left, data = StreamResampler(layout.rate), layout.length, data[layout.offset :]
+        """The whole frames ``data`` completes; once the first bytes tell the layout, its resampler is made."""
+        nonlocal resampler
+        pcm = framer.push(data, ended)
+        if resampler is None and framer.layout is not None:
+            resampler = StreamResampler(framer.layout.rate)
             if on_layout is not None:
-                on_layout(layout)
-        if left is not None:
-            data, left = data[:left], left - min(left, len(data))
-        frame = 2 * layout.channels
-        whole = len(data) - len(data) % frame
-        carry = data[whole:]
-        return data[:whole]
+                on_layout(framer.layout)
+        return pcm
+
+    def feed_pcm(pcm: bytes) -> None:
+        feed(resampler.push(pcm_frames_to_float(pcm, framer.layout.channels)))
 
     with _closed_on_interrupt(session, events, on_event, segment_starts, words), HeldInterrupts() as interrupts:
         try:
@@ -171,18 +165,18 @@ def transcribe_pcm(model: SpeechLLM, decoding: DecodingConfig, stream: BinaryIO,
                 received += len(pcm)
                 if pcm:
                     with interrupts.held():
-                        feed(resampler.push(pcm_frames_to_float(pcm, layout.channels)))
+                        feed_pcm(pcm)
                 if interrupts.pending:
                     break
         except KeyboardInterrupt as stop:
             if isinstance(stop, Terminated) or session._failure is not None:  # SIGTERM (`TerminateAsInterrupt`),
                 raise  # or a stop inside a step (the session is half-updated): close it, no more work
             # Ctrl-C at the pipe: finish with what has arrived
-    if layout is None:  # the stream ended inside what could still have been a WAV header
+    if framer.layout is None:  # the stream ended inside what could still have been a WAV header
         pcm = take(b"", ended=True)
         received += len(pcm)
         if pcm:
-            feed(resampler.push(pcm_frames_to_float(pcm, layout.channels)))
+            feed_pcm(pcm)
     if received < 2:
         raise InputError("stdin: no audio (raw little-endian int16 mono PCM or a 16-bit WAV stream was expected)")
     with _closed_on_interrupt(session, events, on_event, segment_starts, words):  # (a second Ctrl-C, while it ends)

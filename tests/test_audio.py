@@ -493,6 +493,41 @@ def test_stream_layout_reads_a_wav_header_that_arrives_in_pieces(tmp_path):
         stream_layout(path.read_bytes(), 16000)
 
 
+@pytest.mark.parametrize("cut", [1, 3, 7, 64])
+def test_pcm_framer_gives_the_samples_of_a_stream_however_the_reads_cut_it(tmp_path, cut):
+    """Reads of any size give back exactly the data chunk's whole frames, in order: not the header, not bytes after
+    the data chunk (a WAV file's trailing chunk), not half a frame; raw PCM is all samples."""
+    from speechstream.audio import PcmFramer, PcmLayout
+
+    path = tmp_path / "x.wav"
+    stereo = np.random.default_rng(0).uniform(-0.5, 0.5, (101, 2)).astype(np.float32)
+    soundfile.write(path, stereo, 22050, subtype="PCM_16")
+    data = path.read_bytes()
+    offset = data.index(b"data") + 8
+    samples = data[offset : offset + 404]
+    streamed = data + b"LIST\x04\x00\x00\x00abcd"  # a chunk after the data: not audio
+    framer = PcmFramer(16000)
+    pieces = [framer.push(streamed[i : i + cut]) for i in range(0, len(streamed), cut)]
+    assert framer.layout == PcmLayout(22050, 2, offset, 404)
+    assert all(len(piece) % 4 == 0 for piece in pieces) and b"".join(pieces) == samples
+    assert framer.push(b"", ended=True) == b""
+
+    raw = PcmFramer(8000)
+    odd = samples[:403]  # a last odd byte is no sample
+    pieces = [raw.push(odd[i : i + cut]) for i in range(0, len(odd), cut)]
+    assert raw.layout == PcmLayout(8000) and b"".join(pieces) == samples[:402]
+
+
+def test_pcm_framer_on_a_stream_that_ends_inside_a_header():
+    from speechstream.audio import PcmFramer, PcmLayout
+
+    framer = PcmFramer(16000)
+    assert framer.push(b"RI") == b"" and framer.layout is None  # could still be a WAV header
+    assert framer.push(b"", ended=True) == b"RI" and framer.layout == PcmLayout(16000)  # it was raw PCM
+    with pytest.raises(InputError, match="without audio"):
+        PcmFramer(16000).push(b"RIFF\x24\x00\x00\x00WAVE", ended=True)
+
+
 def test_a_file_at_an_odd_rate_is_resampled_without_a_huge_kernel(tmp_path, monkeypatch):
     """8001 Hz shares nothing with 16 kHz: torchaudio's kernel would be 16000 x 8001 taps (gigabytes, seconds);
     soxr resamples it, and a 1 kHz tone stays a 1 kHz tone of the same level."""

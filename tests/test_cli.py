@@ -1085,6 +1085,32 @@ def test_a_wav_stream_on_stdin_gives_what_the_file_gives(capsys, monkeypatch, tm
     assert without_clock(piped) == without_clock(filed) and without_clock(piped)[-1]["audio_s"] == pytest.approx(2.3)
 
 
+def test_a_wav_stream_read_in_odd_pieces_loses_no_sample(capsys, monkeypatch, tmp_path):
+    """A pipe's reads may end inside a frame: the bytes carried to the next read were counted twice against the WAV
+    header's data length, so a stream with many such reads lost as many bytes at its end. Now every sample is read."""
+    import io
+
+    class OddReads(io.RawIOBase):  # a pipe whose reads end inside frames
+        def __init__(self, data: bytes):
+            self.data = io.BytesIO(data)
+
+        def readable(self) -> bool:
+            return True
+
+        def read1(self, size: int = -1) -> bytes:
+            return self.data.read(min(size, 1001))
+
+        read = read1
+
+    mono = soundfile.read(write_wav(tmp_path / "mono.wav", seconds=1.5, rate=16000), dtype="float32")[0]
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, np.stack([mono, -0.5 * mono], axis=1), 16000, subtype="PCM_16")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(OddReads(path.read_bytes())))
+    code, out, err = run(capsys, "transcribe", "-", "--format", "jsonl")
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["audio_s"] == 1.5  # 24,000 frames of 4 bytes, in reads of 1,001 bytes
+
+
 @pytest.mark.parametrize("header, argv, note", [
     (True, ["--input-rate", "8000"], "stdin is a WAV stream at 44100 Hz, as its header says; --input-rate 8000 is for "
                                      "raw PCM and is not used"),
