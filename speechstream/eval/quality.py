@@ -21,7 +21,8 @@ The English normaliser `normalize_english`, step by step (each step sees the pre
    "$5" -> "five dollars", "$1" -> "one dollar", "£2" -> "two pounds", "€3" -> "three euros". Exactly two
    decimals are read as cents/pence: "$5.50" -> "five dollars fifty cents"; other decimals are read as a
    decimal number ("$2.5" -> "two point five dollars"); ".00" adds nothing ("$1.00" -> "one dollar").
-3. Percent: a number followed by "%" -> the number in words then "percent" ("5%" -> "five percent").
+3. Percent: a number followed by "%" -> the number in words then "percent" ("5%" -> "five percent"), thousands
+   separators and decimals included ("1,000.5%" -> "one thousand point five percent").
 4. Decades: a two-digit multiple of ten or a four-digit year ending in 0, followed by "s" or "'s" and not part
    of a longer number, is read as the plural of its spoken form: the last number word takes "ies" for a final
    "y", else "s" ("80s" -> "eighties", "1990s" -> "nineteen nineties", "1900s" -> "nineteen hundreds",
@@ -85,7 +86,8 @@ _CURRENCIES = {
 _TITLES = {"mr": "mister", "mrs": "missus", "dr": "doctor"}
 
 _MONEY = re.compile(r"([$£€])\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?")
-_PERCENT = re.compile(r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?%")
+# A grouped number may have decimals too: "1,000.5%" is one number, not "1," then "000.5%".
+_PERCENT = re.compile(r"(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)\s?%")
 # A decade: "80s", "1990s", "1990's" (not "180s", not "1,990s").
 _DECADE = re.compile(r"(?<![\w,.])([1-9]0|[1-9]\d{2}0)'?s\b")
 # Not after a word character, comma or point: "1,000th" is grouped first, "1.5th" is no ordinal.

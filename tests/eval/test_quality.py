@@ -104,6 +104,9 @@ NORMALIZER_CASES = {
     "1,2,000": "one two zero zero zero",
     # a space may follow the currency sign
     "$ 5 and £ 2.50": "five dollars and two pounds fifty pence",
+    # a grouped number with decimals before "%" is one number (its digits after the comma were read as "000.5")
+    "up 1,000.5% or 12,345.25 %": "up one thousand point five percent or twelve thousand three hundred forty five "
+                                  "point two five percent",
 }
 
 
