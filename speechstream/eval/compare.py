@@ -36,6 +36,7 @@ from speechstream.config import one_line
 from speechstream.errors import InputError
 from speechstream.eval.latency import instance_latency
 from speechstream.eval.run import CONFIG_FILE, INSTANCES_FILE, SCORES_FILE
+from speechstream.manifest import text_lines
 
 RESAMPLES = 1000  # draws of the paired bootstrap (sacrebleu's default for its own)
 MAX_RESAMPLES = 10_000  # the draws are resamples x utterances indices (2,620 LibriSpeech utterances: 210 MB)
@@ -85,7 +86,8 @@ def read_run(folder: str | Path) -> Run:
         config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
         task = config["task"]
         scores = json.loads((path / SCORES_FILE).read_text(encoding="utf-8"))
-        lines = (path / INSTANCES_FILE).read_text(encoding="utf-8").splitlines()
+        # (split at newlines only, as eval reads its log: a prediction or id may hold U+2028 or U+0085 as it is)
+        lines = text_lines((path / INSTANCES_FILE).read_text(encoding="utf-8"))
         records = sorted((json.loads(line) for line in lines if line.strip()), key=lambda record: record["index"])
         ids = tuple(str(record["id"]) for record in records)
         predictions = tuple(record["prediction"] or "" for record in records)

@@ -17,6 +17,7 @@ from speechstream.eval.compare import bootstrap_draws, compare, comparison_text,
 from speechstream.eval.latency import instance_latency
 from speechstream.eval.quality import bleu, chrf, wer
 from speechstream.eval.run import CONFIG_FILE, INSTANCES_FILE, SCORES_FILE, score_instances
+from speechstream.manifest import json_text
 
 WORDS = "the a cat sat on mat dog ran far away home 12 Dr. it's".split()
 
@@ -111,7 +112,8 @@ def test_latency_is_tested_over_the_utterances_with_output(tmp_path):
         assert result["systems"][1][name]["p"] == pytest.approx(expected_p)
         assert result["systems"][1][name]["mean"] == pytest.approx(drawn[1].mean())
     assert list(result["higher_is_better"]) == ["WER_normalized", "WER", "AL", "LAAL", "YAAL"]
-    assert result["systems"][1]["YAAL"]["score"] != result["systems"][1]["LAAL"]["score"]  # a word past the end left out
+    # a word past the end left out
+    assert result["systems"][1]["YAAL"]["score"] != result["systems"][1]["LAAL"]["score"]
 
 
 def test_translation_is_sacrebleus_paired_bootstrap(tmp_path):
@@ -180,6 +182,24 @@ def test_utterances_are_paired_by_id_not_by_line(tmp_path):
     shuffled = write_run(tmp_path / "c", "asr", [predictions[i] for i in order], [references[i] for i in order],
                          ids=[f"u{i}" for i in order], order=list(reversed(range(8))))
     assert compare([base, in_order], 30)["systems"][1]["WER"] == compare([base, shuffled], 30)["systems"][1]["WER"]
+
+
+def test_records_holding_line_separator_characters_are_read_as_eval_wrote_them(tmp_path):
+    # eval writes its records with json_text (no ASCII escapes) and reads them back split at "\n" only; an id or a
+    # prediction holding U+2028 or U+0085 (str.splitlines splits at both) made compare call the run unreadable
+    references = sentences(4, 18)
+    ids = ["u0", "talk\u2028one", "u2", "u3"]
+    predictions = ["the cat", "a \x85 dog", "far away", "home"]
+    runs = []
+    for name in ("a", "b"):
+        folder = write_run(tmp_path / name, "asr", predictions, references, ids=ids)
+        records = [json.loads(line) for line in (folder / INSTANCES_FILE).read_text(encoding="utf-8").split("\n")
+                   if line]
+        (folder / INSTANCES_FILE).write_text("".join(json_text(record) + "\n" for record in records),
+                                             encoding="utf-8")
+        runs.append(folder)
+    result = compare(runs, 20)
+    assert result["utterances"] == 4 and result["systems"][1]["WER"]["p"] == 1.0
 
 
 def test_bad_folders_are_refused_on_one_line(tmp_path):
