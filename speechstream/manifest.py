@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,8 +157,10 @@ def manifest_folder(path: Path) -> Path:
 
 
 def audio_path(folder: Path, value: str) -> Path:
-    """A manifest's ``audio`` value as a path: ``~`` expanded, a relative one taken from ``folder``."""
-    return folder / Path(value).expanduser()
+    """A manifest's ``audio`` value as a path: ``~`` or ``~user`` expanded where it names a home folder, a relative one
+    taken from ``folder``. A "~" that names none stays as written, as a shell leaves it (``os.path.expanduser``;
+    ``Path.expanduser`` raised RuntimeError for a clip named "~take1.wav" beside the manifest)."""
+    return folder / os.path.expanduser(value)
 
 
 def _parse_line(line: str, path: Path, number: int, folder: Path) -> Utterance:

@@ -98,7 +98,8 @@ def test_a_symlinked_manifest_reads_audio_beside_the_file_it_points_to(clips: Pa
         ('{"id": "b", "audio": "clips/b.wav", "duration": 0}', 'm.jsonl:2: "duration" must be a positive number'),
         ('{"id": "b", "audio": "clips/b.wav", "duration": true}', 'm.jsonl:2: "duration" must be a positive number'),
         # numbers no recording has: an infinite sample count (OverflowError, exit 1), a float overflow, then JSON's
-        ('{"id": "b", "audio": "clips/b.wav", "duration": 1e308}', '"duration" must be at most 1e+09 seconds, got 1e+308'),
+        ('{"id": "b", "audio": "clips/b.wav", "duration": 1e308}',
+         '"duration" must be at most 1e+09 seconds, got 1e+308'),
         ('{"id": "b", "audio": "clips/b.wav", "offset": 1' + "0" * 400 + '}', '"offset" must be a number of seconds'),
         ('{"id": "b", "audio": "clips/b.wav", "offset": 1' + "0" * 5000 + '}',
          "m.jsonl:2: not a JSON line this reader takes (ValueError: Exceeds the limit (4300 digits)"),
@@ -140,6 +141,18 @@ def test_a_folder_named_as_audio_is_said_to_be_one(clips: Path):
     with pytest.raises(InputError) as caught:
         read_manifest(manifest)
     assert str(caught.value) == f"{manifest}:2: {clips / 'clips'}: is a directory, not an audio file"
+
+
+def test_a_name_starting_with_a_tilde_that_names_no_user_is_a_relative_path(clips: Path):
+    """Only a "~" or "~user" that expands is a home folder: a clip named "~take1.wav" beside the manifest is read
+    there, and "~nosuchuser/x.wav" is a file not found (both were a RuntimeError, 'Could not determine home
+    directory.', exit 1)."""
+    (clips / "~take1.wav").write_bytes(b"RIFF")
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "~take1.wav"}])
+    assert read_manifest(manifest)[0].audio == clips / "~take1.wav"
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "~nosuchuser-speechstream/x.wav"}])
+    with pytest.raises(InputError, match="1 audio file not found .*~nosuchuser-speechstream/x.wav"):
+        read_manifest(manifest)
 
 
 def test_a_missing_file_named_on_several_lines_is_counted_once(clips: Path):

@@ -440,7 +440,9 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
 
 
 def _folder(path: str | Path) -> Path:
-    path = Path(path).expanduser()
+    """A corpus folder that exists (InputError if not); a leading "~" is expanded only where it names a home folder
+    (``os.path.expanduser``: ``Path.expanduser`` raised RuntimeError for "~nosuchuser/...")."""
+    path = Path(os.path.expanduser(path))
     if not path.is_dir():
         raise InputError(f"{path}: no such folder")
     return path

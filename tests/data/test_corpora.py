@@ -94,6 +94,16 @@ def test_librispeech_entries(librispeech: Path):
     assert next(librispeech_entries(librispeech, ["test-other"], lowercase=False))["text"] == "THERE'S IRON THEY SAY"
 
 
+def test_a_corpus_folder_starting_with_a_tilde_that_names_no_user(librispeech: Path, tmp_path: Path, monkeypatch):
+    """A "~" that names no home folder stays as written, as a shell leaves it: "~nosuchuser/LibriSpeech" is a folder
+    not found and a folder named "~ls" is read (both were a RuntimeError: a recipe's traceback, exit 1)."""
+    with pytest.raises(InputError, match="~nosuchuser-speechstream/LibriSpeech: no such folder"):
+        list(librispeech_entries("~nosuchuser-speechstream/LibriSpeech"))
+    (tmp_path / "~ls").symlink_to(librispeech)
+    monkeypatch.chdir(tmp_path)
+    assert len(list(librispeech_entries("~ls"))) == 3
+
+
 def test_librispeech_script_writes_a_manifest_eval_can_read(librispeech: Path, tmp_path: Path):
     out = librispeech / "test-clean.jsonl"
     result = run_recipe("prepare_librispeech.py", librispeech, "--subset", "test-clean", "--out", out)
