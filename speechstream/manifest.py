@@ -105,9 +105,14 @@ def read_manifest(path: str | Path) -> list[Utterance]:
             first = first_line_of[utterance.id]
             raise InputError(f'{path}:{number}: duplicate id "{utterance.id}" (first on line {first})')
         first_line_of[utterance.id] = number
-        if utterance.audio.is_dir():
+        try:
+            is_dir, is_file = utterance.audio.is_dir(), utterance.audio.is_file()
+        except OSError as error:  # a name too long, a folder on the way that may not be searched
+            raise InputError(f"{path}:{number}: {utterance.audio}: cannot look the file up "
+                             f"({error.strerror or error})") from None
+        if is_dir:
             raise InputError(f"{path}:{number}: {utterance.audio}: is a directory, not an audio file")
-        if not utterance.audio.is_file():
+        if not is_file:
             missing.setdefault(utterance.audio, []).append(number)
         utterances.append(utterance)
 

@@ -155,6 +155,15 @@ def test_a_name_starting_with_a_tilde_that_names_no_user_is_a_relative_path(clip
         read_manifest(manifest)
 
 
+def test_an_audio_path_the_system_cannot_look_up_names_its_line(clips: Path):
+    """A name too long for the file system (or a folder that may not be searched) made the existence check raise
+    OSError: a traceback-like line and exit 1 instead of the manifest's line."""
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav"},
+                                                {"id": "b", "audio": "x" * 5000 + ".wav"}])
+    with pytest.raises(InputError, match=r"m\.jsonl:2: .*xxx\.wav: cannot look the file up \(File name too long\)"):
+        read_manifest(manifest)
+
+
 def test_a_missing_file_named_on_several_lines_is_counted_once(clips: Path):
     """Segments of one talk share its file: it is one missing file, named with its first line (it read '3 audio
     files not found (line 1: talk.wav, line 2: talk.wav, line 3: talk.wav)')."""
