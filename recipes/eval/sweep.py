@@ -64,6 +64,7 @@ from speechstream.baselines import BASELINES  # noqa: E402 (light: no torch)
 from speechstream.config import ABLATIONS  # noqa: E402
 from speechstream.eval.run import EXIT_SIGINT, EXIT_SIGTERM  # noqa: E402 (light: no torch)
 from speechstream.interrupts import Terminated, TerminateAsInterrupt  # noqa: E402
+from speechstream.manifest import text_lines  # noqa: E402
 
 DEFAULT_MODEL = "smollm2-whisper-base"
 KS, CHUNKS = (1, 2, 3, 4), (320, 640, 1280)
@@ -553,7 +554,7 @@ def total_audio_s(out: Path, rows: list[Row]) -> float | None:
     for row in rows:
         log = out / row.run.folder / "instances.log"
         try:
-            records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+            records = [json.loads(line) for line in text_lines(log.read_text(encoding="utf-8")) if line.strip()]
         except (OSError, json.JSONDecodeError):
             continue
         if records and len(records) == row.run.scores.get("num_instances"):

@@ -74,7 +74,12 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
                               None if duration is None else float(duration))
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError, OverflowError, InputError) as error:
             raise InputError(f"{path}:{number}: bad manifest line ({type(error).__name__}: {error})") from None
-        if not example.audio.is_file():
+        try:
+            found = example.audio.is_file()
+        except OSError as error:  # a name too long, a folder on the way that may not be searched
+            raise InputError(f"{path}:{number}: {row['audio']}: cannot look the file up ({error.strerror or error})"
+                             ) from None
+        if not found:
             raise InputError(f"{path}:{number}: {row['audio']}: no such audio file")
         if example.id in seen:  # features are cached by id: a second utterance would train on the first's audio
             raise InputError(f"{path}:{number}: duplicate id {example.id!r}")

@@ -803,6 +803,7 @@ def test_an_empty_recipe_path_is_refused_not_taken_as_left_out(capsys, tmp_path,
     ("duplicate", "duplicate id"),
     ("row-list", "bad manifest line"),
     ("no-audio", "no such audio file"),
+    ("long-name", "cannot look the file up (File name too long)"),  # (an OSError, exit 1, before)
     ("out-file", "is not a folder"),
     ("out-under-file", "cannot create the folder"),
     ("number-keys", "unknown config keys 1, 2.5"),
@@ -820,13 +821,14 @@ def test_bad_recipe_files_are_one_line_errors(capsys, tmp_path, kind, match):
         argv.append("steps=[")
     elif kind == "number-keys":
         path.write_text(path.read_text() + "1: 2\n2.5: x\n")
-    elif kind in ("duplicate", "row-list", "no-audio"):
+    elif kind in ("duplicate", "row-list", "no-audio", "long-name"):
         manifest = tmp_path / "m.jsonl"
         line = (ROOT / "samples" / "manifest.jsonl").read_text().splitlines()[0]
         row = json.loads(line)
         row["audio"] = str(ROOT / "samples" / row["audio"])
         second = {"duplicate": json.dumps(row), "row-list": "[1, 2]",
-                  "no-audio": json.dumps({**row, "id": "other", "audio": "nowhere.wav"})}[kind]
+                  "no-audio": json.dumps({**row, "id": "other", "audio": "nowhere.wav"}),
+                  "long-name": json.dumps({**row, "id": "other", "audio": "x" * 5000 + ".wav"})}[kind]
         manifest.write_text(json.dumps(row) + "\n" + second + "\n")
         argv.append(f"train_manifest={manifest}")
     elif kind == "out-under-file":  # (an out_dir that cannot be created: a file on its path)
