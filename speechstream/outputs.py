@@ -95,7 +95,9 @@ def cues(events: list[Event], segment_starts: Sequence[float] = (), words: Seque
     its first piece belongs to. ``segment_starts``: seconds where each VAD segment's audio starts, in order
     (``StreamingSession.segment_start_times``); a piece committed at ``source_s`` belongs to the last segment
     that starts before it. Pieces committed at the moment the previous cue ended (the flush at a segment end)
-    join that cue: a cue never has zero length.
+    join that cue: a cue never has zero length. A piece that goes on with the cue's last word (``_inside_word``)
+    joins it too, whatever the limits: a chunk's text may end inside a word (the cap on tokens per chunk forces a
+    read there, and the end-of-chunk marker commits what was written), and no cue starts or ends inside a word.
     """
     if words:
         return word_cues(words, segment_starts, events[-1].audio_s if events else None)
@@ -113,11 +115,20 @@ def cues(events: list[Event], segment_starts: Sequence[float] = (), words: Seque
             text, end, floor = groups[-1]
             start = _cue_start(groups, len(groups) - 1)
             too_long = len((text + event.text).strip()) > MAX_CUE_CHARS or event.source_s - start > MAX_CUE_SECONDS
-            if not too_long or event.source_s <= end or not text.strip():
+            if not too_long or event.source_s <= end or not text.strip() or _inside_word(text, event.text):
                 groups[-1] = [text + event.text, max(end, event.source_s), floor]
                 continue
         groups.append([event.text, event.source_s, segment_start(event.source_s)])
     return [Cue(_cue_start(groups, i), end, text.strip()) for i, (text, end, _) in enumerate(groups) if text.strip()]
+
+
+def _inside_word(text: str, piece: str) -> bool:
+    """Whether ``piece`` goes on with the word ``text`` ends in (``text`` holds more than whitespace): no space
+    between them, and the word they make no longer than a cue. (A script written without spaces, as Chinese or Thai,
+    has runs of characters longer than that: they are cut between pieces as before, not joined into one cue.)"""
+    if text[-1:].isspace() or piece[:1].isspace():
+        return False
+    return len(text.split()[-1] + piece.split()[0]) <= MAX_CUE_CHARS
 
 
 def _cue_start(groups: list[list], i: int) -> float:

@@ -209,6 +209,23 @@ def test_a_cue_never_starts_before_its_segment():
     assert cues(new_cue_at_cut, [0.0, 5.0]) == [Cue(0.0, 2.0, "x" * 40), Cue(2.0, 5.0, "there")]
 
 
+def test_a_word_committed_in_two_pieces_stays_in_one_cue():
+    """A chunk's text may end inside a word (the per-chunk cap, max_tokens_per_chunk, forces a read there, and the
+    end-of-chunk marker commits what was written): the rest of the word, committed later without a leading space,
+    joins the word's cue whatever the limits, so no cue starts or ends inside a word (eval's word_delays also counts
+    such a word once)."""
+    head = "The quick brown fox jumps over the la"  # 37 characters: the next piece takes the cue past 42
+    events = stream(final(head, 1.0), final("zy dog", 1.5), final(" sleeps", 9.0), final("ound", 20.0))
+    assert cues(events) == [Cue(0.0, 1.5, head + "zy dog"), Cue(13.0, 20.0, "sleepsound")]
+    assert " ".join(c.text for c in cues(events)).split() == "".join(e.text for e in events[:-1]).split()
+    # a piece after whitespace, or one that starts with it, starts a word: the limits apply as before
+    assert cues(stream(final("x" * 40 + " ", 1.0), final("abc", 1.5))) == [Cue(0.0, 1.0, "x" * 40),
+                                                                        Cue(1.0, 1.5, "abc")]
+    # so does a script written without spaces, whose runs of characters are longer than a cue: not one cue for all
+    chinese = "\u4eca\u5929\u5929\u6c14\u5f88\u597d" * 5  # 30 characters, no space
+    assert cues(stream(final(chinese, 1.0), final(chinese, 2.0))) == [Cue(0.0, 1.0, chinese), Cue(1.0, 2.0, chinese)]
+
+
 def test_a_piece_of_whitespace_alone_is_no_cue_and_ends_none():
     # the text after it joins it whatever the limits, so the cue starts where the previous cue ended (none: 0.0)
     assert cues(stream(final(" ", 5.0), final("x" * 43, 6.0))) == [Cue(0.0, 6.0, "x" * 43)]
