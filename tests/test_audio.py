@@ -486,6 +486,10 @@ def test_stream_layout_reads_a_wav_header_that_arrives_in_pieces(tmp_path):
     assert stream_layout(b"\x01\x02\x03\x04", 8000) == PcmLayout(8000)
     assert stream_layout(b"RIFF\x00\x00\x00\x00ABCD", 8000) == PcmLayout(8000)
     assert stream_layout(b"RI", 8000, ended=True) == PcmLayout(8000)
+    assert stream_layout(b"fL", 8000) is None and stream_layout(b"fL", 8000, ended=True) == PcmLayout(8000)
+    assert stream_layout(b"fLaX", 8000) == PcmLayout(8000)  # (raw PCM that starts as FLAC's mark does, almost)
+    with pytest.raises(InputError, match="^stdin: FLAC audio; stdin takes raw int16 PCM or a 16-bit WAV stream"):
+        stream_layout(b"fLaC", 8000)
     with pytest.raises(InputError, match="without audio"):
         stream_layout(data[: offset - 8], 16000, ended=True)
     soundfile.write(path, np.zeros(100, np.float32), 16000, subtype="PCM_24")

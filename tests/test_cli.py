@@ -1143,6 +1143,10 @@ def test_an_input_rate_a_wav_header_overrides_is_noted(capsys, monkeypatch, tmp_
     (b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x03\x00\x01\x00\x80\x3e\x00\x00\x00\xfa\x00\x00\x04\x00\x20\x00"
      b"data\x00\x00\x00\x00" + bytes(64), ["-"], "stdin: a WAV stream of format 3 \\(32-bit\\), 1 channel;"),
     (b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00", ["-"], "stdin: a WAV header without audio"),
+    # compressed audio was read as raw PCM: a transcript of noise, exit 0
+    (b"fLaC\x00\x00\x00\x22" + bytes(4096), ["-"], "stdin: FLAC audio; stdin takes raw int16 PCM or a 16-bit WAV"),
+    (b"OggS\x00\x02" + bytes(4096), ["-"], "stdin: Ogg audio; .* -f wav - | speechstream transcribe -\\), or name"),
+    (b"ID3\x04\x00" + bytes(4096), ["-"], "stdin: MP3 \\(ID3-tagged\\) audio"),
 ])
 def test_bad_stdin_is_one_line(capsys, monkeypatch, stdin, argv, match):
     import io
