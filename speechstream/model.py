@@ -342,16 +342,24 @@ class SpeechLLM(nn.Module):
 
 
 def model_config_path(name_or_path: str) -> Path:
-    """``models/<name>/config.yaml`` or ``<dir>/config.yaml`` or a YAML file itself."""
+    """``models/<name>/config.yaml`` or ``<dir>/config.yaml`` or a YAML file itself. A name the system cannot look
+    up (longer than the file system takes, a folder on the way that may not be searched) is an InputError: pathlib's
+    checks raise the OSError of all but a missing file."""
     candidate = Path(name_or_path)
-    if candidate.is_file():
-        return candidate
-    if candidate.is_dir() and (candidate / "config.yaml").is_file():
-        return candidate / "config.yaml"
     shipped = MODELS_DIR / name_or_path / "config.yaml"
-    if shipped.is_file():
+    try:
+        is_file, is_dir = candidate.is_file(), candidate.is_dir()
+        has_config = is_dir and (candidate / "config.yaml").is_file()
+        shipped_is_file = not is_file and not has_config and shipped.is_file()
+    except OSError as error:
+        raise InputError(f"model {name_or_path!r}: cannot look it up ({error.strerror or error})") from None
+    if is_file:
+        return candidate
+    if has_config:
+        return candidate / "config.yaml"
+    if shipped_is_file:
         return shipped
-    if candidate.is_dir():
+    if is_dir:
         raise InputError(f"{name_or_path}: a model folder needs a config.yaml")
     known = sorted(p.parent.name for p in MODELS_DIR.glob("*/config.yaml"))
     raise InputError(f"unknown model {name_or_path!r} (shipped models: {', '.join(known)})")

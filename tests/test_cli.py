@@ -144,6 +144,9 @@ def test_bad_audio(capsys, tmp_path, kind, match):
     (["transcribe", "{clip}", "--chunk-ms", "40.5"], "--chunk-ms: invalid int value"),
     (["transcribe", "{clip}", "--k", "0"], "--k must be at least 1"),
     (["transcribe", "{clip}", "--model", "nosuchmodel"], "unknown model 'nosuchmodel'"),
+    # a name longer than the file system takes: looking it up raised the OSError (exit 1)
+    (["transcribe", "{clip}", "--model", "m" * 300], r"model 'm+': cannot look it up \(File name too long\)"),
+    (["serve", "--model", "m/" * 3000], r"model '(m/)+': cannot look it up \(File name too long\)"),
     (["transcribe", "{clip}", "--format", "xml"], "--format: invalid choice"),
     (["transcribe", "{clip}", "--output", "{tmp}"], "cannot write the output"),
     (["transcribe"], "required: audio"),
