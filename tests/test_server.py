@@ -1071,6 +1071,9 @@ def test_bad_serve_options_give_one_error_line_and_exit_2(capsys):
             (["serve", "--max-sessions", "0"], "--max-sessions must be at least 1"),
             (["serve", "--max-sessions", "many"], "invalid int value"),
             (["serve", "--port", "70000"], "--port must be between 0 and 65535"),
+            # names IDNA cannot encode (an empty label, one over 63 characters): a UnicodeError, exit 1
+            (["serve", "--host", "speech..example", "--port", "0"], "cannot resolve --host 'speech..example'"),
+            (["serve", "--host", "a" * 64 + ".example", "--port", "0"], "cannot resolve --host 'aaaa"),
             (["serve", "--max-frame-bytes", "3"], "even"),
             (["serve", "--chunk-ms", "3"], "chunk"),
             (["serve", "--port", "0", "--record-dir", f"{__file__}/record"], "cannot create --record-dir"),

@@ -384,6 +384,9 @@ def listen_socket(host: str, port: int) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
         raise InputError(f"cannot resolve --host {host!r} ({error.strerror})") from None
+    except UnicodeError as error:  # the name's IDNA encoding failed: an empty label, one over 63 characters
+        reason = error.__cause__ or error  # (the codec's own words, not the wrapper's)
+        raise InputError(f"cannot resolve --host {host!r} (not a host name: {reason})") from None
     family, _, _, _, address = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
