@@ -217,6 +217,9 @@ def cache_problem(directory: Path, spec: AssetSpec, verify: bool = False) -> str
     if not all(recorded.get(key) == value for key, value in expected.items()):
         return "was built from other pins or by another converter version"
     sizes = recorded.get("file_sizes", {})  # (markers written before sizes were recorded have none)
+    digests = recorded.get("file_sha256", {})  # (nor hashes)
+    if not isinstance(sizes, dict) or not isinstance(digests, dict):
+        return f"has a damaged {MARKER_NAME}"
     for name, size in sizes.items():
         try:
             if (directory / name).stat().st_size != size:
@@ -224,7 +227,7 @@ def cache_problem(directory: Path, spec: AssetSpec, verify: bool = False) -> str
         except OSError:
             return f"lacks {name}"
     if verify:  # (markers written before hashes were recorded have none: sizes are all they can check)
-        for name, digest in recorded.get("file_sha256", {}).items():
+        for name, digest in digests.items():
             try:
                 if file_sha256(directory / name) != digest:
                     return f"has a corrupted {name} (sha256 differs from the one recorded when it was built)"

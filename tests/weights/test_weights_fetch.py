@@ -114,14 +114,23 @@ def test_stale_marker_triggers_a_rebuild(index, cache, monkeypatch):
     assert len(index.requests) == 4 and json.loads(marker.read_text())["converter_version"] >= 1
 
 
-@pytest.mark.parametrize("damage", ["null marker", "list marker", "truncated weights", "deleted weights"])
+@pytest.mark.parametrize("damage", ["null marker", "list marker", "file_sizes null", "file_sha256 a list",
+                                    "truncated weights", "deleted weights"])
 def test_a_damaged_cache_entry_is_rebuilt(index, cache, monkeypatch, damage):
+    """(A marker whose pins match but whose file_sizes or file_sha256 is no mapping raised AttributeError: "'NoneType'
+    object has no attribute 'items'", exit 1, on every load of the model.)"""
     register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
     built = fetch(NAME)
     weights = built / "model.safetensors"
     assert weights.stat().st_mode & 0o777 == 0o644  # readable by every user of a shared cache
     if damage.endswith("marker"):
         (built / MARKER_NAME).write_text("null" if damage == "null marker" else "[1]")
+    elif damage.startswith("file_"):
+        key, _, value = damage.partition(" ")
+        marker = json.loads((built / MARKER_NAME).read_text())
+        (built / MARKER_NAME).write_text(json.dumps(marker | {key: None if value == "null" else ["model.safetensors"]}))
+        assert fetch(NAME, verify=True) == built and len(index.requests) == 4  # rebuilt, not trusted
+        return
     elif damage == "truncated weights":
         weights.write_bytes(weights.read_bytes()[:100])
     else:
