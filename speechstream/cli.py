@@ -851,6 +851,18 @@ def one_line(message: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def name_too_long(error: BaseException) -> str | None:
+    """The error line for a file or folder named longer than the file system takes (ENAMETOOLONG), whichever command
+    looked it up (an audio file, --out, --record-dir, a baseline's folder): the name is the user's input, so the
+    command ends with exit 2, as for other bad input, not 1; None for any other error."""
+    import errno
+
+    if not isinstance(error, OSError) or error.errno != errno.ENAMETOOLONG:
+        return None
+    name = os.fsdecode(error.filename) if error.filename is not None else "a file name"
+    return f"{one_line(name)}: the name is longer than the file system takes"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
@@ -879,6 +891,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the user gets one line; --debug shows the rest
         if debug:
             traceback.print_exc()
+        too_long = name_too_long(error)
+        if too_long:
+            print(f"speechstream: error: {too_long}", file=sys.stderr)
+            return 2
         print(f"speechstream: error: {type(error).__name__}: {one_line(error)}", file=sys.stderr)
         return 1
 

@@ -1562,3 +1562,21 @@ def test_beam_values_no_stream_can_decode_with_are_one_line_errors(capsys, tmp_p
     monkeypatch.chdir(tmp_path)
     code, out, err = run(capsys, *argv)
     assert code == 2 and error_lines(err) == [err.strip()] and message in err, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["transcribe", "{long}"],
+    ["eval", "{manifest}", "--out", "{long}", "--model", "tiny-random"],
+    ["eval", "{manifest}", "--out", "{tmp}/e", "--baseline", "whisper-offline", "--baseline-model", "{long}"],
+    ["serve", "--record-dir", "{long}"],
+])
+def test_a_name_longer_than_the_file_system_takes_is_bad_input(capsys, tmp_path, clip, argv):
+    """A file or folder named longer than the file system takes (ENAMETOOLONG): the commands that looked it up (an
+    audio file's header check, eval's --out and --baseline-model, serve's --record-dir) ended with "OSError: [Errno 36]
+    File name too long: ..." and exit 1, as for a failure of the program; it is the user's input, exit 2."""
+    long = "n" * 300
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": str(clip), "text": "hello"}) + "\n")
+    code, _, err = run(capsys, *[a.format(clip=clip, tmp=tmp_path, long=long, manifest=manifest) for a in argv])
+    line = assert_one_error(code, err, match=f"{long}.*: the name is longer than the file system takes$")
+    assert "Errno" not in line
