@@ -619,6 +619,34 @@ def test_a_record_dir_that_cannot_be_written_costs_no_stream(tiny_model, tmp_pat
     assert "stream 2: --record-dir: could not write its audio" in log, log
 
 
+def test_a_server_started_again_over_a_record_dir_keeps_the_last_runs_recordings(tiny_model, tmp_path):
+    """Stream ids started at 1 in every run: a server started again with the same --record-dir overwrote the last
+    run's stream-0001.wav and .jsonl with its first stream's. Its streams are now numbered on from the highest
+    recording in the folder."""
+    record = tmp_path / "record"
+    record.mkdir()
+    (record / "stream-0001.wav").write_bytes(b"last run")
+    (record / "stream-0007.jsonl").write_text("last run\n")
+    (record / "stream-notes.txt").write_text("")
+    config = ServerConfig(record_dir=str(record))
+    server = Server(tiny_model, "tiny-random", FAST, config, choose=text_favouring_chooser)
+    pcm = to_pcm(clips(1.0)[1])
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            events = await stream(http, url, pcm)
+            for _ in range(100):  # (the worker writes the WAV as it drops the stream, a moment after its end)
+                if (record / "stream-0008.wav").exists():
+                    break
+                await asyncio.sleep(0.05)
+            return events
+
+    check_events(asyncio.run(scenario()), len(pcm) / 2 / 16000)
+    assert (record / "stream-0001.wav").read_bytes() == b"last run"
+    assert (record / "stream-0007.jsonl").read_text() == "last run\n"
+    assert (record / "stream-0008.wav").stat().st_size > 0 and (record / "stream-0008.jsonl").stat().st_size > 0
+
+
 def test_one_session_too_many_gets_an_error_and_the_others_go_on(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=2), choose=text_favouring_chooser)
     pcm = to_pcm(clips(1.0)[0])

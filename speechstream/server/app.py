@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from speechstream.errors import InputError
-from speechstream.server.config import ServerConfig, make_record_dir, record_failed
+from speechstream.server.config import ServerConfig, first_record_id, make_record_dir, record_failed
 from speechstream.server.hosts import host_allowed, host_name, log_once, same_origin
 from speechstream.server.protocol import (
     ProtocolError, StreamStart, error_event_socket, frame_error_message, parse_start,
@@ -56,7 +56,8 @@ class Server:
         self.max_msg_size = 2 * self.config.max_frame_bytes + 4096
         self.connections = 0
         self.started_streams = 0
-        self._ids = itertools.count(1)
+        # (stream ids name the recordings: on from those a previous run left in --record-dir, not over them)
+        self._ids = itertools.count(first_record_id(config.record_dir) if config.record_dir else 1)
         self._open: dict[Any, Stream | None] = {}  # open connections (WebSocketResponse) and their streams
         self._refused_origins: set[str] = set()  # origins whose WebSocket was refused (logged once each)
         self._refused_hosts: set[str] = set()  # Host headers refused (logged once each)

@@ -66,6 +66,18 @@ def make_record_dir(path: str) -> None:
         raise InputError(f"cannot create --record-dir {path} ({error.strerror or error})") from None
 
 
+def first_record_id(path: str) -> int:
+    """The first stream id whose recordings are not in the ``--record-dir`` folder yet: one past the highest
+    ``stream-NNNN.*`` there (1 in an empty folder). Ids started at 1 in every run, so a server started again over
+    the same folder overwrote the last run's recordings with its own; now it numbers its streams on from them."""
+    highest = 0
+    for entry in Path(path).glob("stream-*"):
+        number = entry.name[len("stream-"):].partition(".")[0]
+        if number.isascii() and number.isdigit():
+            highest = max(highest, int(number))
+    return highest + 1
+
+
 def record_failed(stream_id: int, what: str, error: Exception) -> None:
     """A debug recording that could not be written is noted on the server's log; the stream goes on."""
     print(f"speechstream: stream {stream_id}: --record-dir: could not write its {what} ({error})", file=sys.stderr)
