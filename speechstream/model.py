@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub.errors import EntryNotFoundError, StrictDataclassError
 from torch import nn
 
 from speechstream import features, gpe, schedule, shipped_dir
@@ -149,7 +149,10 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: 
         return load(path)
     except SpeechstreamError as error:  # a path that is no directory, no safetensors, a fetch that failed
         raise type(error)(f"{where}: {error}") from None
-    except (OSError, ValueError, KeyError, SafetensorError, EntryNotFoundError) as error:
+    # (also a config.json whose sizes are not its weights' (RuntimeError) or whose values have the wrong type
+    # (transformers' configs are strict dataclasses: StrictDataclassError, TypeError))
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError, EntryNotFoundError,
+            StrictDataclassError) as error:
         reason = " ".join(str(error).split())[:400] or type(error).__name__  # transformers' errors span lines
         where = f"{where} {name!r}"
         if name in ASSETS:  # the asset's own cached directory is damaged

@@ -142,3 +142,33 @@ def test_encoder_weights_of_other_sizes_are_one_line(capsys, tmp_path):
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith(f"{ERROR} model tiny-random: encoder.weights: ") and "wrong shape ['conv1.weight']" in err
+
+
+def tiny_llm_folder(folder: Path, **config_changes) -> Path:
+    """A tiny Llama saved as transformers saves one (config.json, model.safetensors), its config.json then edited."""
+    import json
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(saved | config_changes))
+    return folder
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"intermediate_size": 96}, "ignore_mismatched_sizes"),  # weights of other sizes than its config.json says
+    ({"hidden_size": "64"}, "hidden_size"),  # a config.json value of the wrong type
+])
+def test_an_llm_folder_whose_config_does_not_fit_is_one_line(capsys, tmp_path, changes, match):
+    """An llm.base folder whose config.json names other sizes than its weights (transformers raised RuntimeError), or
+    a value of the wrong type (huggingface_hub's StrictDataclassFieldValidationError): the command ended with exit 1,
+    neither naming the field nor the folder; now one line naming both, exit 2."""
+    llm = tiny_llm_folder(tmp_path / "llm", **changes)
+    code = main(["verify", "--model", str(model_folder(tmp_path, llm__base=str(llm))), "--k", "1"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(ERROR)]
+    assert code == 2, lines
+    (line,) = lines
+    assert line.startswith(f"{ERROR} model tiny-random: llm.base '{llm}': cannot load it (") and match in line, line
