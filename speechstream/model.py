@@ -142,6 +142,7 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: 
     from speechstream.weights.fetch import ASSETS, resolve
 
     where = f"model {config.name}: {field}"
+    path = None  # (found: a failure after this is one of loading it)
     try:
         relative = base_dir is not None and name not in ASSETS and not Path(name).expanduser().is_absolute()
         local = base_dir / name if relative else None
@@ -155,6 +156,8 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: 
             StrictDataclassError) as error:
         reason = " ".join(str(error).split())[:400] or type(error).__name__  # transformers' errors span lines
         where = f"{where} {name!r}"
+        if name in ASSETS and path is None:  # its fetch failed (a full disk, say)
+            raise SpeechstreamError(f"{where}: cannot fetch it ({reason})") from None
         if name in ASSETS:  # the asset's own cached directory is damaged
             raise SpeechstreamError(f"{where}: cannot load the cached copy {path} ({reason}); rebuild it with "
                                     f"`speechstream fetch --force {name}`") from None

@@ -172,3 +172,16 @@ def test_an_llm_folder_whose_config_does_not_fit_is_one_line(capsys, tmp_path, c
     assert code == 2, lines
     (line,) = lines
     assert line.startswith(f"{ERROR} model tiny-random: llm.base '{llm}': cannot load it (") and match in line, line
+
+
+def test_a_fetch_that_fails_with_a_system_error_names_the_field(tmp_path, monkeypatch):
+    """An asset whose fetch failed with an OSError (a full disk while converting it): the error path for a damaged
+    cached copy named the copy's path, which had not been found yet, and the command ended with "UnboundLocalError:
+    cannot access local variable 'path'"; now one line naming the field and the failure."""
+    def disk_full(name, cache_dir=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fetch_module, "fetch", disk_full)
+    with pytest.raises(SpeechstreamError, match=r"^model tiny-random: llm.base 'smollm2-135m-instruct': cannot fetch "
+                                                r"it \(\[Errno 28\] No space left on device\)$"):
+        load_model(str(model_folder(tmp_path, llm__base="smollm2-135m-instruct")))
