@@ -151,9 +151,10 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: 
     except SpeechstreamError as error:  # a path that is no directory, no safetensors, a fetch that failed
         raise type(error)(f"{where}: {error}") from None
     # (also a config.json whose sizes are not its weights' (RuntimeError) or whose values have the wrong type
-    # (transformers' configs are strict dataclasses: StrictDataclassError, TypeError))
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError, EntryNotFoundError,
-            StrictDataclassError) as error:
+    # (transformers' configs are strict dataclasses: StrictDataclassError, TypeError), and a tokenizer_config.json
+    # that is no object or names its class with a number (AttributeError, where transformers reads it))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, SafetensorError,
+            EntryNotFoundError, StrictDataclassError) as error:
         reason = " ".join(str(error).split())[:400] or type(error).__name__  # transformers' errors span lines
         where = f"{where} {name!r}"
         if name in ASSETS and path is None:  # its fetch failed (a full disk, say)

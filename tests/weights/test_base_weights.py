@@ -185,3 +185,23 @@ def test_a_fetch_that_fails_with_a_system_error_names_the_field(tmp_path, monkey
     with pytest.raises(SpeechstreamError, match=r"^model tiny-random: llm.base 'smollm2-135m-instruct': cannot fetch "
                                                 r"it \(\[Errno 28\] No space left on device\)$"):
         load_model(str(model_folder(tmp_path, llm__base="smollm2-135m-instruct")))
+
+
+@pytest.mark.parametrize("settings", [[], {"tokenizer_class": 5}])
+def test_a_tokenizer_folder_with_a_broken_tokenizer_config_is_one_line(capsys, tmp_path, settings):
+    """A tokenizer folder whose tokenizer_config.json is no object, or names its class with a number: transformers
+    raised AttributeError ("'list' object has no attribute 'get'"), exit 1, naming neither the field nor the folder."""
+    import json
+
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    folder = tmp_path / "tokenizer"
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0}, unk_token="a"))).save_pretrained(
+        folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    code = main(["verify", "--model", str(model_folder(tmp_path, tokenizer=str(folder))), "--k", "1"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(ERROR)]
+    assert code == 2, lines
+    (line,) = lines
+    assert line.startswith(f"{ERROR} model tiny-random: tokenizer '{folder}': cannot load it ("), line
