@@ -107,6 +107,7 @@ class WhisperOffline(System):
         from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
         from speechstream.audio import ENCODER_STRIDE
+        from speechstream.model import PRETRAINED_LOAD_ERRORS
         from speechstream.weights.fetch import resolve
 
         directory = resolve(model_name)
@@ -115,7 +116,7 @@ class WhisperOffline(System):
                 self.model = WhisperForConditionalGeneration.from_pretrained(directory, use_safetensors=True)
             self.features = WhisperFeatureExtractor.from_pretrained(directory)
             self.tokenizer = AutoTokenizer.from_pretrained(directory)
-        except (OSError, ValueError) as error:
+        except PRETRAINED_LOAD_ERRORS as error:  # (a config.json that does not fit its weights, too)
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise InputError(f"{model_name}: cannot load a Whisper model ({reason})") from None
         self.model = self.model.eval().to(device)

@@ -52,6 +52,12 @@ DEFAULT_MODELS = {
     "translate": TRANSLATION_MODEL if _trained(TRANSLATION_MODEL) else "tiny-random",
 }
 ARCHITECTURES = ("llama", "qwen2", "gemma2", "phi3")  # LLM families the GPE decoder is verified on
+# what transformers raises on a pretrained folder whose files are missing, broken or do not fit one another: beside
+# OSError and ValueError, a config.json whose sizes are not its weights' (RuntimeError), one whose values have the wrong
+# type (configs are strict dataclasses: StrictDataclassError, TypeError), a tokenizer_config.json that is no object or
+# names its class with a number (AttributeError, where transformers reads it)
+PRETRAINED_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, EntryNotFoundError,
+                          StrictDataclassError)
 
 
 @dataclass(frozen=True)
@@ -150,11 +156,7 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: 
         return load(path)
     except SpeechstreamError as error:  # a path that is no directory, no safetensors, a fetch that failed
         raise type(error)(f"{where}: {error}") from None
-    # (also a config.json whose sizes are not its weights' (RuntimeError) or whose values have the wrong type
-    # (transformers' configs are strict dataclasses: StrictDataclassError, TypeError), and a tokenizer_config.json
-    # that is no object or names its class with a number (AttributeError, where transformers reads it))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, SafetensorError,
-            EntryNotFoundError, StrictDataclassError) as error:
+    except (*PRETRAINED_LOAD_ERRORS, SafetensorError) as error:
         reason = " ".join(str(error).split())[:400] or type(error).__name__  # transformers' errors span lines
         where = f"{where} {name!r}"
         if name in ASSETS and path is None:  # its fetch failed (a full disk, say)

@@ -164,6 +164,21 @@ def test_real_whisper_windows_are_30_s(tiny_whisper):
     assert 1500 * 2 * HOP_LENGTH == 30 * SAMPLE_RATE  # whisper-base / tiny.en: max_source_positions 1500
 
 
+@pytest.mark.parametrize("changes", [{"d_model": 32}, {"d_model": "64"}, {"decoder_layers": None}])
+def test_a_whisper_folder_whose_config_does_not_fit_is_an_input_error(tiny_whisper, tmp_path, changes):
+    """A --baseline-model folder whose config.json names other sizes than its weights (transformers' RuntimeError) or
+    holds a value of the wrong type (StrictDataclassFieldValidationError, TypeError): exit 1 with transformers' words;
+    now the InputError that names the folder, as for a folder without the files."""
+    directory = tmp_path / "whisper"
+    directory.mkdir()
+    for path in tiny_whisper.iterdir():
+        (directory / path.name).write_bytes(path.read_bytes())
+    config = json.loads((tiny_whisper / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(config | changes))
+    with pytest.raises(InputError, match=f"^{directory}: cannot load a Whisper model"):
+        WhisperOffline(str(directory))
+
+
 @pytest.fixture
 def multilingual(tiny_whisper, tmp_path) -> Path:
     """The tiny Whisper's directory with a multilingual generation config: English and German, both tasks."""
