@@ -7,6 +7,7 @@ onto command-line flags.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import re
 import types
@@ -378,8 +379,9 @@ def check_sizes(config: ModelConfig, where: str) -> None:
     if llm.base is None and (llm.hidden_size % llm.heads or llm.heads % llm.kv_heads):
         raise InputError(f"{where}: llm.hidden_size ({llm.hidden_size}) must be a multiple of llm.heads ({llm.heads}), "
                          f"and llm.heads of llm.kv_heads ({llm.kv_heads})")
-    if config.projector.output_scale <= 0:
-        raise InputError(f"{where}: projector.output_scale must be positive")
+    if not 0 < config.projector.output_scale < math.inf:  # (NaN too: the LLM read NaN speech tokens, wrote blanks)
+        raise InputError(f"{where}: projector.output_scale must be a positive number, not "
+                         f"{config.projector.output_scale}")
     if llm.lora_targets not in ("attention", "all"):
         raise InputError(f"{where}: llm.lora_targets must be attention or all, not {llm.lora_targets!r}")
 

@@ -367,3 +367,15 @@ def test_inference_build_merges_checkpoint_lora_without_peft_to_the_bit(lora_mod
                                            "checkpoint": "ckpt.safetensors"})
     with pytest.raises(InputError, match="does not fit"):  # adapters for a model that has none
         build_model(without_lora, base_dir=tmp_path)
+
+
+@pytest.mark.parametrize("scale", [".nan", ".inf", "-.inf", "0"])
+def test_a_projector_output_scale_that_is_no_positive_number_is_refused(tmp_path, scale):
+    """projector.output_scale .nan or .inf passed the check (``<= 0`` is false for NaN) and the model decoded every
+    clip to blank text, exit 0: the speech tokens the LLM read were NaN."""
+    from speechstream.config import load_model_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(f"tokenizer: bytes\nprojector:\n  stack: 4\n  output_scale: {scale}\n")
+    with pytest.raises(InputError, match=r"config.yaml: projector.output_scale must be a positive number"):
+        load_model_config(path)
