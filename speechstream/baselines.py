@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -344,7 +345,7 @@ def whisper_speech_languages(model_name: str) -> frozenset[str]:
 
     from speechstream.weights.fetch import ASSETS, cache_root
 
-    directory = cache_root() / model_name if model_name in ASSETS else Path(model_name).expanduser()
+    directory = cache_root() / model_name if model_name in ASSETS else Path(os.path.expanduser(model_name))
     try:
         generation = json.loads((directory / "generation_config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
@@ -443,7 +444,7 @@ def model_fingerprint(baseline: str, model_name: str) -> dict:
 
     from speechstream.weights.fetch import ASSETS, cache_root
 
-    directory = Path(model_name).expanduser()
+    directory = Path(os.path.expanduser(model_name))
     if model_name not in ASSETS and directory.is_dir():
         cached = {(cache_root() / name).resolve(): name for name in ASSETS}
         if directory.resolve() in cached:  # an asset's own cache directory is that asset

@@ -8,6 +8,7 @@ segments and prompt tokens.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass, replace
@@ -150,7 +151,7 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: 
     where = f"model {config.name}: {field}"
     path = None  # (found: a failure after this is one of loading it)
     try:
-        relative = base_dir is not None and name not in ASSETS and not Path(name).expanduser().is_absolute()
+        relative = base_dir is not None and name not in ASSETS and not Path(os.path.expanduser(name)).is_absolute()
         local = base_dir / name if relative else None
         path = resolve(local if local is not None and local.is_dir() else name)
         return load(path)

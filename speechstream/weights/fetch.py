@@ -125,7 +125,7 @@ ASSETS: dict[str, AssetSpec] = {
 def cache_root(cache_dir: str | Path | None = None) -> Path:
     """The cache root: ``cache_dir``, else ``$SPEECHSTREAM_CACHE``, else ``~/.cache/speechstream``."""
     chosen = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or DEFAULT_CACHE
-    return Path(chosen).expanduser()
+    return Path(os.path.expanduser(chosen))  # (a "~name" naming no user stays as written)
 
 
 def asset_spec(name: str) -> AssetSpec:
@@ -177,7 +177,7 @@ def resolve(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Pa
     text = str(name_or_path)
     if text in ASSETS and not isinstance(name_or_path, Path):
         return fetch(text, cache_dir)
-    path = Path(text).expanduser()
+    path = Path(os.path.expanduser(text))  # (Path.expanduser raised RuntimeError for a "~name" naming no user)
     if path.is_dir():
         return path
     if path.exists() or text.startswith((".", "/", "~")):

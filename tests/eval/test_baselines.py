@@ -179,6 +179,21 @@ def test_a_whisper_folder_whose_config_does_not_fit_is_an_input_error(tiny_whisp
         WhisperOffline(str(directory))
 
 
+def test_a_baseline_model_under_a_tilde_naming_no_user_is_looked_up_as_written(tiny_whisper, tmp_path, monkeypatch):
+    """--baseline-model "~mywhisper" (a folder of that name here) or "~nosuchuser/...": Path.expanduser raised
+    RuntimeError "Could not determine home directory." (exit 1) where its languages and fingerprint were read."""
+    from speechstream.baselines import model_fingerprint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "~mywhisper").mkdir()
+    for path in tiny_whisper.iterdir():
+        (tmp_path / "~mywhisper" / path.name).write_bytes(path.read_bytes())
+    assert whisper_speech_languages("~mywhisper") == {"en"}
+    assert set(model_fingerprint("whisper-offline", "~mywhisper")["files"]) >= {"config.json", "model.safetensors"}
+    assert model_fingerprint("whisper-offline", "~speechstream-no-such-user/w") == {
+        "hub_id": "~speechstream-no-such-user/w"}
+
+
 @pytest.fixture
 def multilingual(tiny_whisper, tmp_path) -> Path:
     """The tiny Whisper's directory with a multilingual generation config: English and German, both tasks."""

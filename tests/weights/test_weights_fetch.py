@@ -242,6 +242,24 @@ def test_resolve(index, cache, monkeypatch, tmp_path):
         resolve(tmp_path / "file.bin")
 
 
+def test_a_tilde_that_names_no_home_folder_stays_as_written(index, cache, monkeypatch, tmp_path):
+    """Path.expanduser raised RuntimeError "Could not determine home directory." for a "~name" naming no user: a
+    folder named "~take1" given as a model part or --baseline-model, a path under "~nosuchuser/", a cache root of
+    such a name (every model load and `speechstream fetch`: exit 1). "~" is expanded where it names a home folder,
+    as a shell does, else left as written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "~take1").mkdir()
+    assert resolve("~take1") == Path("~take1")
+    with pytest.raises(InputError, match="not a model directory"):
+        resolve("~speechstream-no-such-user/whisper")
+    monkeypatch.setenv("SPEECHSTREAM_CACHE", "~speechstream-no-such-user/cache")
+    assert fetch_module.cache_root() == Path("~speechstream-no-such-user/cache")
+    home = tmp_path / "home"
+    (home / "whisper").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    assert resolve("~/whisper") == home / "whisper"  # (a home folder is expanded as before)
+
+
 def test_an_asset_name_is_the_asset_even_beside_a_folder_of_that_name(index, cache, monkeypatch, tmp_path):
     register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
     (tmp_path / "work" / NAME).mkdir(parents=True)
