@@ -10,6 +10,7 @@ import dataclasses
 import math
 import numbers
 import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -268,8 +269,12 @@ YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML_EXPONENT_FLOAT,
 
 
 def load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` with YAML 1.2's floats (`YamlLoader`)."""
-    return yaml.load(text, Loader=YamlLoader)  # noqa: S506 - a SafeLoader
+    """``yaml.safe_load`` with YAML 1.2's floats (`YamlLoader`). Nesting deeper than the parser recurses (``[[[...``
+    thousands deep) is a ``yaml.YAMLError``, as other malformed YAML is, not the parser's RecursionError."""
+    try:
+        return yaml.load(text, Loader=YamlLoader)  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
 
 
 def read_yaml(path: Path | str, what: str) -> Any:
@@ -314,6 +319,9 @@ def _check_type(value: Any, hint: Any, name: str) -> Any:
         return None
     for kind in allowed:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > sys.float_info.max:  # (float() raised OverflowError)
+                raise InputError(f"config key {name} is too large for a number (a whole number of "
+                                 f"{len(str(abs(value)))} digits)")
             return float(value)
         bool_as_int = kind is int and isinstance(value, bool)
         if kind in (int, str, bool, float) and isinstance(value, kind) and not bool_as_int:

@@ -379,3 +379,19 @@ def test_a_projector_output_scale_that_is_no_positive_number_is_refused(tmp_path
     path.write_text(f"tokenizer: bytes\nprojector:\n  stack: 4\n  output_scale: {scale}\n")
     with pytest.raises(InputError, match=r"config.yaml: projector.output_scale must be a positive number"):
         load_model_config(path)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("prompt: " + "[" * 3000 + "]" * 3000 + "\n", r"cannot read model config \(nested too deeply\)"),
+    ("ctc_weight: 1" + "0" * 400 + "\n", r"config key ctc_weight is too large for a number \(a whole number of 401"),
+])
+def test_a_model_config_nested_too_deeply_or_with_a_huge_number_is_one_line(tmp_path, text, match):
+    """YAML nested thousands deep raised RecursionError in the parser, and an integer of 400 digits where a float is
+    read OverflowError ("int too large to convert to float"): exit 1 for a model config or training recipe (and a
+    train override); now the InputError naming the file."""
+    from speechstream.config import load_model_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=f"config.yaml: {match}"):
+        load_model_config(path)
