@@ -150,8 +150,10 @@ def fetch(name: str, cache_dir: str | Path | None = None, force: bool = False, v
     problem = None if force else cache_problem(target, spec, verify)
     if not force and problem is None:
         return target
-    replace = force or target.exists()  # a copy there now is forced out or damaged: the new build takes its place
-    if problem and target.exists():
+    # a copy there now is forced out or damaged: the new build takes its place (a symbolic link to a folder that is
+    # gone too: lexists, where exists follows the link)
+    replace = force or os.path.lexists(target)
+    if problem and os.path.lexists(target):
         log.warning("%s: the cached copy in %s %s; building it again", spec.name, target, problem)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -276,8 +278,9 @@ def remove_stale_scratch(root: Path, name: str) -> None:
 
 def publish(build: Path, target: Path, spec: AssetSpec, scratch: Path, replace: bool) -> None:
     """Move a finished build to ``target`` by rename; a complete copy there (another fetch's, finished first) wins
-    unless ``replace`` (a forced rebuild, or one of a copy that failed its checks)."""
-    if target.exists():
+    unless ``replace`` (a forced rebuild, or one of a copy that failed its checks). A symbolic link there to a folder
+    that is gone is moved aside as a damaged copy is (the rename onto it failed: "Not a directory")."""
+    if os.path.lexists(target):
         if is_complete(target, spec) and not replace:
             return  # another fetch finished first
         try:

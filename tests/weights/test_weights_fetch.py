@@ -380,3 +380,15 @@ def test_two_forced_fetches_at_once_both_succeed(index, cache, monkeypatch):
     assert fetch(NAME, force=True) == cache / NAME
     monkeypatch.setattr(fetch_module, "is_complete", real_is_complete)
     assert fetch_module.is_complete(cache / NAME, ASSETS[NAME], verify=True)
+
+
+def test_a_dangling_symbolic_link_in_place_of_the_asset_is_replaced(index, cache, monkeypatch, tmp_path):
+    """The asset's cache entry a symbolic link to a folder that is gone (a disk not mounted, a folder moved): the
+    build's rename onto it failed, "NotADirectoryError: [Errno 20] Not a directory", on every fetch and model load
+    until the user found and deleted the link. The link is moved aside as a damaged entry is."""
+    register(monkeypatch, make_asset(index.folder, tiny_whisper_bin(SIZE)))
+    cache.mkdir()
+    (cache / NAME).symlink_to(tmp_path / "unmounted" / NAME)
+    built = fetch(NAME)
+    assert built == cache / NAME and not built.is_symlink() and (built / "model.safetensors").is_file()
+    assert sorted(path.name for path in cache.iterdir()) == [NAME]  # no scratch left behind
