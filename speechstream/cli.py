@@ -199,7 +199,7 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions,
                         help="concurrent streams (default: %(default)s)")
     parser.add_argument("--max-frame-bytes", type=int, default=defaults.max_frame_bytes,
-                        help="largest audio frame (bytes; default: %(default)s)")
+                        help="largest audio frame (bytes, even, at most 1 GiB; default: %(default)s)")
     parser.add_argument("--max-session-s", type=float, default=defaults.max_session_s,
                         help="seconds of audio one stream may send (inf: no limit; default: %(default)s)")
     parser.add_argument("--queue-frames", type=int, default=defaults.queue_frames,

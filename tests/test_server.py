@@ -1088,6 +1088,23 @@ def test_a_server_on_another_address_answers_to_addresses_localhost_and_its_own_
 # -- command line ---------------------------------------------------------------------------------------
 
 
+def test_the_largest_max_frame_bytes_serves_a_stream(tiny_model):
+    """--max-frame-bytes 2147483648 or more passed the checks, and aiohttp raised OverflowError on every connection
+    (its limit, twice this plus 4 KiB, is an unsigned 32-bit count): the client's connection was reset, the server's
+    log had a traceback per stream. The largest value taken serves."""
+    from speechstream.server.config import MAX_FRAME_BYTES
+
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_frame_bytes=MAX_FRAME_BYTES),
+                    choose=text_favouring_chooser)
+    pcm = to_pcm(clips(0.5)[2])
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            return await stream(http, url, pcm)
+
+    check_events(asyncio.run(scenario()), len(pcm) / 2 / 16000)
+
+
 def test_bad_serve_options_give_one_error_line_and_exit_2(capsys):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
@@ -1103,6 +1120,8 @@ def test_bad_serve_options_give_one_error_line_and_exit_2(capsys):
             (["serve", "--host", "speech..example", "--port", "0"], "cannot resolve --host 'speech..example'"),
             (["serve", "--host", "a" * 64 + ".example", "--port", "0"], "cannot resolve --host 'aaaa"),
             (["serve", "--max-frame-bytes", "3"], "even"),
+            # the WebSocket layer's limit (twice this plus 4 KiB) is a 32-bit count: every stream's connection failed
+            (["serve", "--max-frame-bytes", "2147483648", "--port", str(port)], "--max-frame-bytes must be at most"),
             (["serve", "--chunk-ms", "3"], "chunk"),
             (["serve", "--port", "0", "--record-dir", f"{__file__}/record"], "cannot create --record-dir"),
             (["serve", "--idle-timeout-s", "-1"], "--idle-timeout-s must be 0 or more"),

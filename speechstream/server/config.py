@@ -9,6 +9,10 @@ from pathlib import Path
 from speechstream.errors import InputError
 from speechstream.server.hosts import host_name
 
+# the largest --max-frame-bytes: the WebSocket layer refuses frames of twice it plus 4 KiB itself, a limit aiohttp
+# keeps in an unsigned 32-bit count (from 2**31 every connection failed with its OverflowError)
+MAX_FRAME_BYTES = 1 << 30
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -36,6 +40,8 @@ class ServerConfig:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.max_frame_bytes % 2:
             raise InputError("--max-frame-bytes must be even (int16 samples)")
+        if self.max_frame_bytes > MAX_FRAME_BYTES:
+            raise InputError(f"--max-frame-bytes must be at most {MAX_FRAME_BYTES} (1 GiB), got {self.max_frame_bytes}")
         for name in ("max_session_s", "start_timeout_s", "send_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
