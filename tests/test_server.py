@@ -81,6 +81,14 @@ async def stream(http, url, pcm: bytes, rate=16000, frame_bytes=3200, start=None
         return await receive_all(ws)
 
 
+async def open_stream(http, url, pcm: bytes):
+    """A client that has sent its start message and ``pcm`` in one frame, and nothing more yet."""
+    ws = await http.ws_connect(url + "ws")
+    await ws.send_str(START)
+    await ws.send_bytes(pcm)
+    return ws
+
+
 @contextlib.asynccontextmanager
 async def pinging(ws, every_s: float = 0.1):
     """A client that pings every ``every_s`` while the block runs (pings are answered inside the server's reads)."""
@@ -647,6 +655,44 @@ def test_a_server_started_again_over_a_record_dir_keeps_the_last_runs_recordings
     assert (record / "stream-0008.wav").stat().st_size > 0 and (record / "stream-0008.jsonl").stat().st_size > 0
 
 
+def test_a_stream_open_when_the_server_stops_is_recorded(tiny_model, tmp_path):
+    """--record-dir writes a stream's audio as the worker drops the stream. A server stopped (Ctrl-C) while the worker
+    was inside an LLM step left its loop once the step was done, without dropping the stream: its events were
+    recorded, its audio was not. (The step here waits for the stop, as a slow one on a real model does.)"""
+    record = tmp_path / "record"
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(record_dir=str(record)),
+                    choose=text_favouring_chooser)
+    worker, step = server.worker, server.worker.batch.step
+
+    def step_until_stopped(*args, **kwargs):
+        while worker._live and worker._live[0].recorded and not worker._stop:  # (fed: the stop comes mid-step)
+            time.sleep(0.01)
+        return step(*args, **kwargs)
+
+    worker.batch.step = step_until_stopped
+    pcm = to_pcm(clips(1.0)[4])
+
+    async def scenario():
+        async with aiohttp.ClientSession() as http:
+            async with running(server) as url:
+                ws = await open_stream(http, url, pcm)
+                for _ in range(100):
+                    if worker._live and worker._live[0].recorded:
+                        break
+                    await asyncio.sleep(0.02)
+                reader = asyncio.create_task(receive_all(ws))
+            events = await reader
+            await ws.close()
+            return events
+
+    events = asyncio.run(scenario())
+    assert events[-1] == {"type": "error", "message": "the server is shutting down"}
+    assert not worker.thread.is_alive()
+    assert sorted(path.name for path in record.iterdir()) == ["stream-0001.jsonl", "stream-0001.wav"]
+    audio = load_audio(record / "stream-0001.wav")
+    assert 0 < len(audio) <= len(pcm) // 2
+
+
 def test_one_session_too_many_gets_an_error_and_the_others_go_on(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=2), choose=text_favouring_chooser)
     pcm = to_pcm(clips(1.0)[0])
@@ -894,9 +940,7 @@ def test_a_stopping_server_tells_its_open_connections_and_does_not_wait_for_them
     async def scenario():
         async with aiohttp.ClientSession() as http:
             async with running(server) as url:
-                started = await http.ws_connect(url + "ws")
-                await started.send_str(START)
-                await started.send_bytes(pcm)
+                started = await open_stream(http, url, pcm)
                 idle = await http.ws_connect(url + "ws")
                 await asyncio.sleep(0.5)
                 readers = [asyncio.create_task(receive_all(ws)) for ws in (started, idle)]

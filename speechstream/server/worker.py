@@ -109,6 +109,7 @@ class DecodeWorker:
                     busy |= self._step()
                     if not busy:
                         self._wake.wait(timeout=1.0)
+                self._drop_all()
         except BaseException as error:  # noqa: BLE001 - reported through /health and to every stream
             self.error = error
             for live in self._live:
@@ -243,6 +244,12 @@ class DecodeWorker:
         for event in events:
             live.stream.deliver(event)
         self._drop(live)
+
+    def _drop_all(self) -> None:
+        """The server stops: drop the streams still in the batch, so that ``--record-dir`` gets their audio too (a stop
+        that came during an LLM step ended the loop before the next pass dropped the streams it had cancelled)."""
+        for live in list(self._live):
+            self._drop(live)
 
     def _drop(self, live: _Live) -> None:
         if live.session in self.batch:
