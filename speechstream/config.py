@@ -360,7 +360,8 @@ def language_code(value: str | None, name: str) -> str | None:
 
 
 def check_sizes(config: ModelConfig, where: str) -> None:
-    """The architecture's sizes are positive and the attention widths divide into their heads."""
+    """The architecture's sizes are positive and the attention widths divide into their heads; the seed and
+    the projector's scale are numbers torch can take."""
     enc, llm = config.encoder, config.llm
     sizes = {"encoder.d_model": enc.d_model, "encoder.layers": enc.layers, "encoder.heads": enc.heads,
              "encoder.ffn_dim": enc.ffn_dim, "encoder.num_mel_bins": enc.num_mel_bins,
@@ -387,6 +388,8 @@ def check_sizes(config: ModelConfig, where: str) -> None:
     if llm.base is None and (llm.hidden_size % llm.heads or llm.heads % llm.kv_heads):
         raise InputError(f"{where}: llm.hidden_size ({llm.hidden_size}) must be a multiple of llm.heads ({llm.heads}), "
                          f"and llm.heads of llm.kv_heads ({llm.kv_heads})")
+    if not 0 <= config.seed < 2**63:  # (torch.manual_seed overflowed past 64 bits; as a training recipe's seed)
+        raise InputError(f"{where}: seed must be a whole number from 0 to 2**63 - 1, not {config.seed}")
     if not 0 < config.projector.output_scale < math.inf:  # (NaN too: the LLM read NaN speech tokens, wrote blanks)
         raise InputError(f"{where}: projector.output_scale must be a positive number, not "
                          f"{config.projector.output_scale}")

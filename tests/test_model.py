@@ -395,3 +395,15 @@ def test_a_model_config_nested_too_deeply_or_with_a_huge_number_is_one_line(tmp_
     path.write_text(text)
     with pytest.raises(InputError, match=f"config.yaml: {match}"):
         load_model_config(path)
+
+
+@pytest.mark.parametrize("seed", [2**64, -1])
+def test_a_model_seed_torch_cannot_take_is_refused(tmp_path, seed):
+    """A model config's seed past 64 bits: torch.manual_seed raised "ValueError: Overflow when unpacking long long"
+    as the model was built (exit 1). Held to the training recipes' range, 0 to 2**63 - 1."""
+    from speechstream.config import load_model_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(f"tokenizer: bytes\nseed: {seed}\n")
+    with pytest.raises(InputError, match=rf"yaml: seed must be a whole number from 0 to 2\*\*63 - 1, not {seed}"):
+        load_model_config(path)
