@@ -371,11 +371,14 @@ def check_sizes(config: ModelConfig, where: str) -> None:
     for name, value in sizes.items():
         if value < 1:
             raise InputError(f"{where}: {name} must be at least 1, not {value}")
-    for name, value in {"encoder.left_frames": enc.left_frames or 0, "encoder.lookahead_frames": enc.lookahead_frames,
-                        "encoder.tuned_layers": enc.tuned_layers, "llm.phi": llm.phi,
-                        "llm.lora_rank": llm.lora_rank}.items():
+    counts = {"encoder.left_frames": enc.left_frames or 0, "encoder.lookahead_frames": enc.lookahead_frames,
+              "encoder.tuned_layers": enc.tuned_layers, "llm.phi": llm.phi, "llm.lora_rank": llm.lora_rank}
+    for name, value in counts.items():
         if value < 0:
             raise InputError(f"{where}: {name} must not be negative, not {value}")
+    for name, value in (sizes | counts).items():  # (past a C int, torch's tensor sizes overflowed deep in the build)
+        if value > MAX_COUNT:
+            raise InputError(f"{where}: {name} must be at most {MAX_COUNT}, not {value}")
     if enc.tuned_layers > enc.layers:
         raise InputError(f"{where}: encoder.tuned_layers ({enc.tuned_layers}) must not exceed encoder.layers "
                          f"({enc.layers})")

@@ -407,3 +407,18 @@ def test_a_model_seed_torch_cannot_take_is_refused(tmp_path, seed):
     path.write_text(f"tokenizer: bytes\nseed: {seed}\n")
     with pytest.raises(InputError, match=rf"yaml: seed must be a whole number from 0 to 2\*\*63 - 1, not {seed}"):
         load_model_config(path)
+
+
+@pytest.mark.parametrize("section, key", [("projector", "stack"), ("llm", "phi"), ("encoder", "max_source_positions"),
+                                          ("encoder", "left_frames")])
+def test_a_model_size_past_a_c_int_is_refused(tmp_path, section, key):
+    """Sizes past what torch takes (a C long long) raised deep in the build: "TypeError: empty(): argument 'size'
+    failed to unpack ... Overflow when unpacking long long" (projector.stack, encoder.max_source_positions),
+    "OverflowError: int too big to convert" (llm.phi), exit 1. Sizes and counts are held to a C int, as the decoding
+    options' counts are."""
+    from speechstream.config import MAX_COUNT, load_model_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(f"tokenizer: bytes\n{section}:\n  {key}: {10**20}\n")
+    with pytest.raises(InputError, match=rf"config.yaml: {section}.{key} must be at most {MAX_COUNT}, not {10**20}$"):
+        load_model_config(path)
