@@ -108,7 +108,7 @@ class WhisperOffline(System):
         from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
         from speechstream.audio import ENCODER_STRIDE
-        from speechstream.model import PRETRAINED_LOAD_ERRORS
+        from speechstream.model import PRETRAINED_LOAD_ERRORS, out_of_memory
         from speechstream.weights.fetch import resolve
 
         directory = resolve(model_name)
@@ -118,6 +118,8 @@ class WhisperOffline(System):
             self.features = WhisperFeatureExtractor.from_pretrained(directory)
             self.tokenizer = AutoTokenizer.from_pretrained(directory)
         except PRETRAINED_LOAD_ERRORS as error:  # (a config.json that does not fit its weights, too)
+            if out_of_memory(error):  # (the machine's, not the folder's)
+                raise
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise InputError(f"{model_name}: cannot load a Whisper model ({reason})") from None
         self.model = self.model.eval().to(device)

@@ -61,6 +61,16 @@ PRETRAINED_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeErr
                           StrictDataclassError)
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """Whether a RuntimeError torch raised is the machine's memory running out (an accelerator's, or the CPU
+    allocator's), not the files': it is not blamed on the files (``load_pretrained`` lets it through)."""
+    import torch
+
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
+
+
 @dataclass(frozen=True)
 class EncodedBatch:
     """Encoder output of a batch, with each item's read schedule."""
@@ -158,6 +168,8 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: 
     except SpeechstreamError as error:  # a path that is no directory, no safetensors, a fetch that failed
         raise type(error)(f"{where}: {error}") from None
     except (*PRETRAINED_LOAD_ERRORS, SafetensorError) as error:
+        if out_of_memory(error):  # (not a damaged file: "rebuild it" would send the user the wrong way)
+            raise
         reason = " ".join(str(error).split())[:400] or type(error).__name__  # transformers' errors span lines
         where = f"{where} {name!r}"
         if name in ASSETS and path is None:  # its fetch failed (a full disk, say)

@@ -187,6 +187,32 @@ def test_a_fetch_that_fails_with_a_system_error_names_the_field(tmp_path, monkey
         load_model(str(model_folder(tmp_path, llm__base="smollm2-135m-instruct")))
 
 
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:119] DefaultCPUAllocator: can't allocate memory: you tried to "
+                 "allocate 536870912 bytes."),
+    "torch.OutOfMemoryError",
+])
+def test_running_out_of_memory_while_loading_is_not_blamed_on_the_files(tmp_path, monkeypatch, error):
+    """RuntimeError counts as a folder whose files do not fit one another; memory running out while loading one is
+    torch's RuntimeError too, and was reported as a damaged cached copy ("rebuild it with speechstream fetch
+    --force"): it now goes on as the machine's error it is."""
+    import torch
+
+    from speechstream.model import load_pretrained, load_model_config
+
+    if isinstance(error, str):
+        error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(fetch_module, "resolve", lambda name: tmp_path)
+
+    def load(path):
+        raise error
+
+    config = load_model_config(model_folder(tmp_path, llm__base="smollm2-135m-instruct") / "config.yaml")
+    with pytest.raises(type(error)) as caught:
+        load_pretrained(config, "llm.base", "smollm2-135m-instruct", load)
+    assert caught.value is error
+
+
 @pytest.mark.parametrize("settings", [[], {"tokenizer_class": 5}])
 def test_a_tokenizer_folder_with_a_broken_tokenizer_config_is_one_line(capsys, tmp_path, settings):
     """A tokenizer folder whose tokenizer_config.json is no object, or names its class with a number: transformers
