@@ -181,6 +181,21 @@ def test_bad_usage(capsys, tmp_path, clip, argv, match):
     assert_one_error(code, err, match=match)
 
 
+def test_train_overrides_may_follow_its_options():
+    """`train RECIPE --stop-after 5 steps=100` was refused ("unrecognized arguments: steps=100"): argparse takes the
+    overrides' list in one piece, before the options; now they may come on both sides, in their order. Other
+    arguments left over are refused as before."""
+    from speechstream.cli import parse_command_line
+
+    args = parse_command_line(["train", "r.yaml", "lr=1e-3", "--stop-after", "5", "steps=100", "seed=2"])
+    assert args.overrides == ["lr=1e-3", "steps=100", "seed=2"] and args.stop_after == 5
+    assert parse_command_line(["train", "r.yaml"]).overrides == []
+    with pytest.raises(InputError, match="^unrecognized arguments: steps$"):  # (one line, exit 2)
+        parse_command_line(["train", "r.yaml", "--stop-after", "5", "steps"])
+    with pytest.raises(InputError, match="^unrecognized arguments: --bogus a=1$"):
+        parse_command_line(["compare", "a", "--format", "json", "--bogus", "a=1"])
+
+
 def test_the_task_is_the_models():
     """A model whose languages differ translates, one of one language transcribes; --task against that is refused
     (the English model under --task translate wrote transcripts that eval scored against translations)."""
