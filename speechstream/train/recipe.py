@@ -242,6 +242,14 @@ def recipe_record(config: TrainConfig, mixed_precision: str = "no") -> dict:
     return record
 
 
+def recorded_default(key: str):
+    """What a ``recipe.json`` without ``key`` recorded for it: a recipe field added since that run started (an
+    earlier version wrote none) trained as the field's default does, which is chosen to change nothing; None for a
+    key that is no field with a default."""
+    field = next((f for f in dataclasses.fields(TrainConfig) if f.name == key), None)
+    return None if field is None or field.default is dataclasses.MISSING else field.default
+
+
 def check_same_recipe(out_dir: Path, record: dict, step: int) -> None:
     """A resumed run must continue the trajectory it started: refuse (one line) a recipe that differs from the
     one recorded in ``out_dir/recipe.json`` in anything but ``FREE_FIELDS``."""
@@ -259,7 +267,7 @@ def check_same_recipe(out_dir: Path, record: dict, step: int) -> None:
                   "init_checkpoint": "init_checkpoint_sha256"}.get(key)
         if key in FREE_FIELDS or (digest and digest in saved):
             continue  # (a file may move: its content is compared)
-        old, new = saved.get(key), record.get(key)
+        old, new = saved.get(key, recorded_default(key)), record.get(key)
         if old == new or (key == "mixed_precision" and key not in saved):  # (an earlier version recorded none)
             continue
         if key == "mixed_precision":  # (not in the recipe: the launcher's; a resumed run keeps its precision)

@@ -1010,6 +1010,28 @@ def test_a_resumed_run_refuses_a_changed_recipe(capsys, tmp_path):
     assert "already trained to step 4 of 4; nothing to do" in capsys.readouterr().err
 
 
+def test_a_run_recorded_before_a_recipe_field_existed_resumes_as_its_default(capsys, tmp_path):
+    """A recipe.json an earlier version wrote lacks the fields added since (encoder_tuned_layers and lr_encoder came
+    after recipe.json): the run trained as their defaults do, so the rerun resumes it (it was refused as "made with
+    encoder_tuned_layers=None, not -1"); a value other than the default is still refused, naming the default."""
+    from speechstream.cli import main
+
+    path = write_recipe(tmp_path, steps=4, save_every=2)
+    assert main(["train", str(path), "--stop-after", "2"]) == 0
+    record_path = tmp_path / "run" / "recipe.json"
+    earlier = json.loads(record_path.read_text())
+    for key in ("encoder_tuned_layers", "lr_encoder"):
+        del earlier[key]
+    record_path.write_text(json.dumps(earlier))
+    capsys.readouterr()
+    assert main(["train", str(path)]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["step"] == 4
+    capsys.readouterr()
+    assert main(["train", str(path), "encoder_tuned_layers=1"]) == 2
+    err = capsys.readouterr().err
+    assert "made with encoder_tuned_layers=-1, not 1" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_resumed_run_keeps_the_mixed_precision_it_started_with(tmp_path, capsys):
     """The mixed precision accelerate was given (ACCELERATE_MIXED_PRECISION, which ``accelerate launch
     --mixed_precision`` sets) is recorded in recipe.json; a resume with another is refused on one line, exit 2,
