@@ -62,6 +62,9 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
             if not isinstance(row.get("text"), str):
                 raise TypeError(f"text must be a string, got {row.get('text')!r}")
             words = tuple(TimedWord(w["w"], float(w["end"])) for w in row.get("words", []))
+            if not all(isinstance(word.word, str) for word in words):  # (an aligned word is written into the
+                # targets where the alignment's words are not the transcript's: a number there failed a step)
+                raise TypeError("each word's w must be a string")
             ends = [word.end_s for word in words]
             if not all(math.isfinite(end) and end >= 0 for end in ends) or ends != sorted(ends):
                 raise ValueError("word end times must be finite, non-negative and in order")

@@ -1210,10 +1210,15 @@ def test_init_checkpoint_is_held_to_its_content_not_its_spelling(tmp_path):
     ({"words": [{"w": "a", "end": 0.5}, {"w": "b", "end": 0.2}]}, "in order"),
     ({"words": [{"w": "a", "end": float("nan")}]}, "finite"),
     ({"words": [{"w": "a", "end": -1}]}, "non-negative"),
+    ({"text": "he was 42", "words": [{"w": "he", "end": 0.3}, {"w": "was", "end": 0.6}, {"w": 40, "end": 1.0},
+                                     {"w": 2, "end": 1.3}]}, "w must be a string"),
+    ({"words": [{"w": None, "end": 0.3}]}, "w must be a string"),
 ])
 def test_manifest_lines_with_bad_text_or_word_times_are_refused(tmp_path, change, match):
-    """A training line whose text is no string, or whose word end times are NaN, negative or out of order, is one
-    error naming the line (its text was turned into a string; NaN ends went into the last chunk)."""
+    """A training line whose text is no string, whose word end times are NaN, negative or out of order, or whose
+    aligned words are not strings, is one error naming the line (its text was turned into a string; NaN ends went
+    into the last chunk; a number as a word, written into the targets where the alignment has other words than the
+    transcript, ended training at the step that drew it with a TypeError traceback)."""
     from speechstream.errors import InputError
     from speechstream.train import read_examples
 
