@@ -200,13 +200,15 @@ def check_override_key(item: str, key: str) -> None:
 
 
 def parse_k_choices(text: str) -> list[int]:
-    """``k_choices`` ("1,2,3") -> [1, 2, 3]; each a whole number of chunks, at least 1."""
+    """``k_choices`` ("1,2,3") -> [1, 2, 3]; each a whole number of chunks, at least 1 and at most ``MAX_COUNT`` (a
+    k past every clip's chunks reads the whole clip first; one near 2**63 overflowed the wait-k mask's int64 chunk
+    counts and ended the first step with an IndexError)."""
     try:
         ks = [int(part) for part in str(text).split(",")]
     except ValueError:
         raise InputError(f"k_choices must be whole numbers separated by commas, not {text!r}") from None
-    if min(ks) < 1:
-        raise InputError(f"k_choices must be at least 1 each, not {text!r}")
+    if not 1 <= min(ks) <= max(ks) <= MAX_COUNT:
+        raise InputError(f"k_choices must be from 1 to {MAX_COUNT} each, not {text!r}")
     return ks
 
 

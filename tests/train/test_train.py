@@ -742,7 +742,8 @@ def test_exponent_floats_are_numbers_in_a_recipe_and_its_overrides(tmp_path):
     ({"threads": 10**20}, "threads must be at most 2147483647"),  # (torch's overflow was exit 1)
     ({"k_choices": "a"}, "k_choices must be whole numbers"),
     ({"k_choices": "1,,2"}, "k_choices must be whole numbers"),
-    ({"k_choices": "0"}, "k_choices must be at least 1"),
+    ({"k_choices": "0"}, "k_choices must be from 1 to 2147483647 each"),
+    ({"k_choices": "1,9223372036854775807"}, "k_choices must be from 1 to 2147483647 each"),  # (exit 1: IndexError)
     ({"chunk_ms": 0}, "chunk_ms must be between"),
     ({"mask_time": 2}, "mask_time must be at least 0 and below 1"),
     ({"ctc_weight": -1}, "ctc_weight must not be negative"),
