@@ -137,6 +137,8 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         data = {}
     if not isinstance(data, dict):
         raise InputError(f"{path}: a training config must be a mapping of keys to values")
+    if "k_choices" in data:
+        data["k_choices"] = k_choices_text(data["k_choices"])
     recipe, given = dict(data), {}  # given: field -> the override that set it (the last one wins)
     for item in overrides:
         if "=" not in item:
@@ -145,7 +147,7 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         check_override_key(item, key)
         given[key] = item
         try:
-            data[key] = load_yaml(value)
+            data[key] = k_choices_text(load_yaml(value)) if key == "k_choices" else load_yaml(value)
         except yaml.YAMLError as error:
             raise InputError(f"override {item!r}: not a YAML value ({one_line(error)})") from None
         try:  # (a value of the wrong type is the override's, not the recipe file's)
@@ -168,6 +170,12 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         if value and not Path(value).is_absolute() and not Path(value).exists() and (base / value).exists():
             fix[field] = str(base / value)
     return dataclasses.replace(config, **fix)
+
+
+def k_choices_text(value):
+    """A recipe's ``k_choices`` as the text it is kept as: a single k (``k_choices: 2``, the override
+    ``k_choices=2``) is a number to YAML, which was refused as "the wrong type"; other values as they are."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def override_causes(recipe: dict, data: dict, key: str, error: str) -> bool:

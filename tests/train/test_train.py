@@ -725,6 +725,21 @@ def special_manifest(folder: Path, kind: str) -> str:
     return str(path)
 
 
+def test_a_single_k_is_a_whole_number_in_a_recipe_and_its_overrides(tmp_path, capsys):
+    """``k_choices: 2`` in a recipe and the override ``k_choices=2`` name one k (YAML reads them as numbers: both
+    were refused as "the wrong type"); recorded as the text "2", as the quoted form is; 0 is still refused."""
+    from speechstream.cli import main
+
+    path = write_recipe(tmp_path)
+    path.write_text(path.read_text() + "k_choices: 2\n")
+    assert load_train_config(str(path), []).k_choices == "2"
+    assert load_train_config(str(path), ["k_choices=3"]).k_choices == "3"
+    assert load_train_config(str(path), ["k_choices=1,3"]).k_choices == "1,3"
+    assert main(["train", str(path), "k_choices=0"]) == 2
+    err = capsys.readouterr().err
+    assert "override 'k_choices=0': k_choices must be from 1 to" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_exponent_floats_are_numbers_in_a_recipe_and_its_overrides(tmp_path):
     """YAML 1.1 (PyYAML) reads 1e-4 without a dot as a string: "config key lr_lora has the wrong type: '1e-4'"."""
     path = write_recipe(tmp_path)
