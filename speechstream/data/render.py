@@ -31,6 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from speechstream.data.augment import AugmentConfig, augment
+from speechstream.data.corpora import path_text
 from speechstream.data.synthesize import Voice, WordTime, synthesize, write_wav
 from speechstream.errors import InputError
 
@@ -57,7 +58,7 @@ class RenderSpec:
 def add_common_arguments(parser: argparse.ArgumentParser, seed_help: str) -> None:
     """The options every synthetic-speech recipe takes: --out, --hours, --seed, --workers, --heldout-hours,
     --no-augment and --limit."""
-    parser.add_argument("--out", type=Path, required=True, help="output folder (created; reused when rerun)")
+    parser.add_argument("--out", type=out_folder, required=True, help="output folder (created; reused when rerun)")
     parser.add_argument("--hours", type=float, required=True, help="hours of training speech to plan")
     parser.add_argument("--seed", type=int, default=0, help=seed_help)
     parser.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1),
@@ -67,6 +68,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, seed_help: str) -> Non
     parser.add_argument("--no-augment", action="store_true", help="write clean clips only")
     parser.add_argument("--limit", type=int, default=None,
                         help="synthesize only the first N planned utterances of each split (for trials)")
+
+
+def out_folder(value: str) -> Path:
+    """The type of --out: a folder name, not empty (``''`` was the current folder, which the run then filled)."""
+    return Path(path_text(value))
 
 
 MAX_HOURS = 10_000.0  # --hours, --heldout-hours: far past any corpus this builds

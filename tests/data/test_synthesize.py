@@ -318,3 +318,16 @@ def test_a_synthesis_recipe_usage_error_is_one_line_and_exit_2(recipe_path, argu
     assert run_main(recipe.main, arguments) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("speechstream: error: ") and message in err
+
+
+@pytest.mark.parametrize("recipe_path", [RECIPE, RECIPE.parents[1] / "st" / "prepare_st.py"], ids=["asr", "st"])
+def test_a_synthesis_recipe_refuses_an_empty_out(recipe_path, capsys, tmp_path, monkeypatch):
+    """``--out ""`` is refused in one line, exit 2, as the data recipes' and eval's are: it was taken as the current
+    folder, and the run wrote its lock, text, plan, wavs and manifests there (a checkout's root, say)."""
+    recipe = load_recipe(recipe_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(recipe, "make", lambda args: pytest.fail(f"the run went on into {args.out.resolve()}"))
+    assert run_main(recipe.main, ["--out", "", "--hours", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "speechstream: error: argument --out: must not be empty" in err, err
+    assert not list(tmp_path.iterdir())  # not even the lock file
