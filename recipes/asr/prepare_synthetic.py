@@ -39,6 +39,7 @@ from speechstream.data.render import (  # noqa: E402
     RenderSpec,
     add_common_arguments,
     check_common_arguments,
+    make_out_folder,
     read_json,
     read_plan,
     render_stage,
@@ -229,7 +230,7 @@ def write_manifests(out: Path, plan: list[dict], records: dict[str, dict], corpu
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    make_out_folder(args.out)
     with hold_folder(args.out):  # a second run into the same --out stops here (exit 2)
         return make(args)
 

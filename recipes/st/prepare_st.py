@@ -48,6 +48,7 @@ from speechstream.data.render import (  # noqa: E402
     RenderSpec,
     add_common_arguments,
     check_common_arguments,
+    make_out_folder,
     read_plan,
     render_stage,
     utterance_seed,
@@ -208,7 +209,7 @@ def write_manifests(out: Path, plan: list[dict], records: dict[str, dict], text_
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    make_out_folder(args.out)
     with hold_folder(args.out):  # a second run into the same --out stops here (exit 2)
         return make(args)
 

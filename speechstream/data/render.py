@@ -87,13 +87,27 @@ def check_common_arguments(parser: argparse.ArgumentParser, args: argparse.Names
         parser.error(f"--heldout-hours must be a number above 0 and at most {MAX_HOURS:g}")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
-    if args.out.exists() and not args.out.is_dir() or any(p.exists() and not p.is_dir() for p in args.out.parents):
+    try:
+        blocked = args.out.exists() and not args.out.is_dir() or any(p.exists() and not p.is_dir()
+                                                                     for p in args.out.parents)
+    except OSError as error:  # (a name too long; a folder on the way that may not be searched)
+        parser.error(f"--out {args.out}: cannot look the folder up ({error.strerror or error})")
+    if blocked:
         parser.error(f"--out {args.out}: a file is in the way of that folder")
     if args.limit is not None and (args.out / "train.jsonl").exists():
         parser.error(f"--limit is for trials in a fresh --out: {args.out} already has manifests, which a trial "
                      "would cut down")
     if args.heldout_hours is None:
         args.heldout_hours = min(0.5, max(0.05, 0.03 * args.hours))
+
+
+def make_out_folder(out: Path) -> None:
+    """Create the --out folder (and the folders above it); one that cannot be made (no permission, a read-only or
+    virtual file system) is an InputError naming it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"--out {out}: cannot create the folder ({error.strerror or error})") from None
 
 
 # --- files ---------------------------------------------------------------------------------------------------------

@@ -331,3 +331,16 @@ def test_a_synthesis_recipe_refuses_an_empty_out(recipe_path, capsys, tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "speechstream: error: argument --out: must not be empty" in err, err
     assert not list(tmp_path.iterdir())  # not even the lock file
+
+
+@pytest.mark.parametrize("recipe_path", [RECIPE, RECIPE.parents[1] / "st" / "prepare_st.py"], ids=["asr", "st"])
+@pytest.mark.parametrize("kind", ["cannot be made", "name too long"])
+def test_a_synthesis_recipe_names_an_out_folder_it_cannot_make(recipe_path, kind, capsys, tmp_path, monkeypatch):
+    """An --out that cannot be made (a virtual file system here; no permission, a read-only disk) or looked up (a name
+    longer than the file system takes) is one line naming it, exit 2: mkdir's and stat's OSError was a traceback."""
+    recipe = load_recipe(recipe_path)
+    monkeypatch.setattr(recipe, "make", lambda args: pytest.fail(f"the run went on into {args.out}"))
+    out = "/proc/speechstream-test/synth" if kind == "cannot be made" else str(tmp_path / ("x" * 300) / "synth")
+    assert run_main(recipe.main, ["--out", out, "--hours", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"speechstream: error: --out {out}: cannot "), err
