@@ -160,16 +160,26 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         blamed = [item for key, item in given.items() if override_causes(recipe, data, key, str(error))]
         where = f"override{'s' if len(blamed) > 1 else ''} {', '.join(map(repr, blamed))}" if blamed else path
         raise InputError(f"{where}: {error}") from None
-    if Path(config.out_dir).exists() and not Path(config.out_dir).is_dir():
+    if path_exists(Path(config.out_dir), "out_dir") and not Path(config.out_dir).is_dir():
         where = f"override {given['out_dir']!r}" if "out_dir" in given else path
         raise InputError(f"{where}: out_dir {config.out_dir} exists and is not a folder")
     base = Path(path).resolve().parent
     fix = {}
     for field in ("model", "train_manifest", "dev_manifest", "init_checkpoint"):  # (a path beside the recipe)
         value = getattr(config, field)
-        if value and not Path(value).is_absolute() and not Path(value).exists() and (base / value).exists():
+        if value and not Path(value).is_absolute() and not path_exists(Path(value), field) \
+                and path_exists(base / value, field):
             fix[field] = str(base / value)
     return dataclasses.replace(config, **fix)
+
+
+def path_exists(path: Path, field: str) -> bool:
+    """Whether the recipe's ``field`` names an existing ``path``; one the system cannot look up (a name longer than
+    the file system takes, a folder on the way that may not be searched) is a one-line input error naming it."""
+    try:
+        return path.exists()
+    except OSError as error:
+        raise InputError(f"{field} {path}: cannot look it up ({error.strerror or error})") from None
 
 
 def k_choices_text(value):

@@ -797,6 +797,25 @@ def test_bad_recipe_values_are_one_line_errors_before_any_work(capsys, tmp_path,
     assert not (tmp_path / "run").exists()  # nothing was built or written
 
 
+@pytest.mark.parametrize("field, relative", [("out_dir", False), ("model", False), ("model", True),
+                                             ("train_manifest", True), ("init_checkpoint", True)])
+def test_a_recipe_path_the_system_cannot_look_up_is_one_line(capsys, tmp_path, monkeypatch, field, relative):
+    """A recipe path the system cannot look up (a name longer than the file system takes here; a folder on the way
+    that may not be searched) is one line naming it, exit 2, before out_dir is made: out_dir's and the model's
+    lookups, and a relative path's (tried beside the recipe), raised the OSError (exit 1, "File name too long")."""
+    from speechstream.cli import main
+
+    recipe = write_recipe(tmp_path, steps=1)
+    monkeypatch.chdir(tmp_path)
+    name = "x" * 300 + "/thing"
+    value = name if relative else str(tmp_path / name)
+    assert main(["train", str(recipe), f"{field}={value}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"{value}: cannot look it up (File name too long)" in err, err
+    if field != "model" or relative:  # (a model is looked up once out_dir is held, as a missing one is)
+        assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("field", ["out_dir", "model", "train_manifest", "dev_manifest", "init_checkpoint"])
 def test_an_empty_recipe_path_is_refused_not_taken_as_left_out(capsys, tmp_path, monkeypatch, field):
     """A recipe's (or an override's) empty file or folder name is refused, as the command line's are: out_dir ''
