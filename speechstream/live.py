@@ -17,6 +17,7 @@ interrupts at once. SIGTERM (a service manager's stop, ``timeout``) does the sam
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import sys
@@ -295,6 +296,22 @@ def gap_warner(warn: Callable[[str], None], max_queued_s: float = MAX_QUEUED_S) 
     return on_gap
 
 
+@contextlib.contextmanager
+def started(stream, sd, name: str) -> Iterator:
+    """``with stream`` (started, then stopped and closed), where a device that opened but will not start (another
+    program took it in between, a Bluetooth headset asleep: "Error starting stream") is the InputError naming it that
+    a device that will not open is, its stream closed, rather than PortAudio's error and exit 1."""
+    try:
+        stream.__enter__()
+    except sd.PortAudioError as error:
+        stream.close()
+        raise InputError(f"input device {name!r} cannot record: {error}") from None
+    try:
+        yield stream
+    finally:
+        stream.__exit__(*sys.exc_info())
+
+
 def record(session, device: dict, limit: int | None, on_event: Callable, sd, block_ms: int = BLOCK_MS,
            warn: Callable[[str], None] | None = None) -> LiveResult:
     """Open the input device at 16 kHz mono int16, feed the session from the callback's queue, finish it.
@@ -319,7 +336,8 @@ def record(session, device: dict, limit: int | None, on_event: Callable, sd, blo
             say(BACKLOG_NOTE.format(seconds=queued_s, by=stop.by))
 
     with StopFlag() as stop:
-        with stream:  # closed before the finish: an unpaced device would fill the queue meanwhile
+        # closed before the finish: an unpaced device would fill the queue meanwhile
+        with started(stream, sd, device["name"]):
             source = queued_blocks(blocks, stop, lambda: stream.active, overflows, stop_recording)
             events, fed = feed_blocks(session, source, limit, on_event, stop, on_gap)
         # the stream has stopped: blocks dropped after the last one queued are a gap at the end of the audio (not

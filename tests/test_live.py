@@ -403,3 +403,29 @@ def test_ctrl_c_finishes_and_saves(tmp_path, how, by):
     assert document["audio_s"] > 0 and document["compute_s"] > 0
     assert f"captured before {by} ({by} again skips it)" in stderr
     assert stdout.endswith("\n") and "Traceback" not in stderr
+
+
+def test_a_device_that_opens_but_will_not_start_is_one_line_exit_2(tiny_model):
+    """PortAudio can open a device and then fail to start it (taken by another program in between, a Bluetooth
+    headset gone to sleep): that is a device error as a failed open is, an InputError naming the device, not
+    "PortAudioError: Error starting stream" with exit 1 after the model loaded."""
+    from speechstream.config import DecodingConfig
+    from speechstream.errors import InputError
+    from speechstream.session import StreamingSession
+
+    class _WillNotStart(_FakeStream):
+        closed = False
+
+        def __enter__(self):
+            raise _FakeSounddevice.PortAudioError("Error starting stream: Device unavailable [PaErrorCode -9985]")
+
+        def close(self):
+            self.closed = True
+
+    sd, streams = _FakeSounddevice(total=3), []
+    sd.InputStream = lambda **kwargs: streams.append(_WillNotStart(kwargs["callback"], 3, kwargs["blocksize"])) or \
+        streams[-1]
+    session = StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, vad=False))
+    with pytest.raises(InputError, match=r"input device 'fake' cannot record: .*Device unavailable"):
+        live.record(session, {"index": 0, "name": "fake"}, None, lambda e: None, sd)
+    assert streams[0].closed  # (the device is let go of)
