@@ -125,6 +125,26 @@ def test_a_timed_out_takes_close_does_not_end_the_next_take():
     assert result["contexts"] == ["closed", "running"]
 
 
+def test_a_timed_out_take_drops_its_uncommitted_tail():
+    # the page gives up on the end event and closes the socket: the grey tail will never be committed or replaced (it
+    # stayed on the page, looking like text still to come, and "Save text" left it out), as after a server's error
+    result = run_page("""
+        const one = await record();
+        one.socket.receive({type: "final", text: " kept"});
+        one.socket.receive({type: "partial", text: " tail"});
+        await click("toggle");
+        one.node.port.onmessage({data: {type: "flushed"}});
+        await advance(31000);  // the server never sends its end event
+        const timedOut = page();
+        one.socket.closed(1006);
+        await settle();
+        return {timedOut, closed: page()};
+    """)
+    for page in result.values():
+        assert page["state"] == "error" and "did not finish the transcript" in page["error"]
+        assert page["committed"] == " kept" and page["partial"] == "" and page["text"] == "kept"
+
+
 def test_after_stop_a_server_behind_the_microphone_gets_the_time_its_unread_audio_takes():
     # the wait for the end event was 30 s plus twice the audio in bufferedAmount; measured in Chromium against a server
     # decoding at half real time, 20 of 40 s sat unread in TCP buffers with bufferedAmount at 0, and the page gave up

@@ -254,6 +254,7 @@ function armStopTimer(current) {
   current.stopTimer = setTimeout(() => {
     if (take === current) {
       ui.error.textContent = "The server did not finish the transcript in time; the connection was closed.";
+      ui.partial.textContent = ""; // the uncommitted tail will not be committed now (as after a server's error)
       setState("error", "error");
     }
     stopAudio(current);
