@@ -114,8 +114,14 @@ def resolve_device(sd, spec: int | str | None) -> dict:
         raise InputError(f"input device {spec!r}: {error}") from None
     except sd.PortAudioError as error:
         raise InputError(f"input device {spec!r}: {error}") from None
-    index = next((d["index"] for d in devices if d["name"] == info["name"] and d["hostapi"] == info["hostapi"]), None)
-    if info["max_input_channels"] < 1 or index is None:
+    # PortAudio's index of the device it chose: two devices may share a name and host API (identical USB microphones
+    # on Core Audio), and the first of that name was recorded whichever was asked for. A sounddevice that does not
+    # give the index: the device of that name and host API
+    index = info.get("index")
+    if index is None:
+        index = next((d["index"] for d in devices if (d["name"], d["hostapi"]) == (info["name"], info["hostapi"])),
+                     None)
+    if info["max_input_channels"] < 1 or index not in {d["index"] for d in devices}:
         raise InputError(f"input device {spec!r} cannot record")
     return dict(info, index=index)
 

@@ -429,3 +429,25 @@ def test_a_device_that_opens_but_will_not_start_is_one_line_exit_2(tiny_model):
     with pytest.raises(InputError, match=r"input device 'fake' cannot record: .*Device unavailable"):
         live.record(session, {"index": 0, "name": "fake"}, None, lambda e: None, sd)
     assert streams[0].closed  # (the device is let go of)
+
+
+def test_the_device_asked_for_is_the_one_recorded_when_two_share_a_name():
+    """Two identical USB microphones on macOS are both "USB Audio Device" on Core Audio: ``--input-device 2`` (or the
+    default, the second) must record device 2, which PortAudio's own answer names by its index, not the first device
+    of that name and host API."""
+
+    class TwinMics:
+        class PortAudioError(Exception):
+            pass
+
+        DEVICES = [{"name": "USB Audio Device", "index": i, "hostapi": 0, "max_input_channels": 1,
+                    "default_samplerate": 48000.0} for i in range(3)]
+        DEVICES[0] = dict(DEVICES[0], name="Built-in Microphone")
+
+        def query_devices(self, spec=None, kind=None):
+            if spec is None and kind is None:
+                return [dict(device) for device in self.DEVICES]
+            return dict(self.DEVICES[2 if spec is None else spec])  # (the default input: the second twin)
+
+    sd = TwinMics()
+    assert [live.resolve_device(sd, spec)["index"] for spec in (1, 2, None, 0)] == [1, 2, 2, 0]
