@@ -793,7 +793,8 @@ def cmd_live(args: argparse.Namespace) -> int:
         print(TINY_NOTE, file=sys.stderr)
     print(f"speechstream: listening on {device['name']} (Ctrl-C ends)", file=sys.stderr)
     session = StreamingSession(model, decoding)
-    result = live.record(session, device, limit, live.Printer(), sd)
+    printer = live.Printer()
+    result = live.record(session, device, limit, printer, sd, warn=printer.note)  # (notes on rows of their own)
     if result.overflows:  # (blocks dropped because the model fell behind were warned of when it happened)
         print(f"speechstream: warning: the audio device reported {result.overflows} overflowed blocks (audio lost "
               "before speechstream read it)", file=sys.stderr)

@@ -18,10 +18,13 @@ interrupts at once. SIGTERM (a service manager's stop, ``timeout``) does the sam
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
+import shutil
 import signal
 import sys
 import threading
+import unicodedata
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -260,33 +263,103 @@ def finish_session(session, on_event: Callable) -> list:
     return events
 
 
-class Printer:
-    """Committed text to ``out`` as it comes; the uncommitted tail on ``err`` with ``\\r`` when it is a terminal."""
+def text_columns(text: str) -> int:
+    """Terminal columns ``text`` takes: East Asian wide and full-width characters two, combining marks none."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
-    def __init__(self, out=None, err=None):
+
+def advance_column(column: int, text: str, width: int) -> int:
+    """The cursor's column after ``text`` is written from ``column`` on a terminal ``width`` columns wide (a row
+    filled to its last column leaves it at ``width``: the next character starts the next row)."""
+    for char in text:
+        if char == "\n":
+            column = 0
+            continue
+        columns = text_columns(char)
+        column = columns if column + columns > width else column + columns
+    return column
+
+
+def terminal_columns(stream) -> int:
+    """The width of the terminal ``stream`` writes to (stderr's own: stdout may be a pipe); else $COLUMNS or 80."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):  # (no file descriptor, not a terminal, closed)
+        columns = 0
+    return columns or shutil.get_terminal_size().columns
+
+
+def fitting_tail(text: str, columns: int) -> str:
+    """The longest end of ``text`` that takes at most ``columns`` terminal columns."""
+    used, start = 0, len(text)
+    while start > 0 and used + text_columns(text[start - 1]) <= columns:
+        start -= 1
+        used += text_columns(text[start])
+    return text[start:]
+
+
+class Printer:
+    """Committed text to ``out`` as it comes; the uncommitted tail on ``err`` when it is a terminal, shown after the
+    committed text and erased back to it with cursor moves.
+
+    Both usually are the same terminal: the tail is written where the committed text ends (``column``, counted from
+    what was written to ``out`` while it is a terminal too), over at most the rest of that row and the next, and erased
+    by going back to where it began (relative moves, right whether or not the screen scrolled) and clearing to the end
+    of the screen. A carriage return to the row's start, the earlier way, also erased the committed text of the row,
+    and the next final was written from the row's start: the screen showed the transcript in pieces.
+    """
+
+    def __init__(self, out=None, err=None, width: int | None = None):
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.tty = self.err.isatty()
-        self._showing = False
+        self.shared = self.tty and self.out.isatty()  # (taken to be the same terminal)
+        self.width = max(2, width or terminal_columns(self.err))
+        self.column = 0  # the terminal's column after the committed text (0 when stdout is not on it)
+        self._shown = 0  # columns of the tail on the screen
 
     def __call__(self, event) -> None:
         if event.type == "partial":
             if self.tty:
-                self.err.write("\r\x1b[K" + event.text[-100:])
+                self._clear()
+                tail = fitting_tail(event.text, 2 * self.width - self._start)
+                self.err.write(tail)
                 self.err.flush()
-                self._showing = True
+                self._shown = text_columns(tail)
             return
         self._clear()
         if event.type == "final":
             self.out.write(event.text)
+            self._wrote(event.text)
         elif event.type == "end":
             self.out.write("\n")
+            self._wrote("\n")
         self.out.flush()
 
+    def note(self, line: str) -> None:
+        """A line on ``err`` (a warning, a note) on a row of its own, the tail erased first."""
+        self._clear()
+        if self.shared and self.column:
+            self.err.write("\n")
+        self.err.write(line + "\n")
+        self.err.flush()
+        self.column = 0
+
+    @property
+    def _start(self) -> int:
+        """The column where the tail starts (a full row: the start of the next)."""
+        return self.column if self.column < self.width else 0
+
+    def _wrote(self, text: str) -> None:
+        if self.shared:
+            self.column = advance_column(self.column, text, self.width)
+
     def _clear(self) -> None:
-        if self._showing:
-            self.err.write("\r\x1b[K")
+        if self._shown:
+            up = (self._start + self._shown - 1) // self.width  # rows the tail went on past its first
+            back = "\r" + (f"\x1b[{up}A" if up else "") + (f"\x1b[{self._start}C" if self._start else "")
+            self.err.write(back + "\x1b[J")
             self.err.flush()
-            self._showing = False
+            self._shown = 0
 
 
 def gap_warner(warn: Callable[[str], None], max_queued_s: float = MAX_QUEUED_S) -> Callable[[int, int], None]:

@@ -451,3 +451,94 @@ def test_the_device_asked_for_is_the_one_recorded_when_two_share_a_name():
 
     sd = TwinMics()
     assert [live.resolve_device(sd, spec)["index"] for spec in (1, 2, None, 0)] == [1, 2, 2, 0]
+
+
+class _Terminal:
+    """What a terminal of ``width`` columns shows of the text written to it (stdout and stderr both): text wraps at
+    the last column, and the controls act on it as in xterm ("\\r", "\\n", ESC [ n A / C: up / right n, ESC [ K / J:
+    erase from the cursor to the end of the row / screen)."""
+
+    def __init__(self, width: int):
+        self.width, self.rows, self.row, self.col = width, [[]], 0, 0
+
+    def stream(self):
+        terminal = self
+
+        class Stream:
+            def write(self, text):
+                terminal.write(text)
+
+            def flush(self):
+                pass
+
+            def isatty(self):
+                return True
+
+        return Stream()
+
+    def down(self) -> None:
+        self.row, self.col = self.row + 1, 0
+        self.rows += [[] for _ in range(self.row + 1 - len(self.rows))]
+
+    def write(self, text: str) -> None:
+        import re
+
+        for control, count, letter, char in re.findall(r"(\x1b\[(\d*)([A-Za-z]))|(.|\n)", text, re.DOTALL):
+            at = min(self.col, self.width - 1)  # (past the last column, the cursor waits on it: a pending wrap)
+            if control:
+                if letter == "A":
+                    self.row, self.col = max(0, self.row - int(count or 1)), at
+                elif letter == "C":
+                    self.col = min(self.width - 1, at + int(count or 1))
+                elif letter in "JK":
+                    del self.rows[self.row][at:]
+                    if letter == "J":
+                        del self.rows[self.row + 1 :]
+                else:
+                    raise AssertionError(f"a control the test does not know: {control!r}")
+            elif char == "\r":
+                self.col = 0
+            elif char == "\n":
+                self.down()
+            else:
+                if self.col >= self.width:
+                    self.down()
+                line = self.rows[self.row]
+                line += [" "] * (self.col + 1 - len(line))
+                line[self.col] = char
+                self.col += 1
+
+    @property
+    def screen(self) -> list[str]:
+        return ["".join(row).rstrip() for row in self.rows]
+
+
+def test_the_uncommitted_tail_shown_on_a_terminal_leaves_the_committed_text_on_it():
+    """On a terminal stdout and stderr share the screen: the tail (stderr) goes after the committed text (stdout),
+    at most the rest of its row and the next, and is erased back to it. It was written from the start of the row
+    with "\\r" and erased with the whole row, so each partial wiped the committed text of its row from the screen
+    (the next final was written from the row's start), and the transcript showed in pieces."""
+    from speechstream.session import Event
+
+    terminal = _Terminal(width=20)
+    printer = live.Printer(terminal.stream(), terminal.stream(), width=20)
+    shown = []
+    for kind, text in [("final", " Hello"), ("partial", " wor"), ("partial", " world"), ("final", " world."),
+                       ("partial", " and a tail longer than the row"), ("final", " And a"), ("partial", " tail"),
+                       ("final", " tail longer"), ("partial", " x"), ("end", "")]:
+        printer(Event(kind, text, 0.0, 0.0))
+        shown.append(terminal.screen)
+    assert shown[2] == [" Hello world"] and shown[3] == [" Hello world."]
+    assert shown[4] == [" Hello world. a tail", " longer than the row"]  # (the tail's end that fits)
+    assert shown[5] == [" Hello world. And a"] and shown[6] == [" Hello world. And a", "tail"]
+    assert shown[7] == [" Hello world. And a", "tail longer"] and shown[8] == [" Hello world. And a", "tail longer x"]
+    assert shown[9] == [" Hello world. And a", "tail longer", ""]
+    note = live.Printer(terminal.stream(), terminal.stream(), width=20)
+    note(Event("final", " Text", 0.0, 0.0))
+    note(Event("partial", " tail", 0.0, 0.0))
+    note.note("warning: a gap")  # (a warning on a row of its own, the tail erased first)
+    note(Event("final", " more", 0.0, 0.0))
+    assert terminal.screen[-3:] == [" Text", "warning: a gap", " more"]
+    # East Asian wide characters take two columns: the tail that fits, and where the text leaves the cursor
+    assert live.fitting_tail("ab日本", 5) == "b日本" and live.fitting_tail("ab日本", 3) == "本"
+    assert live.advance_column(17, "日本", 20) == 2 and live.advance_column(16, "日本", 20) == 20
