@@ -206,17 +206,20 @@ def queued_blocks(blocks: queue.Queue, stop: StopFlag, active: Callable[[], bool
 
     ``counter[0]`` counts blocks that PortAudio flagged (overflows).
     """
-    stopping = False
+    stopping = ended = False
     while not stop.skip:
         if stop.set and not stopping:
             stopping = True
             if on_stop is not None:
                 on_stop(sum(item[0].shape[0] for item in list(blocks.queue)) / SAMPLE_RATE)
         try:
-            block, flagged, lost = blocks.get_nowait() if stopping else blocks.get(timeout=POLL_S)
+            block, flagged, lost = blocks.get_nowait() if stopping or ended else blocks.get(timeout=POLL_S)
         except queue.Empty:
-            if stopping or not active():
+            if stopping or ended:
                 return
+            # the stream has ended: what is queued is still read, as the callback may have queued its last block
+            # (and ended the stream) after the wait above gave up and before this look
+            ended = not active()
             continue
         counter[0] += flagged
         yield to_float(block), lost

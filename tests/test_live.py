@@ -542,3 +542,18 @@ def test_the_uncommitted_tail_shown_on_a_terminal_leaves_the_committed_text_on_i
     # East Asian wide characters take two columns: the tail that fits, and where the text leaves the cursor
     assert live.fitting_tail("ab日本", 5) == "b日本" and live.fitting_tail("ab日本", 3) == "本"
     assert live.advance_column(17, "日本", 20) == 2 and live.advance_column(16, "日本", 20) == 20
+
+
+def test_the_block_queued_as_the_stream_ends_is_read():
+    """The main loop found the queue empty, and in the moment before it asked whether the stream was still active the
+    callback queued its last block and ended the stream (``--seconds`` reached): that block (up to 100 ms of the
+    recording's end) was left unread."""
+    blocks: queue.Queue = queue.Queue()
+    last = np.full((1600, 1), 16384, np.int16)
+
+    def active() -> bool:  # (the callback runs between the loop's wait and this question)
+        blocks.put((last, False, 0))
+        return False
+
+    read = list(live.queued_blocks(blocks, live.StopFlag(), active, [0]))
+    assert [(block.size, lost) for block, lost in read] == [(1600, 0)] and blocks.empty()
