@@ -7,8 +7,9 @@ frames says which frames emit each token; a word spans its tokens' frames.
 
 Conventions: ``log_probs`` rows are frames, columns CTC classes with the blank last (as in ``speechstream.ctc``);
 each text token has at most one class (``None``: none, as for tokens outside the model's ``ctc_classes``). Tokens
-without a class are not aligned: they take the gap between their aligned neighbours' frames. A word starts with a
-token whose text starts with whitespace (as the tokenizer marks a word start; ``TextAssembler`` cuts there too).
+without a class are not aligned: they take the gap between their aligned neighbours' frames (several in a row share
+it in order). A word starts with a token whose text starts with whitespace (as the tokenizer marks a word start;
+``TextAssembler`` cuts there too).
 
 Where no alignment exists the segment's words keep their emission times (``segment_words``; ``Word.aligned`` False):
 when no token has a class, when the text has more labels than the frames can emit (CTC needs at least one frame per
@@ -63,8 +64,9 @@ def token_frames(log_probs: np.ndarray, labels: Sequence[int | None]) -> list[tu
 
     ``log_probs``: (T, C + 1) log-probabilities, the blank last; ``labels``: each token's class (None: no class).
     A token without a class gets the frames between its aligned neighbours (an empty range where they touch; the
-    first aligned token's start before any, the last one's stop after all). None when no token has a class or the
-    frames cannot emit the labels (``frames_needed`` > T)."""
+    first aligned token's start before any, the last one's stop after all), several in a row an equal part of them
+    each, in order (``_fill_unaligned``). None when no token has a class or the frames cannot emit the labels
+    (``frames_needed`` > T)."""
     classed = [(i, label) for i, label in enumerate(labels) if label is not None]
     if not classed or frames_needed([label for _, label in classed]) > len(log_probs):
         return None
@@ -101,20 +103,27 @@ def _label_spans(path: list[int], blank: int, count: int) -> list[tuple[int, int
 
 
 def _fill_unaligned(frames: list[tuple[int, int] | None]) -> list[tuple[int, int]]:
-    """Unaligned tokens take the gap between the aligned tokens before and after them (one pass each way)."""
-    before: list[int | None] = []  # the stop of the last aligned token before each token
-    last = None
-    for span in frames:
-        before.append(last)
-        last = span[1] if span is not None else last
-    filled: list[tuple[int, int]] = [(0, 0)] * len(frames)
-    after = None  # the start of the first aligned token after
-    for i in range(len(frames) - 1, -1, -1):
-        if frames[i] is not None:
-            filled[i], after = frames[i], frames[i][0]
+    """Unaligned tokens take the gap between the aligned tokens before and after them; a run of several shares it,
+    each an equal part in whole frames, in order (were each given the whole gap, the words they make would all have
+    the same times, one over the other). Before the first aligned token or after the last, they take its start or
+    stop."""
+    filled: list[tuple[int, int]] = []
+    i = 0
+    while i < len(frames):
+        span = frames[i]
+        if span is not None:
+            filled.append(span)
+            i += 1
             continue
-        start = before[i] if before[i] is not None else after
-        filled[i] = (start, after if after is not None else before[i])
+        stop = i  # the unaligned run is frames[i:stop]
+        while stop < len(frames) and frames[stop] is None:
+            stop += 1
+        first = filled[-1][1] if filled else frames[stop][0]  # (some token is aligned: token_frames checks)
+        last = frames[stop][0] if stop < len(frames) else first
+        count = stop - i
+        filled += [(first + (last - first) * j // count, first + (last - first) * (j + 1) // count)
+                   for j in range(count)]
+        i = stop
     return filled
 
 

@@ -46,6 +46,22 @@ def test_a_token_without_a_class_takes_the_gap_between_its_neighbours():
     assert token_frames(lp, [None, None]) is None  # nothing to align
 
 
+
+def test_unaligned_tokens_in_a_row_share_their_gap_and_their_words_do_not_overlap():
+    # two words of tokens outside the CTC classes between "a" and "b": each took the whole gap (frames 1-5), so
+    # "x" and "y" had the same times; they now split it in order
+    lp = frames(A, BLANK, BLANK, BLANK, BLANK, B)
+    assert token_frames(lp, [A, None, None, B]) == [(0, 1), (1, 3), (3, 5), (5, 6)]
+    assert token_frames(lp, [A, None, None, None, B]) == [(0, 1), (1, 2), (2, 3), (3, 5), (5, 6)]
+    assert token_frames(frames(A, B), [A, None, None, B]) == [(0, 1), (1, 1), (1, 1), (1, 2)]  # no gap: empty
+    words = align_words(lp, [A, None, None, B], [" a", " x", " y", " b"], frame_s=0.04)
+    assert [(w.text, w.start_s, w.end_s) for w in words] == [
+        ("a", 0.0, 0.04), ("x", 0.04, pytest.approx(0.12)), ("y", pytest.approx(0.12), 0.2), ("b", 0.2, 0.24)]
+    # the bytes of a character after an unaligned word start no overlap either
+    words = align_words(lp, [A, None, None, B], [" a", "\u00e9", "", " b"], frame_s=0.04)
+    assert [(w.text, w.start_s, w.end_s) for w in words] == [("a\u00e9", 0.0, 0.2), ("b", 0.2, 0.24)]
+    assert all(w.end_s <= v.start_s for w, v in zip(words, words[1:]))
+
 def test_words_start_at_a_space_and_punctuation_moves_no_time():
     pieces = ["He", " was", " n", "ot", ",", " ", " ..."]
     assert words_of(pieces) == [("He", 0, 1), ("was", 1, 2), ("not,", 2, 4), ("...", 6, 7)]
