@@ -13,13 +13,14 @@ word times and statistics are those of any other write; as the search already sc
 stream's cache with its next LLM step, not a step each. The plan is dropped at the next read, and at any token the
 policy writes other than the planned one (its caps and repetition guard still rule).
 
-Each hypothesis follows the rules greedy joint decoding follows (``ctc.joint_steps``, which ``ctc.fuse`` takes the
-best of): end-of-chunk is taken when the
-LLM ranks it first (and only then), end-of-text competes by its own fused score once the audio is read, and the
-text ends when it runs ``TAIL_MARGIN`` labels past the CTC head's best path. A beam of one would write the greedy
-text; a session with ``beam == 1`` does not plan at all. Every extension adds a score of at most zero (a prefix
-probability only falls as the prefix grows, a log-probability is at most zero), so the search stops as soon as no
-live hypothesis can still beat the best ended one.
+Each hypothesis follows the rules greedy joint decoding follows (``ctc.joint_steps``, which ``ctc.fuse`` takes the best
+of): end-of-chunk is taken when the LLM ranks it first (and only then), end-of-text competes by its own fused score once
+the audio is read, and the text ends when it runs ``TAIL_MARGIN`` labels past the CTC head's best path. A beam of one
+follows the greedy choices, but every hypothesis that ends counts, kept in the beam or not: where the greedy text passes
+over an end-of-text that scores better than all that follows, a beam of one ends there (so its score is never below the
+greedy text's, and its text not always that text); a session with ``beam == 1`` does not plan at all. Every extension
+adds a score of at most zero (a prefix probability only falls as the prefix grows, a log-probability is at most zero),
+so the search stops as soon as no live hypothesis can still beat the best ended one.
 
 There is no length normalisation: an ended hypothesis needs the CTC head's consent (the ``SHORT_MARGIN`` rule and
 the end-of-text's CTC term), which keeps the search from preferring short texts.

@@ -7,12 +7,12 @@ head; given an architecture of ``model.ARCHITECTURES``, that tiny model in that 
 family s mod 4), audio (noise, a speech clip, silence), decoding options (chunk size, k, caps, repetition guard, CTC
 weight, 1-2 candidates, a beam of 2-16, VAD, context tokens) and feed sizes. Checks:
 
-* at up to three plans of the session, on a vocabulary of 2 candidates and a room of at most 3 tokens (a width of 16
-  is then exhaustive: at most 3 ways on from each hypothesis, 9 live after two tokens): the plan of width 16 has the
-  best fused score of every hypothesis an exhaustive search ends with, and a score at least that of width 1
-  (greedy joint decoding's own plan); its LLM scores after each planned token (``decoder.Branches``) are those the
-  stream's own steps give; the stream's cache after the plan is the one before it to the bit (every attribute of
-  every layer);
+* at up to three plans of the session, on a vocabulary of 2 candidates and a room of at most 3 tokens (a width of 16 is
+  then exhaustive: at most 3 ways on from each hypothesis, 9 live after two tokens): the plan of width 16 has the best
+  fused score of every hypothesis an exhaustive search ends with, and a score at least that of width 1 (greedy joint
+  decoding's choices, which score no better: ``beam``'s docstring); its LLM scores after each planned token
+  (``decoder.Branches``) are those the stream's own steps give; the stream's cache after the plan is the one before it
+  to the bit (every attribute of every layer);
 * the session never raises, and its target ids, transcript and segment starts do not depend on the feed sizes
   (pieces of 0, 1 or any number of samples against the audio whole), with few LLM positions at times (segments
   then cut where one more chunk could pass them).

@@ -449,3 +449,41 @@ def test_a_gap_in_the_audio_ends_a_beam_segment_and_keeps_what_was_written(tiny_
         events = session.finish()
     assert session.target_ids[: len(before)] == before and session.segment == 1
     assert session.segment_start_times == [3.0] and events[-1].text == session.transcript != ""
+
+
+def test_a_beam_of_one_follows_the_greedy_choices_but_an_end_of_text_it_passed_over_still_counts(monkeypatch):
+    """beam's docstring: with every ended hypothesis counting, a plan of width 1 is not always the greedy text."""
+    from types import SimpleNamespace
+
+    from speechstream.ctc import CTCPrefixScorer, fuse
+
+    eos, eoc, a, b = 0, 1, 2, 3  # CTC classes: a -> 0, b -> 1; the blank 2
+    scorer = CTCPrefixScorer(2)
+    scorer.add_frames(np.log([[0.8, 0.05, 0.15], [0.05, 0.05, 0.9]]))  # "a" is heard, then silence
+    model = SimpleNamespace(eoc_id=eoc, eos_id=eos, special_ids={eos, eoc}, decoder=None,
+                            embed_ids=lambda ids: torch.tensor(ids))
+    joint = SimpleNamespace(model=model, allowed=torch.ones(4, dtype=torch.bool), class_of=torch.tensor([-1, -1, 0, 1]),
+                            weight=0.5, candidates=4, scorer=scorer, eoc_run=0)
+    root = torch.log(torch.tensor([0.5, 0.01, 0.45, 0.04]))  # the LLM would end; the CTC head hears "a"
+    after_a = {}
+
+    class Fed:  # the LLM's scores after the last token of each branch
+        def __init__(self, decoder, state):
+            pass
+
+        def step(self, embeds, parents):
+            return torch.stack([after_a[int(t)] for t in embeds]), list(range(len(embeds)))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(beam, "Branches", Fed)
+    assert fuse(root, joint.allowed, scorer, joint.class_of, 0.5, 4, eoc, eos, True, 0) == a  # greedy writes "a"
+    limits = beam.Limits(source_done=True, room=10)
+    after_a[a] = torch.log(torch.tensor([0.97, 0.01, 0.01, 0.01]))  # ... and then ends: the beam of one does too
+    assert beam.plan(joint, None, root, limits, width=1).tokens == [a, eos]
+    # where the LLM goes on with "b", which the head does not hear, the text ended at once scores better than any
+    # going on: the beam of one ends there, though the greedy choice passed that end over
+    after_a[a] = torch.log(torch.tensor([0.3, 0.01, 0.04, 0.65]))
+    after_a[b] = after_a[a]
+    assert beam.plan(joint, None, root, limits, width=1).tokens == [eos]
