@@ -68,7 +68,8 @@ class TextAssembler:
         self._new_word = False  # the next committed text starts a new word (after a segment boundary)
 
     def start_segment(self) -> None:
-        """Commit everything; the next committed text is then separated from it by one space.
+        """Commit everything; the next committed text is then separated from it by one space (none where the text
+        already ends in whitespace: a segment can end with a space token).
 
         Used between VAD segments: a fresh segment's first word has no leading space of its own.
         """
@@ -96,8 +97,13 @@ class TextAssembler:
         if not self.committed:
             return text.lstrip()
         if self._new_word:  # the first words of a new segment: one space after the last one's text
-            return " " + text.lstrip() if text.strip() else ""
+            return self._separator() + text.lstrip() if text.strip() else ""
         return text
+
+    def _separator(self) -> str:
+        """What goes between the last segment's text and the next one's first word: a space, unless that text already
+        ends in whitespace."""
+        return "" if self.committed[-1:].isspace() else " "
 
     def _commit(self, upto: int, force: bool = False) -> str:
         if upto <= self.committed_upto:
@@ -110,7 +116,7 @@ class TextAssembler:
         elif self._new_word:
             text = text.lstrip()
             if text:
-                text, self._new_word = " " + text, False
+                text, self._new_word = self._separator() + text, False
         self.committed += text
         self.committed_upto = upto
         return text
