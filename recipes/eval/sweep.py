@@ -653,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="decode nothing: tabulate the results there are")
     parser.add_argument("--rescore", action="store_true", help="run the finished points' evals too, which only score "
                         "their logs again (after a new metric)")
-    parser.add_argument("--threads", type=int, help="CPU threads of each eval (OMP_NUM_THREADS; default: torch's)")
+    parser.add_argument("--threads", type=int, help="CPU threads of each eval (OMP_NUM_THREADS; default: eval's: "
+                        "$OMP_NUM_THREADS where set, else 1)")
     try:
         args = parser.parse_args(argv)
         if args.threads is not None and args.threads < 1:
