@@ -288,9 +288,13 @@ def split_pairs(pairs: Iterable[Pair], config: AlignConfig = AlignConfig(),
         seen.add(norm)
         (corpus.heldout if is_heldout(norm, config.heldout_percent) else corpus.train).append(pair)
     spanish = overlaps_heldout([pair.norm for pair in corpus.train], {pair.norm for pair in corpus.heldout})
-    english = overlaps_heldout([normalize_english(pair.en) for pair in corpus.train],
-                               {normalize_english(pair.en) for pair in corpus.heldout})
-    kept = [pair for pair, *flags in zip(corpus.train, spanish, english) if not any(flags)]
+    heldout_english = {normalize_english(pair.en) for pair in corpus.heldout}
+    train_english = [normalize_english(pair.en) for pair in corpus.train]
+    english = overlaps_heldout(train_english, heldout_english)
+    # overlaps_heldout looks at texts of OVERLAP_WORDS words or more; an equal English is a held-out target at any
+    # length ("Jesus wept."), and equal Spanish cannot be there (deduplicated above)
+    same_english = [text in heldout_english for text in train_english]
+    kept = [pair for pair, *flags in zip(corpus.train, spanish, english, same_english) if not any(flags)]
     corpus.counts["dropped_overlaps_heldout"] = len(corpus.train) - len(kept)
     corpus.train = kept
     corpus.counts["pairs_train"] = len(corpus.train)

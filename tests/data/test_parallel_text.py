@@ -183,3 +183,19 @@ def test_real_bibles_align():
     pairs = {pair.id: pair for pair in corpus.train + corpus.heldout}
     assert pairs["John 3:16"].es.startswith("Porque de tal manera amó Dios al mundo")
     assert pairs["John 3:16"].en.startswith("For God so loved the world")
+
+
+def test_a_short_heldout_translation_is_no_training_target():
+    # a held-out English of fewer than OVERLAP_WORDS words is still a held-out target: a training pair with the same
+    # English (another Spanish wording of the verse) is dropped, as the module's docstring promises ("or equals it")
+    words = "uno dos tres cuatro cinco seis siete ocho nueve diez once doce trece catorce quince".split()
+    pairs = []
+    for index, word in enumerate(words):
+        pairs += [Pair(f"Book 1:{index}", f"Lloró {word} Jesús", f"{word.capitalize()} wept."),
+                  Pair(f"Book 2:{index}", f"Jesús {word} lloró", f"{word.capitalize()} wept.")]
+    corpus = split_pairs(pairs, AlignConfig(heldout_percent=30))
+    assert corpus.heldout and corpus.train
+    heldout_english = {normalize_english(pair.en) for pair in corpus.heldout}
+    assert [pair.id for pair in corpus.train if normalize_english(pair.en) in heldout_english] == []
+    assert corpus.counts["dropped_overlaps_heldout"] > 0
+    assert all(is_heldout(pair.norm, 30) for pair in corpus.heldout)
