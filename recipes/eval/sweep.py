@@ -193,12 +193,26 @@ def read_data(manifest: Path) -> Data:
     return Data(tuple(ids), talks > 0)
 
 
-def is_done(point: Point, out: Path, model: str, manifest: Path, count: int, ctc_weight: float = 0.0) -> bool:
-    """True when ``out/<point>`` holds scores of every utterance, made for this model, manifest and setting."""
+def is_done(point: Point, out: Path, model: str, manifest: Path, ids: tuple[str, ...],
+            ctc_weight: float = 0.0) -> bool:
+    """True when ``out/<point>`` holds scores of every utterance of the manifest (``ids``, its lines' ids), made for
+    this model, manifest and setting."""
     run = read_run(out / point.name)
-    if run is None or run.scores.get("num_instances") != count:
+    if run is None or run.scores.get("num_instances") != len(ids):
         return False
-    return run.manifest == str(manifest.absolute()) and classify(run, model, ctc_weight) == point
+    return (run.manifest == str(manifest.absolute()) and classify(run, model, ctc_weight) == point
+            and logged_ids(out / point.name) == frozenset(ids))
+
+
+def logged_ids(folder: Path) -> frozenset[str] | None:
+    """The utterance ids a run folder's instances.log holds (None: none readable). A manifest made again at the same
+    path with as many other utterances left the old runs looking done: the sweep skipped them and reported their
+    figures under the new data."""
+    try:
+        lines = text_lines((folder / "instances.log").read_text(encoding="utf-8"))
+        return frozenset(str(json.loads(line)["id"]) for line in lines if line.strip())
+    except (OSError, ValueError, KeyError, TypeError):  # (json's errors are ValueErrors)
+        return None
 
 
 def run_point(point: Point, model: str, manifest: Path, out: Path, threads: int | None = None) -> int:
@@ -288,11 +302,16 @@ def classify(run: Run, model: str, ctc_weight: float = 0.0) -> Point | None:
 
 
 def collect(out: Path, model: str, manifest: Path, ctc_weight: float = 0.0) -> list[Row]:
-    """Rows of every ``out/*/scores.json`` made on ``manifest``: GPE runs of ``model`` and the baselines."""
-    rows = []
+    """Rows of every ``out/*/scores.json`` made on ``manifest`` as it is now (no utterance logged that it lacks):
+    GPE runs of ``model`` and the baselines."""
+    rows, ids = [], None
     for folder in sorted(out.glob("*/")) if out.is_dir() else []:
         run = read_run(folder)
         if run is None or run.manifest != str(manifest.absolute()):
+            continue
+        ids = frozenset(read_data(manifest).ids) if ids is None else ids
+        logged = logged_ids(folder)
+        if logged is None or not logged <= ids:
             continue
         point = classify(run, model, ctc_weight)
         if point is not None:
@@ -668,7 +687,6 @@ def main(argv: list[str] | None = None) -> int:
         if not manifest.is_file():
             raise SweepError(f"{manifest}: no such manifest")
         data = read_data(manifest)
-        count = len(data.ids)
         ctc_weight = model_ctc_weight(model, strict=not args.report_only)
         baselines = parse_baselines(args.baselines)
         if data.long_form and baselines:
@@ -691,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with TerminateAsInterrupt():  # SIGTERM ended the sweep at once, its eval left running
                 for point in points:
-                    if not args.rescore and is_done(point, out, model, manifest, count, ctc_weight):
+                    if not args.rescore and is_done(point, out, model, manifest, data.ids, ctc_weight):
                         print(f"sweep: {point.name}: done", file=sys.stderr)
                         continue
                     status = run_point(point, model, manifest, out, args.threads)

@@ -31,6 +31,9 @@ def _manifest(tmp_path: Path, n: int = 2, talks: int = 0) -> Path:
     return path
 
 
+IDS = ("u0", "u1")  # the ids of _manifest's two lines
+
+
 def _fake_run(out: Path, name: str, manifest: Path, baseline: str = "gpe", model: str = "m", chunk_ms=640, k=2,
               ablation: str | None = "none", wer=50.0, al=1000.0, n=2, task="asr", extra=None, vad=False,
               ctc_weight=None):
@@ -94,12 +97,29 @@ def test_done_points_are_skipped_only_when_complete_and_matching(sweep, tmp_path
     _fake_run(out, "gpe-c640-k2", manifest)
     _fake_run(out, "gpe-c320-k1", manifest, chunk_ms=320, k=1, n=1)  # half done
     _fake_run(out, "gpe-c640-k2-reencode", manifest, ablation="reencode", model="other")
-    assert sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, 2)
-    assert not sweep.is_done(sweep.gpe_point(320, 1), out, "m", manifest, 2)
-    assert not sweep.is_done(sweep.gpe_point(640, 2, "reencode"), out, "m", manifest, 2)  # another model
-    assert not sweep.is_done(sweep.gpe_point(1280, 4), out, "m", manifest, 2)  # never run
+    assert sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, IDS)
+    assert not sweep.is_done(sweep.gpe_point(320, 1), out, "m", manifest, IDS)
+    assert not sweep.is_done(sweep.gpe_point(640, 2, "reencode"), out, "m", manifest, IDS)  # another model
+    assert not sweep.is_done(sweep.gpe_point(1280, 4), out, "m", manifest, IDS)  # never run
     (tmp_path / "elsewhere").mkdir()
-    assert not sweep.is_done(sweep.gpe_point(640, 2), out, "m", _manifest(tmp_path / "elsewhere"), 2)  # other data
+    assert not sweep.is_done(sweep.gpe_point(640, 2), out, "m", _manifest(tmp_path / "elsewhere"), IDS)  # other data
+
+
+def test_a_manifest_made_again_with_other_utterances_is_no_done_run(sweep, tmp_path):
+    """A manifest made again at the same path with as many other utterances left its old runs looking done (same path,
+    same count): the sweep skipped them and reported their figures as the new data's. Now the logged ids must be the
+    manifest's: such a run is neither done nor reported (eval itself refuses its folder as a changed manifest)."""
+    manifest = _manifest(tmp_path)
+    out = tmp_path / "out"
+    _fake_run(out, "gpe-c640-k2", manifest)
+    _fake_run(out, "gpe-c320-k1", manifest, chunk_ms=320, k=1, n=1)  # half done: reported as before
+    assert sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, IDS)
+    assert [row.run.folder for row in sweep.collect(out, "m", manifest)] == ["gpe-c320-k1", "gpe-c640-k2"]
+    manifest.write_text(manifest.read_text().replace('"u', '"v'))  # the same path, two other utterances
+    ids = sweep.read_data(manifest).ids
+    assert ids == ("v0", "v1")
+    assert not sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, ids)
+    assert sweep.collect(out, "m", manifest) == []
 
 
 def test_report_tables_and_plot_from_synthetic_scores(sweep, tmp_path):
@@ -252,9 +272,9 @@ def test_a_joint_decoding_model_gets_a_greedy_point_beside_it(sweep, tmp_path):
         config = json.loads((out / name / "config.json").read_text())
         config["decoding"]["ctc_weight"] = weight
         (out / name / "config.json").write_text(json.dumps(config))
-    assert sweep.is_done(greedy, out, "m", manifest, 2, ctc_weight=0.4)
-    assert sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, 2, ctc_weight=0.4)
-    assert not sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, 2, ctc_weight=0.5)  # not the default
+    assert sweep.is_done(greedy, out, "m", manifest, IDS, ctc_weight=0.4)
+    assert sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, IDS, ctc_weight=0.4)
+    assert not sweep.is_done(sweep.gpe_point(640, 2), out, "m", manifest, IDS, ctc_weight=0.5)  # not the default
     rows = sweep.write_report(out, tmp_path / "rep", "m", manifest, "cmd", points, date="d", ctc_weight=0.4)
     assert sorted(r.run.folder for r in rows) == ["gpe-c640-k2", "gpe-c640-k2-greedy"]  # weight 0.3: no point
     text = (tmp_path / "rep" / "RESULTS.md").read_text()
