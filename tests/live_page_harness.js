@@ -119,7 +119,8 @@ class WebSocket {
 }
 Object.assign(WebSocket, { CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3 });
 
-// the server, as the page's fetches see it (setServer(false): stopped; setServer(502): stopped behind a proxy)
+// the server, as the page's fetches see it (setServer(false): stopped; setServer(502): stopped behind a proxy;
+// setServer(503): up, its decoder failed)
 let serverUp = true;
 const contexts = [];
 const nodes = [];
@@ -131,7 +132,9 @@ class AudioContext {
     this.destination = {};
     this.audioWorklet = {
       addModule: async (url) => {
-        if (serverUp !== true) throw new Error(`Failed to load worklet module script: ${url} (Network error)`);
+        if (serverUp !== true && serverUp !== 503) {
+          throw new Error(`Failed to load worklet module script: ${url} (Network error)`);
+        }
       },
     };
     contexts.push(this);
@@ -212,6 +215,7 @@ const sandbox = {
   location: { href: "http://localhost:8765/", protocol: "http:", host: "localhost:8765", port: "8765" },
   fetch: async () => {
     if (serverUp === false) throw new TypeError("Failed to fetch");
+    if (serverUp === 503) return { status: 503, json: async () => ({ status: "error", task: "asr" }) };
     if (serverUp !== true) {
       return { status: serverUp, json: async () => JSON.parse("<html>Bad Gateway</html>") }; // (a proxy's page)
     }

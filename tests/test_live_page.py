@@ -252,6 +252,19 @@ def test_a_server_stopped_behind_a_proxy_is_named_too():
                                        "still running?")
 
 
+def test_a_server_whose_decoder_failed_is_named_before_the_microphone_is_asked_for():
+    # /health answers 503 {"status": "error"} once the decode thread has died: the page took its task from it, asked
+    # for the microphone, opened the audio graph and the socket, and only then heard the server's refusal
+    result = run_page("""
+        setServer(503);
+        await click("toggle");
+        return {page: page(), tracks: tracks.length, contexts: contexts.length, sockets: sockets.length};
+    """)
+    assert result["page"]["state"] == "error" and not result["page"]["toggleDisabled"]
+    assert result["page"]["error"] == "The server cannot transcribe: its decoder has failed (see the server's log)."
+    assert result["tracks"] == result["contexts"] == result["sockets"] == 0
+
+
 def test_lag_is_shown_and_a_server_far_behind_stops_the_recording():
     shown = run_page("""
         const shown = [];

@@ -151,6 +151,10 @@ async function start() {
       (response) => response.json().catch(() => serverDown(` (/health answered HTTP ${response.status})`)),
       () => serverDown(""),
     );
+    if (health.status === "error") {
+      // (its /health answers 503 once the decode thread has died: the socket would be refused after the prompt)
+      throw new Error("The server cannot transcribe: its decoder has failed (see the server's log).");
+    }
     current.media = await navigator.mediaDevices.getUserMedia({
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
     }).catch((error) => {
