@@ -6,8 +6,8 @@
 // OUT_RATE / gcd(rate, OUT_RATE) distinct phases between input samples (one at 48 or 192 kHz, 160 at 44.1 kHz): each
 // phase's kernel values are computed once, when first needed, not per sample (sin and cos for each of the 407
 // taps of each output sample at 192 kHz took 0.37 s of CPU per second of audio in Node, the table 0.05 s). Frames of
-// FRAME_SAMPLES int16 samples go to the page through the port; the message "flush" sends what is left (zero-padded
-// on the right) followed by {type: "flushed"}.
+// FRAME_SAMPLES int16 samples go to the page through the port; the message "flush" sends what is left (the output
+// samples up to the end of the input, as one shorter frame: no padding) followed by {type: "flushed"}.
 
 const OUT_RATE = 16000;
 const FRAME_SAMPLES = 320; // 20 ms
