@@ -7,6 +7,7 @@ never imports the ctranslate2 package. The file is little-endian:
     [version >= 2] string spec_name, u32 spec_revision
     u32 variable_count
     variable_count x (string name, u8 rank, rank x u32 shape, u8 dtype_id, u32 byte_count, byte_count raw bytes)
+        [version < 4: u8 item_size (4 float32, 2 int16, 1 int8) and u32 value_count instead of dtype_id, byte_count]
     [version >= 3] u32 alias_count, alias_count x (string alias, string target)
 
 A string is a u16 length that counts a trailing NUL byte, then that many bytes.
@@ -36,6 +37,8 @@ DTYPES_BY_ID = {  # CTranslate2 dtype id -> numpy dtype as stored on disk (littl
     4: np.dtype("<f2"),
     BFLOAT16_ID: np.dtype("<u2"),
 }
+FIRST_DTYPE_ID_VERSION = 4  # older files give each variable's item size and value count instead of dtype id and bytes
+DTYPES_BY_ITEM_SIZE = {4: np.dtype("<f4"), 2: np.dtype("<i2"), 1: np.dtype("i1")}  # the only dtypes before version 4
 
 
 class CT2FormatError(SpeechstreamError):
@@ -120,7 +123,7 @@ def read_model_bin(source: bytes | bytearray | memoryview | str | Path, name: st
     if version >= 2:
         spec_name = cursor.string("the spec name")
         revision = cursor.u32("the spec revision")
-    variables = _read_variables(cursor)
+    variables = _read_variables(cursor, version)
     aliases = _read_aliases(cursor, variables) if version >= 3 else {}
     if cursor.remaining():
         raise CT2FormatError(
@@ -136,25 +139,36 @@ def read_variables(source: bytes | bytearray | memoryview | str | Path) -> dict[
     return read_model_bin(source).variables
 
 
-def _read_variables(cursor: _Cursor) -> dict[str, np.ndarray]:
+def _read_variables(cursor: _Cursor, version: int) -> dict[str, np.ndarray]:
     count = cursor.u32("the variable count")
     variables: dict[str, np.ndarray] = {}
     for index in range(count):
         name = cursor.string(f"the name of variable {index}")
-        variables[name] = _read_array(cursor, name)
+        variables[name] = _read_array(cursor, name, version)
     return variables
 
 
-def _read_array(cursor: _Cursor, name: str) -> np.ndarray:
-    rank = cursor.u8(f"the rank of {name}")
-    shape = cursor.unpack(f"<{rank}I", f"the shape of {name}") if rank else ()
+def _read_dtype(cursor: _Cursor, name: str, version: int) -> tuple[int | None, np.dtype, int]:
+    """(dtype id or None, on-disk dtype, byte count) of a variable, in the layout of binary ``version``."""
+    if version < FIRST_DTYPE_ID_VERSION:
+        item_size = cursor.u8(f"the item size of {name}")
+        if item_size not in DTYPES_BY_ITEM_SIZE:
+            raise CT2FormatError(
+                f"{cursor.source}: corrupted CTranslate2 model file: {name} has unknown item size {item_size}"
+            )
+        return None, DTYPES_BY_ITEM_SIZE[item_size], cursor.u32(f"the value count of {name}") * item_size
     dtype_id = cursor.u8(f"the dtype of {name}")
     if dtype_id not in DTYPES_BY_ID:
         raise CT2FormatError(
             f"{cursor.source}: corrupted CTranslate2 model file: {name} has unknown dtype id {dtype_id}"
         )
-    dtype = DTYPES_BY_ID[dtype_id]
-    byte_count = cursor.u32(f"the byte count of {name}")
+    return dtype_id, DTYPES_BY_ID[dtype_id], cursor.u32(f"the byte count of {name}")
+
+
+def _read_array(cursor: _Cursor, name: str, version: int) -> np.ndarray:
+    rank = cursor.u8(f"the rank of {name}")
+    shape = cursor.unpack(f"<{rank}I", f"the shape of {name}") if rank else ()
+    dtype_id, dtype, byte_count = _read_dtype(cursor, name, version)
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if byte_count != expected:
         raise CT2FormatError(

@@ -35,7 +35,12 @@ def _string(text: str) -> bytes:
     return struct.pack("<H", len(raw)) + raw
 
 
-def _variable(name: str, value: np.ndarray | Bfloat16) -> bytes:
+def _variable(name: str, value: np.ndarray | Bfloat16, version: int = 6) -> bytes:
+    if version < 4:  # before binary version 4: the item size and the number of values, not a dtype id and bytes
+        array = np.asarray(value)
+        raw = array.astype(array.dtype.newbyteorder("<")).tobytes()
+        header = _string(name) + struct.pack("<B", array.ndim) + struct.pack(f"<{array.ndim}I", *array.shape)
+        return header + struct.pack("<BI", array.dtype.itemsize, array.size) + raw
     if isinstance(value, Bfloat16):
         array = np.asarray(value.values, dtype=np.float32)
         raw = (array.view(np.uint32) >> 16).astype("<u2").tobytes()
@@ -50,14 +55,14 @@ def _variable(name: str, value: np.ndarray | Bfloat16) -> bytes:
 
 def write_ct2(variables: dict[str, np.ndarray | Bfloat16], aliases: dict[str, str] | None = None,
               version: int = 6, spec_name: str = "WhisperSpec", revision: int = 3) -> bytes:
-    """The bytes of a CTranslate2 model.bin holding ``variables`` and ``aliases``."""
+    """The bytes of a CTranslate2 model.bin holding ``variables`` and ``aliases``, in the layout of ``version``."""
     out = io.BytesIO()
     out.write(struct.pack("<I", version))
     if version >= 2:
         out.write(_string(spec_name) + struct.pack("<I", revision))
     out.write(struct.pack("<I", len(variables)))
     for name, value in variables.items():
-        out.write(_variable(name, value))
+        out.write(_variable(name, value, version))
     if version >= 3:
         aliases = aliases or {}
         out.write(struct.pack("<I", len(aliases)))

@@ -79,7 +79,7 @@ def test_unknown_version_is_refused():
 
 
 def test_unknown_dtype_and_wrong_byte_count_are_refused():
-    good = write_ct2({"x": np.ones(2, np.float32)}, version=2)
+    good = write_ct2({"x": np.ones(2, np.float32)}, version=4)
     dtype_at = good.index(b"x\0") + 2 + 1 + 4  # name, rank, one dimension
     bad_dtype = good[:dtype_at] + bytes([9]) + good[dtype_at + 1:]
     with pytest.raises(CT2FormatError, match="unknown dtype id 9"):
@@ -92,3 +92,23 @@ def test_unknown_dtype_and_wrong_byte_count_are_refused():
 def test_alias_to_a_missing_variable_is_refused():
     with pytest.raises(CT2FormatError, match="unknown variable"):
         read_model_bin(write_ct2({"x": np.ones(1, np.float32)}, {"y": "nope"}))
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_files_before_version_4_give_item_sizes_and_value_counts(version):
+    """Binary versions 1 to 3 give each variable's item size (4, 2, 1) and value count, not a dtype id and bytes."""
+    old_dtypes = (np.float32, np.int16, np.int8)  # the only ones those versions know
+    variables = {name: value for name, value in sample_variables().items() if value.dtype in old_dtypes}
+    model = read_model_bin(write_ct2(variables, version=version))
+    assert set(model.variables) == set(variables)
+    for name, expected in variables.items():
+        got = model.variables[name]
+        assert got.dtype == expected.dtype and got.shape == expected.shape, name
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_an_unknown_item_size_before_version_4_is_refused():
+    good = write_ct2({"x": np.ones(2, np.float32)}, version=3)
+    size_at = good.index(b"x\0") + 2 + 1 + 4  # name, rank, one dimension
+    with pytest.raises(CT2FormatError, match="x has unknown item size 8"):
+        read_model_bin(good[:size_at] + bytes([8]) + good[size_at + 1:])
