@@ -37,6 +37,7 @@ DTYPES_BY_ID = {  # CTranslate2 dtype id -> numpy dtype as stored on disk (littl
     4: np.dtype("<f2"),
     BFLOAT16_ID: np.dtype("<u2"),
 }
+SCALE_SUFFIX = "_scale"  # an int8/int16 weight's quantization scale is the variable "<name>_scale"
 FIRST_DTYPE_ID_VERSION = 4  # older files give each variable's item size and value count instead of dtype id and bytes
 DTYPES_BY_ITEM_SIZE = {4: np.dtype("<f4"), 2: np.dtype("<i2"), 1: np.dtype("i1")}  # the only dtypes before version 4
 
@@ -52,7 +53,7 @@ class CT2Model:
     binary_version: int  # layout version written in the file's first 4 bytes
     spec_name: str  # model family, e.g. "WhisperSpec" ("" before binary version 2)
     spec_revision: int  # revision of that family's variable set (1 before binary version 2)
-    variables: dict[str, np.ndarray]  # name -> array, aliases included (an alias shares its target's array)
+    variables: dict[str, np.ndarray]  # name -> array, aliases included (an alias shares its target's array and scale)
     aliases: dict[str, str]  # alias name -> target name
 
 
@@ -131,6 +132,9 @@ def read_model_bin(source: bytes | bytearray | memoryview | str | Path, name: st
         )
     for alias, target in aliases.items():
         variables[alias] = variables[target]
+    for alias, target in aliases.items():  # as CTranslate2 loads them: quantization happens after aliasing
+        if f"{target}{SCALE_SUFFIX}" in variables:
+            variables.setdefault(f"{alias}{SCALE_SUFFIX}", variables[f"{target}{SCALE_SUFFIX}"])
     return CT2Model(version, spec_name, revision, variables, aliases)
 
 
@@ -302,15 +306,18 @@ class _WeightTaker:
     def take(self, name: str) -> np.ndarray:
         array = _require(self.variables, name)
         self.used.add(name)
-        scale_name = f"{name}_scale"
-        if array.dtype.kind in "iu" and scale_name in self.variables:  # int8/int16 weights with per-row scales
+        scale_name = f"{name}{SCALE_SUFFIX}"
+        if array.dtype.kind in "iu":  # int8/int16 weights with per-row scales
+            if scale_name not in self.variables:
+                raise CT2FormatError(f"{name} is quantized to {array.dtype}, but its scale {scale_name} is missing")
             self.used.add(scale_name)
             scale = self.variables[scale_name].astype(np.float32)
             return array.astype(np.float32) / scale.reshape(-1, *([1] * (array.ndim - 1)))
         return array.astype(np.float32)
 
     def unused(self) -> list[str]:
-        ignorable = set(WHISPER_FLAGS) | set(INFORMATIONAL_SCALARS) | {"decoder/projection/weight"}
+        projection = "decoder/projection/weight"  # tied to the embedding, as is its scale
+        ignorable = set(WHISPER_FLAGS) | set(INFORMATIONAL_SCALARS) | {projection, f"{projection}{SCALE_SUFFIX}"}
         return sorted(set(self.variables) - self.used - ignorable)
 
 

@@ -135,6 +135,35 @@ def test_int8_weights_are_dequantized_with_their_scales():
     np.testing.assert_allclose(tensors["model.encoder.layers.0.fc1.weight"], variables[name] / scale[:, None])
 
 
+def quantize_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 values, per-row scale) as CTranslate2 quantizes a weight."""
+    scale = (127 / np.abs(weight).max(axis=1)).astype(np.float32)
+    return np.rint(weight * scale[:, None]).astype(np.int8), scale
+
+
+def test_an_aliased_int8_weight_is_dequantized_with_its_targets_scale():
+    """CTranslate2 aliases equal weights before quantizing, so only the target has a scale; the alias shares it."""
+    variables = tiny_whisper_variables(SIZE, dtype="float32")
+    first, second = "encoder/layer_0/ffn/linear_0/weight", "encoder/layer_1/ffn/linear_0/weight"
+    variables[first], variables[f"{first}_scale"] = quantize_int8(variables[first])
+    embeddings = "decoder/embeddings/weight"
+    variables[embeddings], variables[f"{embeddings}_scale"] = quantize_int8(variables[embeddings])
+    del variables[second]
+    model = read_model_bin(write_ct2(variables, WHISPER_ALIASES | {second: first}))
+    tensors = whisper_state_dict(model.variables)
+    expected = variables[first] / variables[f"{first}_scale"][:, None]
+    np.testing.assert_allclose(tensors["model.encoder.layers.1.fc1.weight"], expected)
+    np.testing.assert_allclose(tensors["model.encoder.layers.0.fc1.weight"], expected)
+
+
+def test_an_int8_weight_without_a_scale_is_refused():
+    variables = tiny_whisper_variables(SIZE, dtype="float32")
+    name = "encoder/layer_0/ffn/linear_0/weight"
+    variables[name] = quantize_int8(variables[name])[0]
+    with pytest.raises(CT2FormatError, match=f"{name}_scale"):
+        whisper_state_dict(read_model_bin(write_ct2(variables, WHISPER_ALIASES)).variables)
+
+
 def test_a_model_that_is_not_whisper_is_refused(ct2_variables):
     relu = dict(ct2_variables) | {"decoder/activation": np.array(0, dtype=np.int8)}
     with pytest.raises(CT2FormatError, match="decoder/activation"):
