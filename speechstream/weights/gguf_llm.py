@@ -9,12 +9,14 @@ the tokenizer (chat template included). The directory then reloads offline in ab
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 from speechstream.errors import SpeechstreamError
 
 GGUF_ONLY_CONFIG_KEYS = ("quantization_config", "_model_name_or_path")  # attributes that describe the GGUF source
 LOAD_TIME_TOKENIZER_KEYS = ("is_local", "local_files_only")  # loading options save_pretrained copies into the config
+UNREADABLE_GGUF_ERRORS = (ValueError, OSError, KeyError, IndexError, struct.error)  # struct.error: a cut header
 
 
 def _plain_config(config):
@@ -34,7 +36,7 @@ def load_gguf_model(gguf_path: str | Path):
     path = Path(gguf_path)
     try:
         return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except (ValueError, OSError, KeyError, IndexError) as error:
+    except UNREADABLE_GGUF_ERRORS as error:
         raise SpeechstreamError(f"{path.name}: cannot read this GGUF model: {error}") from error
 
 
@@ -45,7 +47,7 @@ def load_gguf_tokenizer(gguf_path: str | Path):
     path = Path(gguf_path)
     try:
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except (ValueError, OSError, KeyError, IndexError) as error:
+    except UNREADABLE_GGUF_ERRORS as error:
         raise SpeechstreamError(f"{path.name}: cannot read the tokenizer of this GGUF model: {error}") from error
 
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from speechstream.errors import SpeechstreamError
-from speechstream.weights.gguf_llm import load_gguf_model, write_llm_directory
+from speechstream.weights.gguf_llm import load_gguf_model, load_gguf_tokenizer, write_llm_directory
 from tests.weights.ct2_helpers import bytes_to_unicode
 
 gguf = pytest.importorskip("gguf")
@@ -111,3 +111,13 @@ def test_unreadable_gguf_is_a_clear_error(tmp_path):
     bad.write_bytes(b"GGUF" + b"\0" * 20)
     with pytest.raises(SpeechstreamError, match="broken.gguf"):
         load_gguf_model(bad)
+
+
+@pytest.mark.parametrize("keep", [8, 30, 200])
+def test_gguf_cut_short_in_its_header_is_a_clear_error(gguf_path, tmp_path, keep):
+    """A file that ends inside the header or the metadata (struct.error in the gguf reader) names the file."""
+    short = tmp_path / "short.gguf"
+    short.write_bytes(gguf_path.read_bytes()[:keep])
+    for load in (load_gguf_tokenizer, load_gguf_model):
+        with pytest.raises(SpeechstreamError, match="short.gguf: cannot read"):
+            load(short)
