@@ -208,6 +208,7 @@ SAMPLING_RATE = 16_000  # Hz, the rate every Whisper model was trained on
 TIMESTAMP_COUNT = 1501  # <|0.00|> ... <|30.00|> in 0.02 s steps, the last ids of every Whisper vocabulary
 TIMESTAMP_STEP_S = 0.02  # seconds between two timestamp tokens
 MULTILINGUAL_MIN_VOCAB = 51865  # vocabulary size from which a Whisper model is multilingual
+NO_SPEECH_TOKENS = ("<|nocaptions|>", "<|nospeech|>")  # the "no speech" token's name before and from large-v3 on
 GELU_ACTIVATION_ID = 3  # CTranslate2's id for exact (erf) GELU, Whisper's activation
 WHISPER_FLAGS = {  # CTranslate2 scalar -> the value an OpenAI Whisper model must have (anything else is refused)
     "decoder/activation": GELU_ACTIVATION_ID,
@@ -250,7 +251,7 @@ class WhisperTokens:
     translate: int  # <|translate|> task token
     transcribe: int  # <|transcribe|> task token
     start_of_prev: int  # <|startofprev|>: opens a text prompt
-    no_captions: int  # <|nocaptions|>: the "no speech" token
+    no_captions: int  # <|nocaptions|> (<|nospeech|> in the large-v3 family): the "no speech" token
     no_timestamps: int  # <|notimestamps|>; the timestamp tokens follow it
     languages: dict[str, int]  # "<|en|>" -> id for each language token (English-only models still list them)
 
@@ -421,13 +422,14 @@ def timestamp_tokens() -> list[str]:
 def whisper_tokens(tokenizer_json: dict) -> WhisperTokens:
     """Special token ids from a Whisper tokenizer.json's added tokens."""
     ids = {token["content"]: token["id"] for token in tokenizer_json.get("added_tokens", [])}
+    no_speech = next((token for token in NO_SPEECH_TOKENS if token in ids), NO_SPEECH_TOKENS[0])
     names = {
         "end_of_text": "<|endoftext|>",
         "start_of_transcript": "<|startoftranscript|>",
         "translate": "<|translate|>",
         "transcribe": "<|transcribe|>",
         "start_of_prev": "<|startofprev|>",
-        "no_captions": "<|nocaptions|>",
+        "no_captions": no_speech,
         "no_timestamps": "<|notimestamps|>",
     }
     missing = [token for token in names.values() if token not in ids]

@@ -135,6 +135,16 @@ def test_int8_weights_are_dequantized_with_their_scales():
     np.testing.assert_allclose(tensors["model.encoder.layers.0.fc1.weight"], variables[name] / scale[:, None])
 
 
+def test_large_v3_tokenizers_name_the_no_speech_token_nospeech():
+    """The large-v3 family's tokenizer.json calls <|nocaptions|> <|nospeech|>; both are Whisper tokenizers."""
+    tokenizer = tiny_tokenizer_json(SIZE)
+    for token in tokenizer["added_tokens"]:
+        if token["content"] == "<|nocaptions|>":
+            token["content"] = "<|nospeech|>"
+    tokens = whisper_tokens(tokenizer)
+    assert (tokens.no_captions, tokens.no_timestamps) == (264, 265)
+
+
 def quantize_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(int8 values, per-row scale) as CTranslate2 quantizes a weight."""
     scale = (127 / np.abs(weight).max(axis=1)).astype(np.float32)
