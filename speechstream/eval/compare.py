@@ -164,13 +164,13 @@ def word_edits(predictions: Sequence[str], references: Sequence[str], normalize:
     """(n, 2) per utterance: word edits (substitutions, deletions, insertions) and reference words."""
     import jiwer
 
-    from speechstream.eval.quality import normalize_english
+    from speechstream.eval.quality import normalize_english, spaced_words
 
     if normalize:
         predictions = [normalize_english(text) for text in predictions]
         references = [normalize_english(text) for text in references]
     counts = np.zeros((len(references), 2))
-    output = jiwer.process_words(list(references), list(predictions))
+    output = jiwer.process_words(spaced_words(references), spaced_words(predictions))
     for row, chunks in zip(counts, output.alignments):
         for chunk in chunks:  # (a substitution or deletion: one edit per reference word; an insertion: per word)
             words = chunk.ref_end_idx - chunk.ref_start_idx

@@ -2,10 +2,11 @@
 
 All scores are corpus-level percentages (0-100; WER and CER can exceed 100):
 
-- WER: word edit operations summed over the corpus / reference words summed over the corpus, on whitespace
-  words of the raw text -- the same quantity SimulEval 1.1.4 reports as WER (it uses no normalisation
-  either). CER: the same over characters, jiwer's default: leading and trailing whitespace is stripped, every
-  other character counts, each space of a run of spaces included.
+- WER: word edit operations summed over the corpus / reference words summed over the corpus, on the words of
+  the raw text cut at any whitespace (``str.split``: a line break or a tab separates two words as a space does) --
+  the same quantity SimulEval 1.1.4 reports as WER (it uses no normalisation either). CER: the same over
+  characters, jiwer's default: leading and trailing whitespace is stripped, every other character counts, each
+  space of a run of spaces included.
 - WER_normalized / CER_normalized: the same after `normalize_english` on both sides.
 - BLEU: sacrebleu's corpus BLEU with its defaults (tokenizer "13a", exponential smoothing, one reference),
   as SimulEval's BLEU. chrF: sacrebleu's corpus chrF with its defaults (character 6-grams, no word n-grams,
@@ -225,6 +226,12 @@ def normalize_english(text: str) -> str:
     return " ".join(words)
 
 
+def spaced_words(texts: Sequence[str]) -> list[str]:
+    """Each text's words (``str.split``: cut at any whitespace) joined by single spaces, as jiwer's word transform
+    needs them: it cuts at spaces alone, so "one\\ntwo" (a line break the LLM wrote) was one word to it."""
+    return [" ".join(text.split()) for text in texts]
+
+
 def _check_corpus(hypotheses: Sequence[str], references: Sequence[str]) -> None:
     """Both sides must be lists of strings of the same non-zero length."""
     if isinstance(hypotheses, str) or isinstance(references, str):
@@ -242,8 +249,10 @@ def _error_rate(hypotheses: Sequence[str], references: Sequence[str], characters
     raises ValueError.
     """
     _check_corpus(hypotheses, references)
-    process = jiwer.process_characters if characters else jiwer.process_words
-    output = process(list(references), list(hypotheses))
+    if characters:
+        output = jiwer.process_characters(list(references), list(hypotheses))
+    else:
+        output = jiwer.process_words(spaced_words(references), spaced_words(hypotheses))
     reference_units = output.substitutions + output.deletions + output.hits
     if reference_units == 0:
         raise ValueError("every reference is empty: the error rate is undefined")

@@ -61,6 +61,11 @@ def test_word_edits_sum_to_the_corpus_wer(normalize):
                                                                           normalize))
 
 
+def test_word_edits_cut_words_at_any_whitespace():
+    counts = word_edits(["one\ntwo three", "a\tb"], ["one two three", "a b"], normalize=False)
+    assert counts.tolist() == [[0, 3], [0, 2]]
+
+
 @pytest.mark.parametrize("resamples", [40, 1100])  # (1100: the draws are summed in three blocks)
 def test_wer_bootstrap_equals_scoring_each_draw(tmp_path, resamples):
     references = sentences(12, 3)

@@ -53,6 +53,13 @@ def test_wer_empty_reference_and_errors():
             wer(hypotheses, references)
 
 
+def test_wer_cuts_words_at_any_whitespace():
+    # a line break or tab between words (an LLM may write one) separates them as a space does, as str.split does
+    assert wer(["one\ntwo three"], ["one two three"]) == 0.0
+    assert wer(["one two\tthree"], ["one\u2003two three"]) == 0.0
+    assert transcription_scores(["a\nb"], ["a b"])["WER"] == 0.0
+
+
 def test_cer():
     assert cer(["abd"], ["abc"]) == pytest.approx(100 / 3)
     assert cer(["ab"], ["a b"]) == pytest.approx(100 / 3)  # the space is a character
