@@ -72,7 +72,8 @@ class Tested:
 
 
 def read_run(folder: str | Path) -> Run:
-    """A finished ``speechstream eval`` output folder; InputError (one line) for anything else."""
+    """A finished ``speechstream eval`` output folder; InputError (one line) for anything else, a folder whose
+    scores.json scored other than the records its instances.log holds (a rerun that logged more and stopped) too."""
     path = Path(folder)
     if not path.is_dir():
         raise InputError(f"{folder}: no such eval output folder")
@@ -101,6 +102,10 @@ def read_run(folder: str | Path) -> Run:
         raise InputError(f"{folder}: unknown task {task!r} in {CONFIG_FILE}")
     if not records or any(reference is None for reference in references):
         raise InputError(f"{folder}: the run has no references to compare against")
+    scored = scores.get("num_instances")
+    if scored is not None and scored != len(records):  # a rerun (a grown manifest) logged more, then stopped
+        raise InputError(f"{folder}: the run is not finished ({SCORES_FILE} scores {scored} utterances, "
+                         f"{INSTANCES_FILE} holds {len(records)}); its eval command, run again, finishes it")
     return Run(str(folder), task, ids, predictions, references, scores, run_settings(config), latency)
 
 

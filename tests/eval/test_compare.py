@@ -247,6 +247,20 @@ def test_bad_folders_are_refused_on_one_line(tmp_path):
         compare([base, base], 5)
 
 
+def test_a_run_logged_past_its_scores_is_not_finished(tmp_path):
+    """A finished run rerun on a manifest grown since, and stopped, holds more records than its scores.json scored:
+    its scores (RTF) are the older run's, and the run is not finished."""
+    references, predictions = sentences(5, 16), sentences(5, 17)
+    base = write_run(tmp_path / "base", "asr", predictions, references)
+    grown = write_run(tmp_path / "grown", "asr", predictions[:4], references[:4])
+    lines = (base / INSTANCES_FILE).read_text().splitlines(keepends=True)
+    with open(grown / INSTANCES_FILE, "a") as log:  # the rerun logged u4, then was stopped before scoring
+        log.write(lines[4])
+    with pytest.raises(InputError, match=r"grown: the run is not finished \(scores.json scores 4 utterances, "
+                                         r"instances.log holds 5\)"):
+        compare([base, grown], 20)
+
+
 def test_the_command(tmp_path, capsys):
     references = sentences(6, 16)
     base = write_run(tmp_path / "a", "translate", sentences(6, 17), references)
