@@ -678,6 +678,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if getattr(args, name) != default:
                 flag = "--" + name.replace("_", "-")
                 raise InputError(f"{flag} applies to the gpe system, not to {args.baseline}")
+        if args.baseline == "whisper-offline" and args.chunk_ms != defaults.chunk_ms:  # (it takes each clip whole)
+            raise InputError("--chunk-ms applies to the streaming systems (gpe, whisper-la2), not to whisper-offline")
         name = args.baseline_model or DEFAULT_BASELINE_MODELS[args.baseline]
         if not args.task:
             from speechstream.manifest import declared_languages, read_manifest

@@ -289,6 +289,8 @@ def test_cli_runs_the_whisper_baseline(tiny_whisper, tmp_path, capsys):
     (["--baseline", "whisper-la2", "--chunk-ms", "10"], "chunk_ms must be between 40 and 30000"),
     (["--baseline", "whisper-la2", "--vad"], "--vad applies to the gpe system, not to whisper-la2"),
     (["--baseline", "whisper-offline", "--k", "3"], "--k applies to the gpe system, not to whisper-offline"),
+    (["--baseline", "whisper-offline", "--chunk-ms", "320"],
+     "--chunk-ms applies to the streaming systems (gpe, whisper-la2), not to whisper-offline"),
     (["--baseline", "whisper-la2", "--ctc-weight", "0.3"], "--ctc-weight applies to the gpe system"),
     (["--baseline", "whisper-la2", "--max-repeats", "0"], "--max-repeats applies to the gpe system"),
     (["--baseline", "whisper-offline", "--baseline-model", "./no-such-dir"], "./no-such-dir: not a model directory"),
