@@ -345,7 +345,11 @@ def _frame_range(frames: int, rate: int, offset_s: float, duration_s: float | No
     if start >= frames or stop > frames + round(0.01 * rate):  # 10 ms of slack for rounded segment times
         end = "" if duration_s is None else f" to {offset_s + duration_s:.3f} s"
         raise InputError(f"the range {offset_s:.3f} s{end} is not inside the audio ({frames / rate:.3f} s)")
-    return start, min(stop, frames)
+    stop = min(stop, frames)
+    if stop <= start:  # (a duration under half a sample: else accepted here and refused only once decoding reached it)
+        raise InputError(f"the range {offset_s:.3f} s to {offset_s + duration_s:.6f} s holds no samples "
+                         f"(shorter than one sample at {rate} Hz)")
+    return start, stop
 
 
 def prepare_samples(samples: np.ndarray, sample_rate: int) -> np.ndarray:

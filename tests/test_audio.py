@@ -472,6 +472,17 @@ def test_a_time_range_must_be_finite_numbers(offset, duration):
         load_audio("samples/jfk.wav", offset, duration)
 
 
+def test_a_time_range_shorter_than_a_sample_is_refused_from_the_header():
+    """A range that rounds to no frames is refused by check_audio, before a model loads (eval's early check), not
+    later by the decoder as audio that holds no samples."""
+    from speechstream.audio import check_audio
+
+    for offset, duration in ((0.0, 0.00001), (1.0, 0.00002)):
+        with pytest.raises(InputError, match="holds no samples"):
+            check_audio("samples/jfk.wav", offset, duration)
+    assert check_audio("samples/jfk.wav", 1.0, 0.0001) == (16000, 16002)  # (two samples at 16 kHz: kept)
+
+
 def test_stream_layout_reads_a_wav_header_that_arrives_in_pieces(tmp_path):
     """A WAV header on a stream is told from raw PCM by its first 12 bytes and read once its data chunk starts, however
     the pipe cuts it; raw PCM is raw at the given rate (also one that happens to start with b"RIFF")."""
