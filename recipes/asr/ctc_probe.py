@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works
 
 from speechstream.audio import load_audio  # noqa: E402
 from speechstream.data.corpora import RecipeArgumentParser  # noqa: E402
-from speechstream.eval.quality import wer  # noqa: E402
-from speechstream.manifest import read_manifest  # noqa: E402
+from speechstream.errors import InputError  # noqa: E402
+from speechstream.eval.quality import normalize_english, wer  # noqa: E402
+from speechstream.manifest import Utterance, read_manifest  # noqa: E402
 from speechstream.model import load_model  # noqa: E402
 from speechstream.train import ctc_class_ids, greedy_ctc_text, load_train_config, read_examples  # noqa: E402
 
@@ -36,6 +37,21 @@ def greedy_ctc(model, audio, chunk_ms: int, classes: torch.Tensor | None, head: 
         return greedy_ctc_text(model, model.ctc_head(frames), classes, fine=True).strip()
     source = model.source_from_frames(encoded)
     return greedy_ctc_text(model, source.speech[0, : int(source.speech_lengths[0])], classes).strip()
+
+
+def transcripts(utterances: list[Utterance], manifest: str) -> list[str]:
+    """Each utterance's reference transcript (``text``), checked before any decoding: a line without one was scored
+    against an empty reference (every word of its hypothesis an insertion), and a manifest whose transcripts all
+    normalise to nothing has no WER (it stopped with a traceback once every clip was decoded)."""
+    lacking = [utterance.id for utterance in utterances if utterance.text is None]
+    if lacking:
+        shown = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+        raise InputError(f'{manifest}: {len(lacking)} of {len(utterances)} utterances lack "text" ({shown}); the '
+                         "probe's WER needs a transcript on every line")
+    texts = [utterance.text for utterance in utterances]
+    if not any(normalize_english(text).split() for text in texts):
+        raise InputError(f"{manifest}: every transcript (text) is empty once normalised: the WER is undefined")
+    return texts
 
 
 def main() -> None:
@@ -52,18 +68,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.out.is_dir() or any(p.exists() and not p.is_dir() for p in args.out.parents):
         parser.error(f"--out {args.out}: must name a file in a folder (checked before any decoding)")
+    utterances = read_manifest(args.manifest)
+    references = transcripts(utterances, args.manifest)
     torch.set_num_threads(2)
     model = load_model(args.model)
     classes = model.ctc_classes  # the checkpoint's CTC classes; older checkpoints: derived from the recipe
     if classes is None:
         recipe = load_train_config(args.recipe, [])
         classes = ctc_class_ids(model, read_examples(recipe.train_manifest, recipe.max_audio_s), recipe)
-    hypotheses, references = [], []
+    hypotheses = []
     with torch.no_grad():
-        for utterance in read_manifest(args.manifest):
+        for utterance in utterances:
             audio = load_audio(utterance.audio, utterance.offset or 0.0, utterance.duration)
             hypotheses.append(greedy_ctc(model, audio, args.chunk_ms, classes, args.head))
-            references.append(utterance.text or "")
     result = {"WER_normalized": wer(hypotheses, references, normalize=True), "WER": wer(hypotheses, references),
               "utterances": len(hypotheses), "hypotheses": hypotheses}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -72,8 +89,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from speechstream.errors import InputError
-
     try:
         main()
     except InputError as error:

@@ -1,11 +1,17 @@
-"""recipes/asr/model_card.py keeps the hand-written sections of an existing card when it rewrites the card."""
+"""recipes/asr/model_card.py keeps the hand-written sections of an existing card when it rewrites the card;
+recipes/asr/ctc_probe.py checks its references before decoding."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from speechstream.errors import InputError
 from tests.helpers import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,3 +50,31 @@ def test_a_rewritten_card_keeps_its_hand_written_sections(tmp_path, monkeypatch)
     assert "stale" not in card and "| 30.0 | 25.0 |" in card
     assert card.index("## Results") < card.index("## Status")
     assert card.endswith("## Status\n\nMeasured by hand: 42.\n")
+
+
+def test_the_ctc_probe_refuses_lines_without_a_transcript_before_decoding(tmp_path, monkeypatch):
+    """recipes/asr/ctc_probe.py scored a line without "text" against an empty reference (its every word an
+    insertion), and a manifest without any stopped with a traceback after every clip was decoded; both are one-line
+    input errors now, before the model is loaded."""
+    probe = load_recipe(ROOT / "recipes" / "asr" / "ctc_probe.py")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"model: tiny-random\ntrain_manifest: {ROOT / 'samples' / 'manifest.jsonl'}\n"
+                      f"out_dir: {tmp_path / 'run'}\nctc_vocab: full\nsteps: 1\nwarmup_steps: 0\n")
+    clip = (ROOT / "samples" / "jfk.wav").as_posix()
+    cases = {"none": ([{"id": "a", "audio": clip}], '1 of 1 utterances lack "text" (a)'),
+             "some": ([{"id": "a", "audio": clip, "text": "and so"}, {"id": "b", "audio": clip}],
+                      '1 of 2 utterances lack "text" (b)'),
+             "empty": ([{"id": "a", "audio": clip, "text": "..."}], "every transcript (text) is empty")}
+    threads = torch.get_num_threads()
+    try:
+        for name, (lines, message) in cases.items():
+            manifest = tmp_path / f"{name}.jsonl"
+            manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+            out = tmp_path / f"{name}.json"
+            monkeypatch.setattr(sys, "argv", ["ctc_probe.py", "--model", "tiny-random", "--manifest", str(manifest),
+                                              "--recipe", str(recipe), "--out", str(out)])
+            with pytest.raises(InputError, match=re.escape(message)):
+                probe.main()
+            assert not out.exists()
+    finally:
+        torch.set_num_threads(threads)
