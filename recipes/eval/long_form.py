@@ -72,14 +72,17 @@ def check_recording_out(wav: Path, out: Path) -> None:
 def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> tuple[dict, float]:
     """Write the utterances of ``manifest`` as one recording at ``wav``; return its long-form manifest line and its
     length (s). An utterance that is itself long-form brings its own sentences, moved to its place in the recording;
-    any other is one sentence."""
+    any other is one sentence. The line declares the languages the utterances declare (``declared_languages``)."""
     import numpy as np
     import soundfile
 
     from speechstream.audio import SAMPLE_RATE, load_audio
-    from speechstream.manifest import read_manifest
+    from speechstream.manifest import declared_languages, read_manifest
 
     utterances = read_manifest(manifest)
+    # the languages any line declares (not only the first line's); two different ones are refused, before any work:
+    # the recording is one stream of one language pair (both read, as a translate run reads them)
+    source_lang, target_lang = declared_languages(utterances, manifest, task="translate")
     if any(utterance.audio.resolve() == wav.resolve() for utterance in utterances):
         raise InputError(f"{wav} is audio of {manifest} itself; refusing to overwrite it (choose another --out)")
     pause = np.zeros(round(pause_s * SAMPLE_RATE), dtype=np.float32)
@@ -102,8 +105,8 @@ def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> t
     temporary = wav.with_name(f".{wav.name}.tmp")  # renamed once whole: a run stopped midway leaves no half wav
     soundfile.write(temporary, np.concatenate(pieces), SAMPLE_RATE, subtype="PCM_16", format="WAV")
     os.replace(temporary, wav)
-    languages = {key: getattr(utterances[0], key) for key in ("source_lang", "target_lang")}
-    return {"id": talk_id, "audio": wav, **languages, "segments": segments}, at / SAMPLE_RATE
+    return ({"id": talk_id, "audio": wav, "source_lang": source_lang, "target_lang": target_lang,
+             "segments": segments}, at / SAMPLE_RATE)
 
 
 if __name__ == "__main__":

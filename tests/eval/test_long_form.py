@@ -132,3 +132,24 @@ def test_a_run_killed_while_writing_the_recording_can_be_rerun(tmp_path: Path, m
     assert not out.exists() and not (tmp_path / "talk" / "talk.wav").exists()
     assert run_main(recipe.main, [str(tmp_path / "m.jsonl"), "--out", str(out)]) == 0
     assert load_audio(tmp_path / "talk" / "talk.wav").size == clip.size
+
+
+def test_the_recording_declares_the_languages_its_lines_declare(tmp_path: Path):
+    """The recording took source_lang and target_lang from the first line alone: a first line without them left an
+    es -> en talk without languages (eval then took the English ASR model for it), and lines of two languages made a
+    talk of the first one's. The languages any line declares are the recording's; two different ones are refused."""
+    soundfile.write(tmp_path / "a.wav", np.zeros(8000, np.float32), 16000, subtype="PCM_16")
+    plain = {"id": "a", "audio": "a.wav", "text": "uno", "translation": "one"}
+    spanish = {"id": "b", "audio": "a.wav", "text": "dos", "translation": "two", "source_lang": "es",
+               "target_lang": "en"}
+    (tmp_path / "m.jsonl").write_text(json.dumps(plain) + "\n" + json.dumps(spanish) + "\n")
+    result = run(tmp_path / "m.jsonl", "--out", tmp_path / "t.jsonl")
+    assert result.returncode == 0, result.stderr
+    (talk,) = read_manifest(tmp_path / "t.jsonl")
+    assert (talk.source_lang, talk.target_lang) == ("es", "en")
+    english = {"id": "c", "audio": "a.wav", "text": "three", "source_lang": "EN"}
+    (tmp_path / "mixed.jsonl").write_text(json.dumps(spanish) + "\n" + json.dumps(english) + "\n")
+    result = run(tmp_path / "mixed.jsonl", "--out", tmp_path / "mixed-talk.jsonl")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "source_lang es" in result.stderr and "en" in result.stderr
+    assert not (tmp_path / "mixed-talk.jsonl").exists() and not (tmp_path / "mixed-talk.wav").exists()
