@@ -89,6 +89,7 @@ def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> t
     pieces, segments, at = [], [], 0
     for number, utterance in enumerate(utterances):
         audio = load_audio(utterance.audio, utterance.offset or 0.0, utterance.duration)
+        check_sentences(utterance, audio.size / SAMPLE_RATE, manifest)  # (before the recording is written)
         if number:
             pieces.append(pause)
             at += pause.size
@@ -107,6 +108,19 @@ def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> t
     os.replace(temporary, wav)
     return ({"id": talk_id, "audio": wav, "source_lang": source_lang, "target_lang": target_lang,
              "segments": segments}, at / SAMPLE_RATE)
+
+
+def check_sentences(utterance, seconds: float, manifest: str) -> None:
+    """InputError naming the line when a sentence of a long-form ``utterance`` does not lie inside its ``seconds`` of
+    audio (with eval's slack for rounded times): joined, it would run into the pause or past the recording's end,
+    and the recording's manifest would be refused after the recording was written."""
+    from speechstream.eval.run import SENTENCE_SLACK_S
+
+    for number, sentence in enumerate(utterance.segments or ()):
+        end = sentence.offset + sentence.duration
+        if sentence.offset >= seconds or end > seconds + SENTENCE_SLACK_S:
+            raise InputError(f'{manifest}: "{utterance.id}": sentence {number} of its "segments" '
+                             f"({sentence.offset:.3f} s to {end:.3f} s) is not inside its audio ({seconds:.3f} s)")
 
 
 if __name__ == "__main__":

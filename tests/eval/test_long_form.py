@@ -153,3 +153,22 @@ def test_the_recording_declares_the_languages_its_lines_declare(tmp_path: Path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "source_lang es" in result.stderr and "en" in result.stderr
     assert not (tmp_path / "mixed-talk.jsonl").exists() and not (tmp_path / "mixed-talk.wav").exists()
+
+
+def test_a_sentence_outside_its_talk_is_refused_before_the_recording_is_written(tmp_path: Path):
+    """A long-form line whose last sentence ran past its audio was joined, the recording written, and only then was
+    the manifest refused, naming the joined "talk" and its wav; the wav stayed, so every rerun with the line fixed
+    stopped at "exists and is not the recording of". The line is refused first, by its id, and nothing is written."""
+    soundfile.write(tmp_path / "a.wav", np.zeros(16000, np.float32), 16000, subtype="PCM_16")
+    talk = {"id": "a", "audio": "a.wav", "segments": [{"offset": 0.1, "duration": 0.5, "text": "one"},
+                                                      {"offset": 0.7, "duration": 0.6, "text": "two"}]}
+    (tmp_path / "m.jsonl").write_text(json.dumps(talk) + "\n")
+    out = tmp_path / "out" / "t.jsonl"
+    result = run(tmp_path / "m.jsonl", "--out", out)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert '"a": sentence 1 of its "segments" (0.700 s to 1.300 s) is not inside its audio (1.000 s)' in result.stderr
+    assert not out.exists() and not out.with_suffix(".wav").exists()
+    talk["segments"][1]["duration"] = 0.305  # (within the 10 ms that eval allows for rounded times)
+    (tmp_path / "m.jsonl").write_text(json.dumps(talk) + "\n")
+    result = run(tmp_path / "m.jsonl", "--out", out)
+    assert result.returncode == 0, result.stderr
