@@ -56,6 +56,15 @@ def fmt(scores: dict, key: str, digits: int = 1) -> str:
     return text.lstrip("-") if float(text) == 0 else text  # no "-0"
 
 
+def dev_weight(folder: str) -> float | None:
+    """The joint CTC weight of a dev evaluation folder, ``dev-w0.5`` -> 0.5; None for a folder not named so (another
+    run kept beside them, ``dev-w0.5-old``)."""
+    try:
+        return float(folder.removeprefix(DEV_PREFIX)) if folder.startswith(DEV_PREFIX) else None
+    except ValueError:
+        return None
+
+
 def main() -> None:
     parser = RecipeArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -157,7 +166,8 @@ def main() -> None:
             f"| {label} | {fmt(s, 'WER')} | {fmt(s, 'WER_normalized')} | {fmt(s, 'AL', 0)} | {fmt(s, 'LAAL', 0)} | "
             f"{fmt(s, 'StartOffset', 0)} | {fmt(s, 'EndOffset', 0)} | {fmt(s, 'AL_CA', 0)} | {fmt(s, 'RTF', 2)} |"
         )
-    dev = sorted(args.eval.glob(f"{DEV_PREFIX}*/scores.json"), key=lambda p: float(p.parent.name[len(DEV_PREFIX):]))
+    dev = [path for path in args.eval.glob(f"{DEV_PREFIX}*/scores.json") if dev_weight(path.parent.name) is not None]
+    dev.sort(key=lambda path: dev_weight(path.parent.name))
     if dev:
         lines += ["", "Joint CTC weight (`ctc_weight` in config.yaml), tried on `data/dev/heldout.jsonl` (held-out "
                   "synthetic voices and sentences, its own seed) at 640 ms, wait-2:", "",

@@ -78,3 +78,27 @@ def test_the_ctc_probe_refuses_lines_without_a_transcript_before_decoding(tmp_pa
             assert not out.exists()
     finally:
         torch.set_num_threads(threads)
+
+
+def test_an_eval_folder_named_like_a_dev_weight_without_one_is_left_out(tmp_path, monkeypatch, capsys):
+    """The dev table is sorted by the weight in its folders' names (dev-w0.5): a folder such as dev-w0.5-old beside
+    them stopped the script with a ValueError traceback; only folders named by a number are the table's rows."""
+    model = tmp_path / "models" / "m"
+    model.mkdir(parents=True)
+    (model / "config.yaml").write_text("encoder: {lookahead_frames: 0}\n")
+    recipes = tmp_path / "recipes" / "asr"
+    recipes.mkdir(parents=True)
+    for name in MODEL_CARD.RECIPES:
+        (recipes / f"{name}.yaml").write_text("steps: 1\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    for folder, wer in ((MODEL_CARD.ROWS[0][0], 30.0), ("dev-w0.5", 40.0), ("dev-w0", 50.0), ("dev-w0.5-old", 60.0)):
+        (tmp_path / "eval" / folder).mkdir(parents=True)
+        (tmp_path / "eval" / folder / "scores.json").write_text(json.dumps({"WER": wer, "WER_normalized": wer}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["model_card.py", "--model", "m", "--run", str(run), "--eval",
+                                      str(tmp_path / "eval"), "--data", str(tmp_path / "none")])
+    MODEL_CARD.main()
+    card = (model / "MODEL_CARD.md").read_text()
+    assert card.index("| 0 | 50.0 |") < card.index("| 0.5 | 40.0 |") and "60.0" not in card
