@@ -46,7 +46,8 @@ def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = (), until
     its last word's end, but starts no earlier than the previous cue ended nor MAX_CUE_SECONDS before its end (a
     word alone may span more: a fallback word's emission times, ``align.emission_words``), and lasts at least
     MIN_CUE_SECONDS, so cues are in order, never overlap and never have zero length (nor end after the audio,
-    ``until`` seconds: a cue that would is moved back); a shorter cue than MIN_SHOW_SECONDS is held on until then,
+    ``until`` seconds: a cue that would is moved back, though not before 0 s, where a clip too short for
+    MIN_CUE_SECONDS a cue leaves cues of no length); a shorter cue than MIN_SHOW_SECONDS is held on until then,
     or until the next cue starts or the audio ends, whichever comes first."""
     starts = sorted(segment_starts)
     groups: list[list[Word]] = []
@@ -74,7 +75,7 @@ def word_cues(words: Sequence[Word], segment_starts: Sequence[float] = (), until
         if span[1] <= limit:
             break
         span[1] = limit
-        span[0] = min(span[0], limit - MIN_CUE_SECONDS)
+        span[0] = max(0.0, min(span[0], limit - MIN_CUE_SECONDS))  # (a clip too short for them all: from 0 s)
         limit = span[0]
     result = []
     for i, (group, (start, end)) in enumerate(zip(groups, spans)):

@@ -318,3 +318,12 @@ def test_json_srt_and_vtt_with_word_times():
     assert outputs.srt(EVENTS, [0.0, 5.0], WORDS).startswith(
         "1\n00:00:00,200 --> 00:00:01,700\nThe quick brown fox jumps over the lazy\n")
     assert "00:00:05.500 --> 00:00:06.500\nand then\n" in outputs.vtt(EVENTS, [0.0, 5.0], WORDS)
+
+
+def test_word_cues_in_audio_shorter_than_their_minimum_lengths_never_start_before_zero():
+    """Cues moved back to end with a clip too short for MIN_CUE_SECONDS each stop at 0 s: an SRT time is not
+    negative."""
+    words = [Word("a", 0.0, 0.01), Word("b", 0.015, 0.018), Word("c", 0.019, 0.02)]
+    made = outputs.word_cues(words, [0.0, 0.012, 0.018], until=0.02)
+    assert len(made) == 3 and all(0.0 <= c.start <= c.end for c in made)
+    assert [c.start for c in made] == sorted(c.start for c in made)
