@@ -80,19 +80,22 @@ class HeldInterrupts(SigintHandler):
 
 class DeferredStop(SignalHandler):
     """While the ``with`` block runs (main thread only), SIGINT and SIGTERM ask the work to stop at its next safe
-    point (``requested``: the signal's name) instead of ending it at once; a second SIGINT (Ctrl-C twice) raises
-    KeyboardInterrupt at once. The previous handlers are put back on exit. ``train`` uses it to finish and save the
-    step in progress."""
+    point (``requested``: the first signal's name) instead of ending it at once; a second SIGINT (Ctrl-C twice) raises
+    KeyboardInterrupt at once, also after a SIGTERM asked to stop. The previous handlers are put back on exit.
+    ``train`` uses it to finish and save the step in progress."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 
     def __init__(self):
         self.requested: str | None = None
+        self._interrupted = False  # a SIGINT has come (whichever signal asked to stop first)
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         name = signal.Signals(signum).name
-        if name == "SIGINT" and self.requested == "SIGINT":
-            raise KeyboardInterrupt
+        if name == "SIGINT":
+            if self._interrupted:
+                raise KeyboardInterrupt
+            self._interrupted = True
         self.requested = self.requested or name
 
 

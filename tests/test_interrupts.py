@@ -58,3 +58,22 @@ def test_the_cli_takes_sigterm_for_every_command_but_train(monkeypatch):
     assert cli.main(["verify"]) == 0
     assert seen["train"] is before and seen["verify"] is not before
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def sigterm() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+
+
+def test_ctrl_c_twice_raises_at_once_also_after_a_sigterm_asked_to_stop():
+    """`DeferredStop` (``train``): a second SIGINT raises at once, also where a SIGTERM (a service manager, `timeout`)
+    asked first: the stop it asked for is kept, and Ctrl-C twice still ends a step or a save that takes too long."""
+    from speechstream.interrupts import DeferredStop
+
+    with DeferredStop() as stop:
+        sigterm()
+        assert stop.requested == "SIGTERM"
+        sigint()  # the first Ctrl-C: the stop is already asked for
+        assert stop.requested == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            sigint()
