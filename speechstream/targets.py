@@ -15,6 +15,9 @@ import math
 from dataclasses import dataclass
 
 
+CHUNKS_DIGITS = 9  # a word's end in chunks is rounded to this many decimals (far below a sample) before its ceiling
+
+
 @dataclass(frozen=True)
 class TimedWord:
     """A reference word with the time it ends in the audio."""
@@ -24,10 +27,12 @@ class TimedWord:
 
 
 def segment_of(end_s: float, chunk_s: float, n_segments: int, margin_s: float = 0.1) -> int:
-    """Index of the segment after which a word ending at ``end_s`` has been heard."""
+    """Index of the segment after which a word ending at ``end_s`` has been heard (the first whose chunks reach
+    ``end_s + margin_s``; a time on a chunk's end belongs to that chunk, the float rounding of the sum and of the
+    quotient left out: (1.34 + 0.1) / 0.48 is 3.0000000000000004)."""
     if not math.isfinite(end_s):
         return n_segments - 1
-    index = math.ceil((end_s + margin_s) / chunk_s) - 1
+    index = math.ceil(round((end_s + margin_s) / chunk_s, CHUNKS_DIGITS)) - 1
     return min(max(index, 0), n_segments - 1)
 
 

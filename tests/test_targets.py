@@ -32,3 +32,13 @@ def test_written_words_keep_the_transcript_spelling():
     assert written_words(mismatched) == list(timed)
     untimed = Example("c", Path("c.wav"), "a b", ())
     assert [w.end_s for w in written_words(untimed)] == [float("inf")] * 2
+
+
+def test_a_word_heard_exactly_at_a_chunks_end_belongs_to_that_chunk_whatever_the_float_rounding():
+    """1.34 s + 0.1 s of margin is 1.44 s, the end of the third 480 ms chunk: the word is written after segment 2
+    (as 0.54 + 0.1 at the end of the first 640 ms chunk is after segment 0), though (1.34 + 0.1) / 0.48 is
+    3.0000000000000004 in floats; so are the other frame-aligned ends that fall on a chunk's end."""
+    assert segment_of(1.34, 0.48, 10, margin_s=0.1) == 2
+    assert segment_of(2.14, 0.32, 10, margin_s=0.1) == 6
+    assert segment_of(1.3401, 0.48, 10, margin_s=0.1) == 3
+    assert chunk_texts([TimedWord("a", 1.34), TimedWord("b", 1.35)], 0.48, 4) == ["", "", " a", " b"]
