@@ -94,6 +94,11 @@ class WaitK(Policy):
     def __init__(self, k: int, max_tokens: int = 24, max_tail_tokens: int = 200, max_repeats: int = 4):
         if k < 1:
             raise ValueError("wait-k needs k >= 1")
+        if max_tokens < 1 or max_tail_tokens < 1:  # (0 would write no text between reads, or none after the last)
+            raise ValueError(f"wait-k needs max_tokens >= 1 and max_tail_tokens >= 1, got {max_tokens} and "
+                             f"{max_tail_tokens}")
+        if max_repeats < 0 or max_repeats == 1:  # (every block of one token repeats once: 1 would stop all writing)
+            raise ValueError(f"wait-k needs max_repeats 0 (off) or at least 2, got {max_repeats}")
         self.k = k
         self.max_tokens = max_tokens
         self.max_tail_tokens = max_tail_tokens

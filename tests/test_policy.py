@@ -28,6 +28,17 @@ def test_wait_k_needs_k_of_at_least_one():
     assert WaitK(1).k == 1
 
 
+def test_wait_k_refuses_caps_that_would_stop_its_writing():
+    """``DecodingConfig`` refuses these; a ``WaitK`` made by hand (``StreamingSession(policy=...)``) took them and
+    wrote nothing: with ``max_repeats=1`` every token is a block repeated once, so no text token was ever written."""
+    for caps, name in (({"max_repeats": 1}, "max_repeats"), ({"max_repeats": -1}, "max_repeats"),
+                       ({"max_tokens": 0}, "max_tokens"), ({"max_tail_tokens": 0}, "max_tail_tokens")):
+        with pytest.raises(ValueError, match=name):
+            WaitK(1, **caps)
+    assert WaitK(1, max_tokens=1, max_tail_tokens=1, max_repeats=0).max_repeats == 0
+    assert WaitK(1, max_repeats=2).max_repeats == 2
+
+
 def test_end_of_chunk_reads_then_feeds_the_marker():
     policy = WaitK(1)
     assert policy.decide(view(pending=EOC)) == Read()
