@@ -11,7 +11,8 @@ its last sound ends. How each engine knows its word times:
   are replaced by inputs, so the noise comes from ``seed`` and a rerun renders the same samples.
 - **espeak-ng**: its C library (``libespeak-ng.so.1`` from the Debian package, through ctypes) reports a WORD
   event with the sample position where each word starts; a word ends at the last active 5 ms frame before the
-  next word starts (clause pauses belong to no word).
+  next word starts (clause pauses belong to no word). A word spoken together with the one before it ("for the")
+  has no event of its own: that group's end is its last word's, and the words before it are interpolated.
 - **flite**: ``-psdur`` prints every segment's end time; each word's segments come from a second, comma-separated
   run (``-ps``) and are matched to the sentence's segments like Piper's phonemes. Only the clustergen voices
   (awb, rms, slt) are used: the diphone voices (kal, kal16) print segment times that drift ~0.1 s from the audio.
@@ -554,19 +555,24 @@ def espeak_language(name: str) -> str:
 
 def word_ends_from_starts(samples: np.ndarray, rate: int, starts: list[int | None]) -> list[float | None]:
     """Each word ends at the last active frame between its start and the next known word start (or the clip's
-    end); silence before the next word, such as a clause pause, is not part of the word."""
+    end); silence before the next word, such as a clause pause, is not part of the word.
+
+    Words without a start after one with a start were spoken with it (espeak-ng says "for the" as one word and
+    reports one start): that audio is the group's, so its end is the group's last word's, and the words before
+    it in the group are None (``fill_missing`` puts them between the ends around them)."""
     db = frame_rms_db(samples, rate)
     frame = max(1, round(FRAME_S * rate))
-    ends: list[float | None] = []
+    ends: list[float | None] = [None] * len(starts)
     for index, start in enumerate(starts):
         if start is None:
-            ends.append(None)
             continue
-        following = next((later for later in starts[index + 1:] if later is not None), len(samples))
+        following_index = next((later for later in range(index + 1, len(starts)) if starts[later] is not None),
+                               len(starts))
+        following = starts[following_index] if following_index < len(starts) else len(samples)
         first_frame, last_frame = start // frame, max(start // frame + 1, math.ceil(following / frame))
         active = np.flatnonzero(db[first_frame:last_frame] > ACTIVE_DB)
         end_frame = first_frame + (int(active[-1]) + 1 if active.size else 1)
-        ends.append(min(end_frame * frame, following, len(samples)) / rate)
+        ends[following_index - 1] = min(end_frame * frame, following, len(samples)) / rate  # the group's last word
     return ends
 
 

@@ -69,7 +69,27 @@ def test_word_ends_from_starts_cut_trailing_silence():
     ends = word_ends_from_starts(samples, rate, [1600, 12000])
     assert ends[0] == pytest.approx(0.5, abs=0.006)  # not the next start (0.75 s)
     assert ends[1] == pytest.approx(1.25, abs=0.006)
-    assert word_ends_from_starts(samples, rate, [1600, None])[1] is None
+    assert word_ends_from_starts(samples, rate, [None, 12000])[0] is None
+
+
+def test_a_word_espeak_gives_no_start_ends_where_its_group_ends():
+    """espeak-ng speaks some function words with the word before ("for the", "on the", "was a") and reports one
+    start for both: the word with the start took the group's end (the end of the word after it) and the one without
+    was interpolated past it, into the next word ("Spy for the Russians.": "the" ended 0.26 s into "Russians").
+    The group's end is now the last word's; the words before it in the group are left to interpolation."""
+    rate = 16000
+    time = np.arange(rate) / rate
+    samples = np.zeros(rate * 2, dtype=np.float32)
+    samples[1600:8000] = 0.5 * np.sin(2 * np.pi * 200 * time[:6400])  # "spy": 0.10-0.50 s, then a pause
+    samples[9600:16000] = 0.5 * np.sin(2 * np.pi * 250 * time[:6400])  # "for the": 0.60-1.00 s, one start
+    samples[17600:24000] = 0.5 * np.sin(2 * np.pi * 300 * time[:6400])  # "russians": 1.10-1.50 s
+    ends = word_ends_from_starts(samples, rate, [1600, 9600, None, 17600])
+    assert ends[0] == pytest.approx(0.5, abs=0.006) and ends[1] is None
+    assert ends[2] == pytest.approx(1.0, abs=0.006) and ends[3] == pytest.approx(1.5, abs=0.006)
+    filled = fill_missing(ends, 1.5)
+    assert 0.5 < filled[1] < filled[2] <= 1.0  # "for" inside its group, "the" before "russians" starts
+    last = word_ends_from_starts(samples, rate, [1600, 9600, None, None])  # a group at the end of the clip
+    assert last[1] is None and last[2] is None and last[3] == pytest.approx(1.5, abs=0.006)
 
 
 def is_heldout_voice(voice: Voice) -> bool:
