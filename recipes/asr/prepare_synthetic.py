@@ -40,6 +40,7 @@ from speechstream.data.render import (  # noqa: E402
     add_common_arguments,
     check_common_arguments,
     make_out_folder,
+    planned_seconds,
     read_json,
     read_plan,
     render_stage,
@@ -159,7 +160,7 @@ def plan_split(split: str, stream, seconds: float, heldout_voices: bool, args: a
         items.append({"id": utterance_id, "split": split, "text": sentence.text, "source": sentence.source,
                       "voice": voice.to_dict(), "seed": utterance_seed(f"{args.seed}/{utterance_id}"),
                       "estimate_s": round(estimate, 2)})
-        total += estimate + 0.35  # mean padding added by augmentation
+        total += planned_seconds(estimate, not args.no_augment)
     return items
 
 

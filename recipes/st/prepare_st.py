@@ -49,6 +49,7 @@ from speechstream.data.render import (  # noqa: E402
     add_common_arguments,
     check_common_arguments,
     make_out_folder,
+    planned_seconds,
     read_plan,
     render_stage,
     utterance_seed,
@@ -139,7 +140,7 @@ def plan_split(split: str, pairs: list[Pair], seconds: float, heldout_voices: bo
         items.append({"id": utterance_id, "split": split, "text": pair.es, "translation": pair.en, "source": pair.id,
                       "voice": voice.to_dict(), "seed": utterance_seed(f"{args.seed}/st/{utterance_id}"),
                       "estimate_s": round(estimate, 2)})
-        total += estimate + 0.35  # mean padding added by augmentation
+        total += planned_seconds(estimate, not args.no_augment)
     if count is None and total < seconds:
         option, asked = {"train": ("--hours", args.hours), "dev": ("--dev-hours", args.dev_hours)}.get(
             split, ("--heldout-hours", args.heldout_hours))

@@ -166,6 +166,15 @@ def utterance_seed(key: str) -> int:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 1
 
 
+MEAN_PADDING_S = 0.35  # mean silence augmentation adds to a clip: the middles of AugmentConfig's lead and tail ranges
+
+
+def planned_seconds(estimate_s: float, do_augment: bool) -> float:
+    """How much one planned utterance adds to its split's hours: its estimated spoken length, plus the mean padding
+    when it is augmented (a clean clip has none)."""
+    return estimate_s + (MEAN_PADDING_S if do_augment else 0.0)
+
+
 def write_plan(out: Path, items: list[dict], settings: dict) -> None:
     """OUT/plan.jsonl and the settings it was made with (OUT/plan-settings.json)."""
     write_jsonl(out / "plan.jsonl", items)
