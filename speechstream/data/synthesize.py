@@ -569,7 +569,8 @@ def word_ends_from_starts(samples: np.ndarray, rate: int, starts: list[int | Non
         following_index = next((later for later in range(index + 1, len(starts)) if starts[later] is not None),
                                len(starts))
         following = starts[following_index] if following_index < len(starts) else len(samples)
-        first_frame, last_frame = start // frame, max(start // frame + 1, math.ceil(following / frame))
+        # the frames that end by the next start: the one it falls inside is the next word's (a pause ends there)
+        first_frame, last_frame = start // frame, max(start // frame + 1, following // frame)
         active = np.flatnonzero(db[first_frame:last_frame] > ACTIVE_DB)
         end_frame = first_frame + (int(active[-1]) + 1 if active.size else 1)
         ends[following_index - 1] = min(end_frame * frame, following, len(samples)) / rate  # the group's last word

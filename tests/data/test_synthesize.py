@@ -72,6 +72,21 @@ def test_word_ends_from_starts_cut_trailing_silence():
     assert word_ends_from_starts(samples, rate, [None, 12000])[0] is None
 
 
+def test_a_pause_is_not_the_word_before_it_where_the_next_word_starts_inside_a_frame():
+    """espeak-ng renders at 22.05 kHz (110-sample frames): the next word's start falls inside a frame, and that frame,
+    loud with the next word, counted as the word before's, so every clause pause became part of the word before it
+    ("sat down, and": "down" ended where "and" starts, 0.15 s of silence later)."""
+    rate = 22050
+    time = np.arange(rate) / rate
+    samples = np.zeros(rate * 2, dtype=np.float32)
+    first, pause, following = 2205, 11025, 16573  # word 1: 0.10-0.50 s; word 2 from 0.7516 s (not a frame edge)
+    samples[first:pause] = 0.5 * np.sin(2 * np.pi * 200 * time[: pause - first])
+    samples[following:following + 8820] = 0.5 * np.sin(2 * np.pi * 300 * time[:8820])
+    ends = word_ends_from_starts(samples, rate, [first, following])
+    assert ends[0] == pytest.approx(0.5, abs=0.006)  # not 0.7516: the pause is no word's
+    assert ends[1] == pytest.approx((following + 8820) / rate, abs=0.006)
+
+
 def test_a_word_espeak_gives_no_start_ends_where_its_group_ends():
     """espeak-ng speaks some function words with the word before ("for the", "on the", "was a") and reports one
     start for both: the word with the start took the group's end (the end of the word after it) and the one without
