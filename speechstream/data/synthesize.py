@@ -31,8 +31,12 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -493,24 +497,38 @@ class EspeakEngine(Engine):
         same text would sound slightly different depending on what was said before. Each synthesis therefore
         runs in a forked child of this process, which never synthesizes itself: every call starts from the
         same state and a rerun gives the same samples in any order. Where fork is missing it runs in place.
+
+        Ctrl-C is the parent's: one that comes while the process forks is held and raised once the fork is done
+        (raised inside the fork's hooks, Python printed it and dropped it, and the run went on); the child
+        ignores Ctrl-C and never returns into the parent's code.
         """
         if not hasattr(os, "fork"):
             return self._speak_here(text, voice, seed, word_gap_10ms)
         read_end, write_end = os.pipe()
-        child = os.fork()
-        if child == 0:  # the child: synthesize, send the result, leave without cleanup
-            os.close(read_end)
-            try:
-                payload = pickle.dumps(("ok", self._speak_here(text, voice, seed, word_gap_10ms)))
-            except BaseException as error:  # noqa: BLE001  (reported to the parent)
-                payload = pickle.dumps(("error", f"{type(error).__name__}: {error}"))
-            with os.fdopen(write_end, "wb") as pipe:
-                pipe.write(payload)
-            os._exit(0)
+        caught: list[int] = []
+        with _ctrl_c_held(caught):
+            child = os.fork()
+            if child == 0:  # the child: synthesize, send the result, leave without cleanup (whatever happens)
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    os.close(read_end)
+                    try:
+                        payload = pickle.dumps(("ok", self._speak_here(text, voice, seed, word_gap_10ms)))
+                    except BaseException as error:  # noqa: BLE001  (reported to the parent)
+                        payload = pickle.dumps(("error", f"{type(error).__name__}: {error}"))
+                    with os.fdopen(write_end, "wb") as pipe:
+                        pipe.write(payload)  # (BrokenPipeError where the parent has gone)
+                finally:
+                    os._exit(0)
         os.close(write_end)
-        with os.fdopen(read_end, "rb") as pipe:
+        pipe = os.fdopen(read_end, "rb")
+        try:
+            if caught:
+                signal.raise_signal(signal.SIGINT)  # the Ctrl-C of the fork, to the handler in place
             payload = pipe.read()
-        os.waitpid(child, 0)
+        finally:
+            pipe.close()  # (first: a child still writing then stops)
+            os.waitpid(child, 0)
         if not payload:
             raise SpeechstreamError(f"espeak-ng died on {text!r}")
         status, result = pickle.loads(payload)
@@ -546,6 +564,21 @@ class EspeakEngine(Engine):
                         starts[index] = sample
                     break
         return samples, self.sample_rate, word_ends_from_starts(samples, self.sample_rate, starts)
+
+
+@contextmanager
+def _ctrl_c_held(caught: list[int]) -> Iterator[None]:
+    """Ctrl-C (SIGINT) during the block is appended to ``caught`` instead of handled; the handler in place before is
+    back after the block. Nothing is held outside the main thread (where no handler can be set) or where SIGINT's
+    handler was not set from Python."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def espeak_language(name: str) -> str:

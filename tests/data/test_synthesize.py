@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,39 @@ def test_espeak_is_deterministic_and_timed():
     assert np.array_equal(first.samples, second.samples)  # no state carried between calls
     _check_utterance(first, text)
     assert 1.5 < first.duration < 5.0
+
+
+_INTERRUPT_NEXT_FORK = []  # armed by the test below: one Ctrl-C, sent while this process forks
+
+
+def _interrupt_during_fork() -> None:
+    if _INTERRUPT_NEXT_FORK and _INTERRUPT_NEXT_FORK.pop() == os.getpid():
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+os.register_at_fork(after_in_parent=_interrupt_during_fork)  # (hooks cannot be removed: it does nothing unarmed)
+
+
+@needs_espeak
+def test_ctrl_c_while_espeak_forks_stops_the_synthesis(monkeypatch):
+    """Each espeak-ng synthesis forks; a Ctrl-C that came while it forked was raised inside the fork's hooks, where
+    Python reports and drops it ("Exception ignored in: _releaseLock ... KeyboardInterrupt"): prepare_synthetic.py
+    --workers 1 went on to the end and exited 0. Ctrl-C is held over the fork and raised after it; the child never
+    takes it, and never runs on into the parent's code when the parent has gone."""
+    from speechstream.data.synthesize import engine
+
+    espeak = engine("espeak")
+    voice = Voice("espeak", "en-us+m1")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _INTERRUPT_NEXT_FORK.append(os.getpid())
+        with pytest.raises(KeyboardInterrupt):
+            espeak.speak("The quick brown fox jumped over the lazy dog.", voice, seed=1)
+    finally:
+        _INTERRUPT_NEXT_FORK.clear()
+        signal.signal(signal.SIGINT, previous)
+    samples, _ = espeak.speak("Still speaking after it.", voice, seed=1)  # the engine is not left broken
+    assert len(samples) > 0
 
 
 @pytest.mark.skipif(not flite_available(), reason="flite is not installed")
