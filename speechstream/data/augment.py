@@ -160,13 +160,20 @@ def apply_gain(samples: np.ndarray, gain_db: float, peak_limit: float = PEAK_LIM
     return out.astype(np.float32)
 
 
+def limited_gain_db(peak: float, gain_db: float, peak_limit: float = PEAK_LIMIT) -> float:
+    """The gain ``apply_gain`` gives a clip whose peak is ``peak``: ``gain_db``, or less where the peak would pass
+    ``peak_limit``."""
+    return min(gain_db, 20 * math.log10(peak_limit / peak)) if peak > 0 else gain_db
+
+
 # --- the chain -----------------------------------------------------------------------------------------------------
 
 def augment(samples: np.ndarray, word_ends: Sequence[float], config: AugmentConfig, rng: np.random.Generator,
             babble_clips: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, list[float], dict]:
     """One random chain: speed -> padding -> reverberation -> noise -> gain.
 
-    Returns (samples, word ends, description). Babble is drawn only when ``babble_clips`` is not empty (its
+    Returns (samples, word ends, description); the description's ``gain_db`` is the gain the clip got (less than
+    the drawn one where the peak limit scaled it down). Babble is drawn only when ``babble_clips`` is not empty (its
     weight goes to the other kinds otherwise). Every decision is drawn from ``rng`` in a fixed order, whether
     or not the step happens, so the same seed always gives the same chain.
     """
@@ -208,6 +215,7 @@ def augment(samples: np.ndarray, word_ends: Sequence[float], config: AugmentConf
             noise = colored_noise(len(samples), kind, noise_rng)
         samples = add_noise(samples, noise, snr)
         description["noise"] = {"kind": kind, "snr_db": round(snr, 1)}
+    peak = float(np.max(np.abs(samples))) if len(samples) else 0.0
     samples = apply_gain(samples, gain)
-    description["gain_db"] = round(gain, 1)
+    description["gain_db"] = round(limited_gain_db(peak, gain), 1)
     return samples, ends, description

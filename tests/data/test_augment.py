@@ -124,3 +124,16 @@ def test_augmented_clips_never_pass_max_seconds():
         assert lead >= 0 and tail >= 0 and round(lead * 1000, 6).is_integer()
         slowed += description.get("speed", 1.0) < 1.0
     assert slowed  # slow-downs that fit are kept
+
+
+@pytest.mark.parametrize("gain", [-6.0, 6.0])
+def test_the_description_gives_the_gain_the_clip_got(gain):
+    """The peak limiter scales a clip down after its gain: the manifest's gain_db was the drawn gain all the same
+    (+6 dB recorded for a Piper clip, peak 0.9, that got +0.7 dB), as in the recipe README's own example."""
+    clean = _speechlike() * np.float32(0.9 / 0.3)  # peak 0.9, as Piper's clips
+    config = AugmentConfig(speed_prob=0.0, reverb_prob=0.0, noise_prob=0.0, lead_range=(0.1, 0.1),
+                           tail_range=(0.1, 0.1), gain_range=(gain, gain))
+    samples, _, description = augment(clean, [1.0], config, np.random.default_rng(0))
+    applied = 20 * np.log10(np.max(np.abs(samples)) / np.max(np.abs(clean)))
+    assert description["gain_db"] == pytest.approx(applied, abs=0.05)
+    assert description["gain_db"] == (gain if gain < 0 else round(20 * np.log10(0.98 / 0.9), 1))
