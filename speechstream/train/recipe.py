@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +161,7 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
         blamed = [item for key, item in given.items() if override_causes(recipe, data, key, str(error))]
         where = f"override{'s' if len(blamed) > 1 else ''} {', '.join(map(repr, blamed))}" if blamed else path
         raise InputError(f"{where}: {error}") from None
+    config = dataclasses.replace(config, **home_paths(config))
     if path_exists(Path(config.out_dir), "out_dir") and not Path(config.out_dir).is_dir():
         where = f"override {given['out_dir']!r}" if "out_dir" in given else path
         raise InputError(f"{where}: out_dir {config.out_dir} exists and is not a folder")
@@ -171,6 +173,13 @@ def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
                 and path_exists(base / value, field):
             fix[field] = str(base / value)
     return dataclasses.replace(config, **fix)
+
+
+def home_paths(config: TrainConfig) -> dict[str, str]:
+    """The recipe's file names, a leading ``~`` or ``~user`` the home folder (a recipe file is read by no shell, nor
+    is an override by one that leaves it as written, such as sh); a "~" that names no home folder stays as written
+    (``os.path.expanduser``, as a manifest's ``audio``)."""
+    return {name: os.path.expanduser(value) for name in PATH_FIELDS if (value := getattr(config, name))}
 
 
 def path_exists(path: Path, field: str) -> bool:

@@ -239,6 +239,27 @@ def test_recipe_paths_beside_the_recipe_are_found_from_any_folder(tmp_path, monk
     assert load_train_config(str(tmp_path / "recipe.yaml"), ["model=tiny-random"]).model == "tiny-random"
 
 
+def test_recipe_paths_under_the_home_folder_are_read_there(tmp_path, monkeypatch):
+    """A recipe file is not read by a shell: its "~/..." paths are the home folder's, as a manifest's audio is (the
+    model and manifest were not found, and out_dir "~/runs/asr" trained into a folder named "~" in the current one);
+    an override ``out_dir=~/...`` from a shell that leaves it as written (sh) is the same."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    (home / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    write_recipe(home)
+    (home / "data" / "m.jsonl").write_text((ROOT / "samples" / "manifest.jsonl").read_text())
+    recipe = yaml.safe_load((home / "recipe.yaml").read_text())
+    recipe.update(model="~/model.yaml", train_manifest="~/data/m.jsonl", out_dir="~/runs/asr")
+    (elsewhere / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(elsewhere)
+    config = load_train_config("recipe.yaml", [])
+    assert (config.model, config.train_manifest, config.out_dir) == (
+        str(home / "model.yaml"), str(home / "data" / "m.jsonl"), str(home / "runs" / "asr"))
+    assert load_train_config("recipe.yaml", ["out_dir=~/runs/other"]).out_dir == str(home / "runs" / "other")
+    assert load_train_config("recipe.yaml", ["out_dir=~nosuchuser/run"]).out_dir == "~nosuchuser/run"
+
+
 def test_loss_falls_when_overfitting_one_batch(tmp_path):
     recipe = write_recipe(tmp_path, steps=30, batch_size=2, k_choices="2", lr_projector=1e-2, lr_lora=1e-2)
     manifest = tmp_path / "two.jsonl"
