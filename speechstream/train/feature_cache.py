@@ -16,7 +16,7 @@ import torch
 from speechstream.config import one_line
 from speechstream.errors import InputError
 from speechstream.model import SpeechLLM, tuned_encoder_prefixes
-from speechstream.train.examples import Example, example_audio
+from speechstream.train.examples import Example, example_audio, example_seconds
 
 
 def encoder_fingerprint(model: SpeechLLM) -> str:
@@ -44,6 +44,14 @@ def audio_identity(example: Example) -> str:
     if example.offset or example.duration is not None:
         identity.update(offset=example.offset, duration=example.duration)
     return json.dumps(identity)
+
+
+def utterance_seconds(example: Example) -> float:
+    """The utterance's length (``example_seconds``), 0 for a file that cannot be read now (its pass says why)."""
+    try:
+        return example_seconds(example)
+    except InputError:
+        return 0.0
 
 
 def process_alive(pid: int) -> bool:
@@ -120,7 +128,9 @@ class FeatureCache:
         return removed
 
     def missing(self, examples: list[Example]) -> list[Example]:
-        """The examples not cached yet (or cached from another audio file), once each, shortest file first."""
+        """The examples not cached yet (or cached from another audio file), once each, shortest first (by
+        ``utterance_seconds``: the segments of one file differ in length, files of other formats in bytes per
+        second)."""
         from safetensors import SafetensorError, safe_open
 
         def current(example: Example) -> bool:
@@ -131,7 +141,7 @@ class FeatureCache:
                 return False
 
         missing = list({e.id: e for e in examples if not current(e)}.values())
-        missing.sort(key=lambda e: e.audio.stat().st_size if e.audio.exists() else 0)
+        missing.sort(key=utterance_seconds)
         return missing
 
     def fill(self, examples: list[Example], batch_size: int, progress: bool = False) -> int:

@@ -1199,6 +1199,31 @@ def test_an_id_with_a_lone_surrogate_has_a_feature_cache_entry(tmp_path):
     assert all(path.is_file() for path in paths)
 
 
+def test_the_feature_cache_fills_utterances_in_order_of_their_length_not_of_their_files_size(tmp_path):
+    """An encoder pass pads its utterances to its longest: they are taken shortest first, by their length (a
+    segment's duration, a whole file's from its header); the segments of one talk were in manifest order (one
+    size), so each pass of a MuST-C manifest padded seconds-long segments to its longest, and a file of another
+    format or rate was placed by bytes."""
+    import numpy as np
+    import soundfile
+
+    from speechstream.config import ModelConfig, from_dict
+    from speechstream.model import build_model
+    from speechstream.train import Example, FeatureCache
+
+    jfk = ROOT / "samples" / "jfk.wav"  # 11 s
+    short = ROOT / "samples" / "austen-0880.wav"  # 2.99 s
+    stereo = tmp_path / "stereo-44k.wav"  # 1.5 s, but more bytes than the 2.99 s clip
+    soundfile.write(stereo, np.zeros((66150, 2), np.float32), 44100, subtype="FLOAT")
+    examples = [Example("a", jfk, "", (), offset=1.0, duration=3.0),
+                Example("b", jfk, "", (), offset=5.0, duration=1.0),
+                Example("c", jfk, "", (), offset=7.0, duration=2.0), Example("short", short, "", ()),
+                Example("stereo", stereo, "", ())]
+    torch.manual_seed(0)
+    cache = FeatureCache(tmp_path / "features", build_model(from_dict(ModelConfig, TINY_LORA)), 640)
+    assert [e.id for e in cache.missing(examples)] == ["b", "stereo", "c", "short", "a"]
+
+
 def test_a_run_killed_while_caching_features_leaves_nothing_behind_and_the_rerun_keeps_whole_entries(
         tmp_path, monkeypatch):
     """Killed between writing an entry and its rename, a run leaves a temporary file; the rerun deletes it (its
