@@ -61,7 +61,8 @@ def read_examples(path: str, max_audio_s: float | None = None, task: str = "asr"
             row = json.loads(line)
             if not isinstance(row.get("text"), str):
                 raise TypeError(f"text must be a string, got {row.get('text')!r}")
-            words = tuple(TimedWord(w["w"], float(w["end"])) for w in row.get("words", []))
+            aligned = row.get("words")  # (null: no alignment, as any optional field's null is no value)
+            words = tuple(TimedWord(w["w"], float(w["end"])) for w in (() if aligned is None else aligned))
             if not all(isinstance(word.word, str) for word in words):  # (an aligned word is written into the
                 # targets where the alignment's words are not the transcript's: a number there failed a step)
                 raise TypeError("each word's w must be a string")

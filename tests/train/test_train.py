@@ -1312,6 +1312,22 @@ def test_manifest_lines_with_bad_text_or_word_times_are_refused(tmp_path, change
         read_examples(str(manifest))
 
 
+def test_a_null_optional_field_of_a_training_line_is_one_left_out(tmp_path):
+    """``"words": null`` (as a table tool writes the lines without an alignment) is a line without word times, as a
+    null translation, offset or duration is one without them, and as eval reads any null optional field; it was
+    refused: "bad manifest line (TypeError: 'NoneType' object is not iterable)"."""
+    from speechstream.train import read_examples
+
+    row = json.loads((ROOT / "samples" / "manifest.jsonl").read_text().splitlines()[0])
+    row["audio"] = str(ROOT / "samples" / row["audio"])
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({**row, "words": None, "translation": None, "offset": None, "duration": None})
+                        + "\n" + json.dumps({**row, "id": "aligned", "words": [{"w": "and", "end": 0.3}]}) + "\n")
+    plain, aligned = read_examples(str(manifest))
+    assert (plain.words, plain.translation, plain.offset, plain.duration) == ((), None, 0.0, None)
+    assert [word.word for word in aligned.words] == ["and"]
+
+
 def test_a_home_relative_audio_path_is_read_as_eval_reads_it(tmp_path, monkeypatch):
     """An ``audio`` of "~/clip.wav" is the clip in the home folder, for training as for eval's manifest reader (it
     was taken as a folder named "~" beside the manifest: no such audio file)."""
