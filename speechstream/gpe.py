@@ -44,13 +44,15 @@ def source_positions(n_source: int, start: int = 0) -> torch.Tensor:
     return torch.arange(start, start + n_source)
 
 
-def units_visible(target_ids: torch.Tensor, eoc_id: int, k: int, n_units: int) -> torch.Tensor:
+def units_visible(target_ids: torch.Tensor, eoc_id: int, k: int, n_units: int, header: int = 0) -> torch.Tensor:
     """(T,) source units each target row sees under wait-k over chunks.
 
-    The header rows see k units; each end-of-chunk token, once fed, sees one unit
-    more (the chunk it asked for), capped at all ``n_units``.
+    The header rows (the first ``header`` tokens) see k units, an end-of-chunk token among them
+    included (it asks for no chunk: a stream writes the header after its k reads); each end-of-chunk
+    token after them, once fed, sees one unit more (the chunk it asked for), capped at all ``n_units``.
     """
-    eoc_so_far = torch.cumsum((target_ids == eoc_id).long(), dim=-1)
+    text_marker = (target_ids == eoc_id) & (torch.arange(target_ids.shape[-1], device=target_ids.device) >= header)
+    eoc_so_far = torch.cumsum(text_marker.long(), dim=-1)
     return torch.clamp(k + eoc_so_far, max=n_units)
 
 
@@ -59,8 +61,9 @@ def target_visibility(
     unit_ends: list[int],  # cumulative source tokens at the end of each unit (prompt prefix included in unit 0)
     eoc_id: int,
     k: int,
+    header: int = 0,  # target tokens of the assistant header (``units_visible``)
 ) -> torch.Tensor:  # (T,) number of source tokens each target row attends to
-    units = units_visible(target_ids, eoc_id, k, len(unit_ends))
+    units = units_visible(target_ids, eoc_id, k, len(unit_ends), header)
     ends = torch.tensor(unit_ends, dtype=torch.long, device=target_ids.device)
     return ends[units - 1]
 

@@ -357,7 +357,7 @@ class SpeechLLM(nn.Module):
         ).to(device)
         target_lengths = torch.tensor([len(t) for t in targets])
         visible = torch.stack(
-            [gpe.target_visibility(target_ids[b].cpu(), ends, self.eoc_id, k)
+            [gpe.target_visibility(target_ids[b].cpu(), ends, self.eoc_id, k, len(self.header_ids))
              for b, ends in enumerate(source.unit_ends)]
         )
         return self.decoder.forward_train(source.embeds, source.lengths, target_ids, target_lengths, visible.to(device))

@@ -44,6 +44,20 @@ def test_teacher_forced_streaming_equals_training_forward_with_encoder_lookahead
         assert result.max_delta <= TOLERANCE, result
 
 
+def test_a_header_holding_the_end_of_chunk_token_streams_what_it_trains_on():
+    """A header with the end-of-chunk token in it (ChatML's "<|im_start|>assistant\\n" where the newline is the
+    marker, as the SmolLM2 models' is) marks no chunk end: the training mask counted it as one, so every target row
+    saw a chunk more than the stream gives it (delta 0.1, verify FAIL) and training taught that view."""
+    config = tiny_config("llama")
+    config = dataclasses.replace(config, prompt=dataclasses.replace(config.prompt,
+                                                                    target_prefix="<|im_start|>assistant<|eoc|>"))
+    model = build_model(config)
+    assert model.header_ids[-1] == model.eoc_id
+    for k in (1, 2):
+        result = verify_model(model, config.name, k, chunk_ms=640, seconds=3.3)
+        assert result.max_delta <= TOLERANCE, result
+
+
 def test_a_wrong_schedule_is_detected(tiny_model):
     """Negative control: the training forward under wait-(k+1) does not match streaming under wait-k."""
     rng = np.random.default_rng(0)

@@ -19,6 +19,14 @@ def test_units_visible_wait_k():
     assert gpe.units_visible(target, eoc, k=3, n_units=4).tolist() == [3, 3, 3, 4, 4, 4, 4, 4, 4]
 
 
+def test_end_of_chunk_tokens_in_the_header_are_no_chunk_ends():
+    eoc = 9
+    target = torch.tensor([4, 9, 1, 9, 2])  # a header of two tokens ending in the marker, then text
+    assert gpe.units_visible(target, eoc, k=1, n_units=10, header=2).tolist() == [1, 1, 1, 2, 2]
+    visible = gpe.target_visibility(target, unit_ends=[5, 7, 9], eoc_id=eoc, k=1, header=2)
+    assert visible.tolist() == [5, 5, 5, 7, 7]
+
+
 def test_target_visibility_uses_unit_ends():
     target = torch.tensor([1, 9, 2, 9, 3])
     visible = gpe.target_visibility(target, unit_ends=[5, 7, 7, 12], eoc_id=9, k=1)
