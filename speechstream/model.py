@@ -222,6 +222,9 @@ class SpeechLLM(nn.Module):
                                       ("eos_token", prompt.eos_token, self.eos_id)):
             if token_id is None or token_id == tokenizer.unk_token_id and token != tokenizer.unk_token:
                 raise InputError(f"model {config.name}: prompt.{name} {token!r} is not one token of its tokenizer")
+        if not self.header_ids:  # (its last row predicts the first word: a stream wrote no tokens, training row -1)
+            raise InputError(f"model {config.name}: prompt.target_prefix (the assistant header) must be at least one "
+                             "token: its last row predicts the first word")
         added_special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
         self.special_ids = frozenset(tokenizer.all_special_ids) | added_special | {self.eoc_id, self.eos_id}
 

@@ -1,5 +1,7 @@
 """Model assembly: LoRA merge, trainable checkpoints, config errors."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -422,3 +424,13 @@ def test_a_model_size_past_a_c_int_is_refused(tmp_path, section, key):
     path.write_text(f"tokenizer: bytes\n{section}:\n  {key}: {10**20}\n")
     with pytest.raises(InputError, match=rf"config.yaml: {section}.{key} must be at most {MAX_COUNT}, not {10**20}$"):
         load_model_config(path)
+
+
+def test_a_prompt_without_an_assistant_header_is_refused():
+    """The header's last row predicts the first word: with an empty target_prefix a stream fed a write of no tokens
+    (a RuntimeError traceback deep in the LLM) and training took its rows from index -1."""
+    from speechstream.verify import tiny_config
+
+    config = tiny_config("llama")
+    with pytest.raises(InputError, match=r"prompt.target_prefix .* at least one token"):
+        build_model(dataclasses.replace(config, prompt=dataclasses.replace(config.prompt, target_prefix="")))
