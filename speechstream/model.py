@@ -222,6 +222,10 @@ class SpeechLLM(nn.Module):
                                       ("eos_token", prompt.eos_token, self.eos_id)):
             if token_id is None or token_id == tokenizer.unk_token_id and token != tokenizer.unk_token:
                 raise InputError(f"model {config.name}: prompt.{name} {token!r} is not one token of its tokenizer")
+        if self.eoc_id == self.eos_id:  # (after the audio, a chunk end still to be written would end the text)
+            raise InputError(f"model {config.name}: prompt.eoc_token {prompt.eoc_token!r} must differ from "
+                             f"prompt.eos_token {prompt.eos_token!r}: after the audio, a chunk's end would end the "
+                             "text")
         if not self.header_ids:  # (its last row predicts the first word: a stream wrote no tokens, training row -1)
             raise InputError(f"model {config.name}: prompt.target_prefix (the assistant header) must be at least one "
                              "token: its last row predicts the first word")

@@ -434,3 +434,14 @@ def test_a_prompt_without_an_assistant_header_is_refused():
     config = tiny_config("llama")
     with pytest.raises(InputError, match=r"prompt.target_prefix .* at least one token"):
         build_model(dataclasses.replace(config, prompt=dataclasses.replace(config.prompt, target_prefix="")))
+
+
+def test_an_end_of_chunk_token_that_is_the_end_token_is_refused():
+    """One token for both markers: once the audio was read, the end of a chunk still to be written read as the end
+    of the text, and wait-2 decoding of "one | two | three" stopped after "one two" (the last chunk's words lost)."""
+    from speechstream.verify import tiny_config
+
+    config = tiny_config("llama")
+    prompt = dataclasses.replace(config.prompt, eoc_token=config.prompt.eos_token)
+    with pytest.raises(InputError, match=r"prompt.eoc_token .* must differ from prompt.eos_token"):
+        build_model(dataclasses.replace(config, prompt=prompt))
