@@ -391,6 +391,12 @@ def check_sizes(config: ModelConfig, where: str) -> None:
     if llm.base is None and (llm.hidden_size % llm.heads or llm.heads % llm.kv_heads):
         raise InputError(f"{where}: llm.hidden_size ({llm.hidden_size}) must be a multiple of llm.heads ({llm.heads}), "
                          f"and llm.heads of llm.kv_heads ({llm.kv_heads})")
+    if enc.d_model % 2 or enc.d_model < 4:  # (Whisper's sinusoids: a sine and a cosine half, each of 2 or more)
+        raise InputError(f"{where}: encoder.d_model must be even and at least 4 (its sinusoidal positions), not "
+                         f"{enc.d_model}")
+    if llm.base is None and llm.hidden_size // llm.heads % 2:  # (RoPE rotates pairs of channels)
+        raise InputError(f"{where}: llm.hidden_size / llm.heads ({llm.hidden_size // llm.heads}) must be even "
+                         "(RoPE rotates pairs of channels)")
     if not 0 <= config.seed < 2**63:  # (torch.manual_seed overflowed past 64 bits; as a training recipe's seed)
         raise InputError(f"{where}: seed must be a whole number from 0 to 2**63 - 1, not {config.seed}")
     if not 0 < config.projector.output_scale < math.inf:  # (NaN too: the LLM read NaN speech tokens, wrote blanks)

@@ -1038,6 +1038,10 @@ def test_output_onto_an_input_is_refused_and_the_input_kept(capsys, clip, tmp_pa
 @pytest.mark.parametrize("change, match", [
     ({"encoder": {"heads": 0}}, "encoder.heads must be at least 1"),
     ({"encoder": {"d_model": 64, "heads": 5}}, "multiple of encoder.heads"),
+    # sizes the position encodings cannot take (they ended with exit 1: a RuntimeError, a ZeroDivisionError)
+    ({"encoder": {"d_model": 65, "heads": 5}}, "encoder.d_model must be even and at least 4"),
+    ({"encoder": {"d_model": 2, "heads": 1}}, "encoder.d_model must be even and at least 4"),
+    ({"llm": {"hidden_size": 60}}, r"llm.hidden_size / llm.heads \(15\) must be even"),
     ({"projector": {"stack": 0}}, "projector.stack must be at least 1"),
     ({"llm": {"hidden_size": -64}}, "llm.hidden_size must be at least 1"),
     ({"llm": {"lora_targets": "bogus"}}, "lora_targets must be attention or all"),
