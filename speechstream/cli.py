@@ -602,9 +602,11 @@ class TranscribeInterrupted(SpeechstreamError):
 
 
 def _write_json(args: argparse.Namespace, out, documents: list[dict]) -> None:
-    """One input: its document; several: a list of the documents of the files that worked (so far)."""
-    json.dump(documents[0] if len(args.audio) == 1 else documents, out, ensure_ascii=False, indent=2)
-    out.write("\n")
+    """One input: its document; several: a list of the documents of the files that worked (so far). An empty list
+    (every file failed) is not written to an --output file, which is left as it was (as for text and jsonl)."""
+    text = json.dumps(documents[0] if len(args.audio) == 1 else documents, ensure_ascii=False, indent=2) + "\n"
+    if documents or not isinstance(out, LazyOutput):
+        out.write(text)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -714,6 +714,24 @@ def test_an_output_is_kept_when_no_audio_file_gives_a_transcript(capsys, tmp_pat
     assert not (tmp_path / "new.out").exists()
 
 
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "json"])
+def test_an_output_is_kept_when_several_files_all_fail_while_read(capsys, tmp_path, fmt):
+    """Files whose headers pass but whose samples fail (a NaN): with none transcribed, an existing --output is kept,
+    json as text and jsonl (json replaced it with an empty list)."""
+    bad = np.zeros(3200, np.float32)
+    bad[-10] = np.nan
+    inputs = [tmp_path / f"nan{n}.wav" for n in range(2)]
+    for path in inputs:
+        soundfile.write(path, bad, 16000, subtype="FLOAT")
+    kept = tmp_path / "kept.out"
+    kept.write_text("an earlier transcript\n")
+    code, out, err = run(capsys, "transcribe", *inputs, "--format", fmt, "--output", kept)
+    assert code == 2 and err.count("NaN or infinite samples") == 2
+    assert kept.read_text() == "an earlier transcript\n"
+    code, out, err = run(capsys, "transcribe", *inputs, "--format", fmt, "--output", tmp_path / "new.out")
+    assert code == 2 and not (tmp_path / "new.out").exists()
+
+
 @pytest.mark.parametrize("fmt", ["json", "text", "jsonl"])
 def test_ctrl_c_keeps_the_files_already_transcribed(capsys, monkeypatch, tmp_path, fmt):
     """Ctrl-C while the third file decodes: exit 130, and the two finished files are in the output, json too."""
