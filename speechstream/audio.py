@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import math
 import os
 import threading
@@ -98,7 +99,8 @@ def _convert_hint(path: Path) -> str:
 def _sample_rate(path: Path) -> int:
     import soundfile
 
-    return soundfile.info(os.fsencode(path)).samplerate
+    with _libsndfile_source(path) as source:
+        return soundfile.info(source).samplerate
 
 
 def _read_blocks(path: Path, start: int, stop: int | None,
@@ -170,7 +172,7 @@ def open_audio(path: Path) -> Iterator:
     there, short of the end where the audio starts loud; such a file is read through a pipe, where libsndfile takes
     no length and decodes to the real end (not seekable; ``frames`` is huge)."""
     reader = _sequential_reader()
-    with reader(os.fsencode(path)) as handle:
+    with _libsndfile_source(path) as source, reader(source) as handle:
         if handle.format != "MP3" or _stores_mp3_length(path):
             yield handle
             return
@@ -265,6 +267,34 @@ def wav_cut_short(head: bytes, size: int) -> tuple[float, float] | None:
     """(seconds its header declares, seconds it holds) of a RIFF WAVE file of ``size`` bytes, starting ``head``, whose
     data chunk ends before the size its header gives (a copy or a recording that stopped); None for any other file
     (not a WAV, a whole one, one written as a stream). libsndfile reads such a file to where it ends, silently."""
+    chunk = _wav_data_chunk(head)
+    if chunk is None:
+        return None
+    at, length, byte_rate, frame_bytes = chunk
+    held = size - (at + 8)
+    if length == WAV_OPEN_SIZE or length - held < frame_bytes or not byte_rate:  # (no whole frame lost)
+        return None
+    return length / byte_rate, max(held, 0) / byte_rate
+
+
+def wav_unsized_data(head: bytes, size: int) -> int | None:
+    """Where the data size of a RIFF WAVE file of ``size`` bytes, starting ``head``, lies when that size is 0 and
+    samples follow it: a header written before the recording and never finished (its writer was killed). Read as on
+    stdin (``stream_layout``) and by ffmpeg, its data runs to the end of the file; libsndfile read none. None for any
+    other file, and for an empty data chunk that another chunk follows (4 letters and a size the file holds)."""
+    chunk = _wav_data_chunk(head)
+    if chunk is None or chunk[1] != 0 or size <= chunk[0] + 8:
+        return None
+    samples = chunk[0] + 8  # where they start
+    after = head[samples : samples + 8]
+    another_chunk = (len(after) == 8 and all(32 <= byte < 127 for byte in after[:4])
+                     and int.from_bytes(after[4:], "little") <= size - samples - 8)
+    return None if another_chunk else chunk[0] + 4
+
+
+def _wav_data_chunk(head: bytes) -> tuple[int, int, int, int] | None:
+    """(where its data chunk starts, its size, the byte rate and the frame size its fmt chunk names (0 and 1 where
+    none comes before)) of a RIFF WAVE file starting ``head``; None: not a WAV, or no data chunk in ``head``."""
     if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         return None
     at, byte_rate, frame_bytes = 12, 0, 1
@@ -274,12 +304,42 @@ def wav_cut_short(head: bytes, size: int) -> tuple[float, float] | None:
             byte_rate = int.from_bytes(head[at + 16 : at + 20], "little")
             frame_bytes = max(1, int.from_bytes(head[at + 20 : at + 22], "little"))  # (block align)
         if kind == b"data":
-            held = size - (at + 8)
-            if length == WAV_OPEN_SIZE or length - held < frame_bytes or not byte_rate:  # (no whole frame lost)
-                return None
-            return length / byte_rate, max(held, 0) / byte_rate
+            return at, length, byte_rate, frame_bytes
         at += 8 + length + length % 2  # (chunks are padded to an even size)
     return None
+
+
+class _OpenSizedWav(io.FileIO):
+    """A WAV file (``wav_unsized_data``) as libsndfile is given it: its data size of 0, at ``at``, read as
+    WAV_OPEN_SIZE, which libsndfile reads to the end of the file."""
+
+    def __init__(self, path: Path, at: int):
+        super().__init__(path, "rb")
+        self._at = at
+
+    def readinto(self, buffer) -> int:
+        start = self.tell()
+        count = super().readinto(buffer)
+        low, high = max(start, self._at), min(start + (count or 0), self._at + 4)
+        if low < high:
+            buffer[low - start : high - start] = WAV_OPEN_SIZE.to_bytes(4, "little")[low - self._at : high - self._at]
+        return count
+
+
+@contextlib.contextmanager
+def _libsndfile_source(path: Path) -> Iterator:
+    """What libsndfile opens to read ``path``: its name (bytes: a name that is not UTF-8 too), or, for a WAV whose
+    header was never finished, the file with that header's data size left open (``_OpenSizedWav``)."""
+    try:
+        with open(path, "rb") as file:
+            at = wav_unsized_data(file.read(WAV_SCAN_BYTES), os.fstat(file.fileno()).st_size)
+    except OSError:  # (libsndfile says what is wrong, as for any file)
+        at = None
+    if at is None:
+        yield os.fsencode(path)
+        return
+    with _OpenSizedWav(path, at) as file:
+        yield file
 
 
 def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None = None) -> tuple[int, int | None]:
@@ -313,8 +373,9 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
     try:
         if offset_s or duration_s is not None:  # (opening the file checks it as soundfile.info does)
             return _frame_range(*audio_frames(path), offset_s, duration_s)  # an MP3's guessed length: counted
-        if soundfile.info(os.fsencode(path)).frames == 0:  # bytes: a name that is not UTF-8 too
-            raise InputError("the audio holds no samples")  # (a header and nothing after it)
+        with _libsndfile_source(path) as source:
+            if soundfile.info(source).frames == 0:
+                raise InputError("the audio holds no samples")  # (a header and nothing after it)
         return 0, None
     except InputError as error:
         raise InputError(f"{path}: {error}") from None

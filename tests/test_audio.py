@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from speechstream.audio import (SAMPLE_RATE, StreamResampler, check_stream_rate, int16_to_float, load_audio,
-                                prepare_samples, stream_audio, wav_cut_short)
+from speechstream.audio import (SAMPLE_RATE, StreamResampler, audio_seconds, check_audio, check_stream_rate,
+                                int16_to_float, load_audio, prepare_samples, stream_audio, wav_cut_short)
 from speechstream.errors import InputError
 from tests.helpers import write_mp3_without_info_frame
 
@@ -605,3 +605,25 @@ def test_an_unreadable_file_of_a_format_libsndfile_lacks_says_how_to_convert_it(
         load_audio(path)
     assert ("convert it, e.g. ffmpeg -i IN" in str(error.value)) == hint
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("subtype", ["PCM_16", "FLOAT"])
+def test_a_wav_whose_header_was_never_finished_is_read_whole(tmp_path, subtype):
+    """A recorder that was killed leaves the sizes of the header it wrote first: 0. As on stdin (and in ffmpeg), the
+    data runs to the end of the file; libsndfile read no samples: "the audio holds no samples", exit 2."""
+    path = tmp_path / "unfinished.wav"
+    samples = sine(440.0, 0.5, SAMPLE_RATE)
+    soundfile.write(path, samples, SAMPLE_RATE, subtype=subtype)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"data") + 4
+    data[4:8] = data[at : at + 4] = bytes(4)
+    path.write_bytes(bytes(data))
+    assert wav_cut_short(bytes(data), len(data)) is None
+    np.testing.assert_allclose(load_audio(path), samples, atol=1e-4)
+    np.testing.assert_array_equal(np.concatenate(list(stream_audio(path, block_s=0.1))), load_audio(path))
+    assert audio_seconds(path) == 0.5 and check_audio(path, 0.25, 0.25) == (4000, 8000)
+    data[at:] = bytes(4)  # a header and no samples: still none
+    path.write_bytes(bytes(data))
+    assert_one_line_input_error(path, "the audio holds no samples")
+    path.write_bytes(bytes(data) + b"LIST\x0c\x00\x00\x00INFOISFT\x00\x00\x00\x00")  # nor with a chunk after it
+    assert_one_line_input_error(path, "the audio holds no samples")
