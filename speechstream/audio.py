@@ -494,21 +494,24 @@ class PcmLayout:
 WAV_HEADER_LIMIT = 1 << 16  # bytes a WAV header on a stream may take before its data chunk
 
 
-# compressed audio by its first bytes: piped to stdin (``cat talk.flac | transcribe -``) it was read as raw PCM, a
-# transcript of noise with exit 0. (Raw PCM starting so is two given loud samples: about 1 stream in 4 billion.)
-COMPRESSED_STREAMS = {b"fLaC": "FLAC", b"OggS": "Ogg", b"ID3": "MP3 (ID3-tagged)", b"\x1aE\xdf\xa3": "WebM/Matroska"}
+# audio files other than WAV by their first bytes, (where the mark is, the mark): piped to stdin (``cat talk.flac |
+# transcribe -``, ``cat memo.m4a | ...``) they were read as raw PCM, a transcript of noise with exit 0. (Raw PCM with
+# such a mark is two given loud samples: about 1 stream in 4 billion.)
+OTHER_AUDIO_STREAMS = {(0, b"fLaC"): "FLAC", (0, b"OggS"): "Ogg", (0, b"ID3"): "MP3 (ID3-tagged)",
+                       (0, b"\x1aE\xdf\xa3"): "WebM/Matroska", (4, b"ftyp"): "MP4/M4A", (0, b"FORM"): "AIFF",
+                       (0, b"caff"): "CAF", (0, b"RF64"): "RF64 (64-bit WAV)"}
 
 
 def stream_layout(head: bytes, rate: int, ended: bool = False) -> PcmLayout | None:
     """The layout of a PCM stream from its first bytes: raw int16 mono at ``rate``, or, when it starts with a WAV
     header (``ffmpeg -f wav -``, ``cat x.wav``), the rate and channels that header names and the samples after it.
     None: more bytes are needed to tell; ``ended``: there are none (a WAV header cut short is an InputError). A
-    stream that starts as compressed audio does (``COMPRESSED_STREAMS``) is an InputError naming what to pipe."""
-    for magic, kind in COMPRESSED_STREAMS.items():
-        if head.startswith(magic):
+    stream that starts as another audio file does (``OTHER_AUDIO_STREAMS``) is an InputError naming what to pipe."""
+    for (at, mark), kind in OTHER_AUDIO_STREAMS.items():
+        if head[at : at + len(mark)] == mark:
             raise InputError(f"stdin: {kind} audio; stdin takes raw int16 PCM or a 16-bit WAV stream (ffmpeg -i "
                              "FILE -f wav - | speechstream transcribe -), or name the file instead of -")
-        if not ended and len(head) < len(magic) and magic.startswith(head):
+        if not ended and len(head) < at + len(mark) and mark.startswith(head[at:]):
             return None  # (it may still be one)
     if head[:4] != b"RIFF"[: len(head[:4])] or (len(head) >= 12 and head[8:12] != b"WAVE"):
         return PcmLayout(rate)

@@ -494,11 +494,15 @@ def test_stream_layout_reads_a_wav_header_that_arrives_in_pieces(tmp_path):
     offset = data.index(b"data") + 8
     assert all(stream_layout(data[:n], 16000) is None for n in range(offset))
     assert stream_layout(data[:offset], 16000) == PcmLayout(22050, 2, offset, 400)
-    assert stream_layout(b"\x01\x02\x03\x04", 8000) == PcmLayout(8000)
+    assert stream_layout(b"\x01\x02\x03\x04\x05\x06\x07\x08", 8000) == PcmLayout(8000)
     assert stream_layout(b"RIFF\x00\x00\x00\x00ABCD", 8000) == PcmLayout(8000)
     assert stream_layout(b"RI", 8000, ended=True) == PcmLayout(8000)
     assert stream_layout(b"fL", 8000) is None and stream_layout(b"fL", 8000, ended=True) == PcmLayout(8000)
-    assert stream_layout(b"fLaX", 8000) == PcmLayout(8000)  # (raw PCM that starts as FLAC's mark does, almost)
+    assert stream_layout(b"fLaXpcm!", 8000) == PcmLayout(8000)  # (raw PCM that starts as FLAC's mark does, almost)
+    assert stream_layout(b"\x00\x00\x00\x1cft", 8000) is None  # (an MP4's mark comes after its first box's size)
+    with pytest.raises(InputError, match="^stdin: MP4/M4A audio"):
+        stream_layout(b"\x00\x00\x00\x1cftyp", 8000)
+    assert stream_layout(b"\x00\x00\x00\x1cfttt", 8000) == PcmLayout(8000)
     with pytest.raises(InputError, match="^stdin: FLAC audio; stdin takes raw int16 PCM or a 16-bit WAV stream"):
         stream_layout(b"fLaC", 8000)
     with pytest.raises(InputError, match="without audio"):

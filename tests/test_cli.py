@@ -1187,6 +1187,11 @@ def test_an_input_rate_a_wav_header_overrides_is_noted(capsys, monkeypatch, tmp_
     (b"fLaC\x00\x00\x00\x22" + bytes(4096), ["-"], "stdin: FLAC audio; stdin takes raw int16 PCM or a 16-bit WAV"),
     (b"OggS\x00\x02" + bytes(4096), ["-"], "stdin: Ogg audio; .* -f wav - | speechstream transcribe -\\), or name"),
     (b"ID3\x04\x00" + bytes(4096), ["-"], "stdin: MP3 \\(ID3-tagged\\) audio"),
+    # (an iPhone's voice memo, cat memo.m4a | speechstream transcribe -: noise, exit 0 as well)
+    (b"\x00\x00\x00\x1cftypM4A " + bytes(4096), ["-"], "stdin: MP4/M4A audio; stdin takes raw int16 PCM"),
+    (b"FORM\x00\x01\x00\x00AIFF" + bytes(4096), ["-"], "stdin: AIFF audio"),
+    (b"caff\x00\x01\x00\x00" + bytes(4096), ["-"], "stdin: CAF audio"),
+    (b"RF64\xff\xff\xff\xffWAVE" + bytes(4096), ["-"], "stdin: RF64 \\(64-bit WAV\\) audio"),
 ])
 def test_bad_stdin_is_one_line(capsys, monkeypatch, stdin, argv, match):
     import io
