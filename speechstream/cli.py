@@ -504,7 +504,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     try:
         with TerminateAsInterrupt():  # SIGTERM (`timeout`, a service manager) keeps the text as Ctrl-C does
             failed = _transcribe_each(args, model, decoding, out, documents)
-    except (KeyboardInterrupt, TranscribeInterrupted):  # stop, but still write the json documents of the files done
+    except BaseException:  # Ctrl-C, or an error no file is to blame for: still write the json of the files done
         if documents:
             _write_json(args, out, documents)
         raise

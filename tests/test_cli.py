@@ -756,6 +756,24 @@ def test_ctrl_c_keeps_the_files_already_transcribed(capsys, monkeypatch, tmp_pat
         assert [json.loads(line)["type"] for line in text.splitlines()].count("end") == 2
 
 
+def test_a_failure_that_ends_the_run_keeps_the_json_of_the_files_already_transcribed(capsys, monkeypatch, tmp_path):
+    """An error no file is to blame for (the GPU out of memory) on the third file: exit 1 in one line, and the json of
+    the two finished files is written, as text and jsonl had written theirs (json lost them all)."""
+    first, second, third = (write_wav(tmp_path / f"{n}.wav", seed=n) for n in range(3))
+    real = transcribe_module.transcribe_file
+
+    def failing_on_the_third(model, decoding, path, *args, **kwargs):
+        if path == str(third):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(model, decoding, path, *args, **kwargs)
+
+    monkeypatch.setattr(transcribe_module, "transcribe_file", failing_on_the_third)
+    output = tmp_path / "out.json"
+    code, out, err = run(capsys, "transcribe", first, second, third, "--output", output)
+    assert_one_error(code, err, 1, "OutOfMemoryError: CUDA out of memory")
+    assert [document["audio"] for document in json.loads(output.read_text())] == [str(first), str(second)]
+
+
 class InterruptedSession(TextSession):
     """A wordy session that Ctrl-C stops at its 12th feed (640 ms chunks: 7.68 s into the audio)."""
 
