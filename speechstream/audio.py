@@ -372,10 +372,18 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
         raise InputError(f"{path}: not a readable audio file (no ID3 tag or MPEG audio frame where an MP3 starts)")
     try:
         if offset_s or duration_s is not None:  # (opening the file checks it as soundfile.info does)
-            return _frame_range(*audio_frames(path), offset_s, duration_s)  # an MP3's guessed length: counted
-        with _libsndfile_source(path) as source:
-            if soundfile.info(source).frames == 0:
-                raise InputError("the audio holds no samples")  # (a header and nothing after it)
+            frames, rate = audio_frames(path)  # an MP3's guessed length: counted
+        else:
+            with _libsndfile_source(path) as source:
+                info = soundfile.info(source)
+            frames, rate = info.frames, info.samplerate
+        if not MIN_STREAM_RATE <= rate <= MAX_STREAM_RATE:  # a damaged header: 16 (kHz) made a second 16000 s long
+            raise InputError(f"its header's sample rate, {rate} Hz, is not an audio rate read here "
+                             f"({MIN_STREAM_RATE} to {MAX_STREAM_RATE} Hz are)")
+        if offset_s or duration_s is not None:
+            return _frame_range(frames, rate, offset_s, duration_s)
+        if frames == 0:
+            raise InputError("the audio holds no samples")  # (a header and nothing after it)
         return 0, None
     except InputError as error:
         raise InputError(f"{path}: {error}") from None
@@ -594,7 +602,7 @@ def pcm_frames_to_float(pcm: bytes, channels: int) -> np.ndarray:
 # common rate keeps it small (44.1 kHz: 160 x 441), 8001 Hz would not (16000 x 8001 taps: gigabytes, seconds a
 # buffer), so such a rate goes through soxr, which takes any ratio at a small cost
 MAX_RATE_RATIO_TERM = 1000
-MIN_STREAM_RATE, MAX_STREAM_RATE = 1000, 384000
+MIN_STREAM_RATE, MAX_STREAM_RATE = 1000, 384000  # the sample rates read, of a stream or a file (``check_audio``)
 
 
 def small_rate_ratio(rate: int, new_rate: int = SAMPLE_RATE) -> bool:

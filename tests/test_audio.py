@@ -568,6 +568,22 @@ def test_a_file_at_an_odd_rate_is_resampled_without_a_huge_kernel(tmp_path, monk
     assert np.sqrt(np.mean(middle**2)) == pytest.approx(0.5 / np.sqrt(2), rel=1e-3)
 
 
+@pytest.mark.parametrize("rate", [1, 16, 999, 384001, 2**31 - 1])
+def test_a_file_whose_header_names_no_audio_rate_is_refused(tmp_path, rate):
+    """A damaged header (16: kHz written for Hz) made a second of audio 16000 s long (a gigabyte of samples and hours
+    of decoding), and 2**31 - 1 Hz made it no samples at all, returned without a word; files are held to the rates
+    a stream may have, as on stdin."""
+    path = tmp_path / "rate.wav"
+    soundfile.write(path, sine(440.0, 1.0, SAMPLE_RATE), SAMPLE_RATE, subtype="PCM_16")
+    data = bytearray(path.read_bytes())
+    data[24:28] = rate.to_bytes(4, "little")  # the fmt chunk's sample rate
+    path.write_bytes(bytes(data))
+    assert_one_line_input_error(path, f"its header's sample rate, {rate} Hz, is not an audio rate read here "
+                                "\\(1000 to 384000 Hz are\\)")
+    with pytest.raises(InputError, match="is not an audio rate"):
+        next(stream_audio(path, 0.5))
+
+
 def test_text_named_mp3_is_refused_before_the_mpeg_decoder_chatters(tmp_path, capfd):
     """libsndfile's MPEG decoder, given a non-MP3 named .mp3, prints resync notes on stderr before it fails."""
     bad = tmp_path / "bad.mp3"
