@@ -536,7 +536,7 @@ def _transcribe_each(args: argparse.Namespace, model, decoding, out, documents: 
                     out.flush()
             elif args.format == "text" and event.type == "final":
                 nonlocal wrote_text
-                out.write(event.text)
+                out.write(outputs.text_piece(event.text))
                 out.flush()
                 wrote_text = wrote_text or bool(event.text)
 

@@ -151,6 +151,17 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+# what ends a line: \n and \r (a file read as text, a terminal), and the other line boundaries of str.splitlines
+LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+_BREAKS_TO_SPACES = str.maketrans(LINE_BREAKS, " " * len(LINE_BREAKS))
+
+
+def text_piece(text: str) -> str:
+    """Committed text as the text format writes it, one line per input: each line break in it (a model may write
+    one) a space."""
+    return text.translate(_BREAKS_TO_SPACES)
+
+
 def _vtt_escape(text: str) -> str:
     """WebVTT cue text must not hold a raw '&', '<' or '-->' (escaping '>' covers the last)."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

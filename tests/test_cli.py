@@ -596,6 +596,36 @@ def test_text_format_one_line_per_file(capsys, tmp_path, clip):
     assert out.count("\n") == 2 and out.endswith("\n")
 
 
+class LineBreakingSession(TextSession):
+    """A wordy session some of whose words are followed by a line break ("\\n", "\\r"), as a model's tokens may be."""
+
+    def __init__(self, model, *args, **kwargs):
+        super().__init__(model, *args, **kwargs)
+        wordy, calls = self.choose, 0
+
+        def choose(logits: torch.Tensor) -> int:
+            nonlocal calls
+            calls += 1
+            token = wordy(logits)
+            return (ord("\n"), ord("\r"))[calls % 2] if token == ord(" ") and calls % 3 == 0 else token
+
+        self.choose = choose
+
+
+def test_text_format_stays_one_line_per_file_when_the_text_breaks_lines(capsys, monkeypatch, tmp_path):
+    """(a newline in the committed text started a new line: the text format had more lines than files)"""
+    monkeypatch.setattr(transcribe_module, "StreamingSession", LineBreakingSession)
+    files = [write_wav(tmp_path / f"{n}.wav", seconds=2.0, seed=n) for n in range(2)]
+    code, out, err = run(capsys, "transcribe", *files, "--chunk-ms", "320", "--k", "1")
+    assert code == 0, err
+    lines = out.split("\n")
+    assert len(lines) == 3 and lines[-1] == "" and "\r" not in out
+    code, jsonl, err = run(capsys, "transcribe", *files, "--chunk-ms", "320", "--k", "1", "--format", "jsonl")
+    ends = [json.loads(line)["text"] for line in jsonl.splitlines() if json.loads(line)["type"] == "end"]
+    assert any("\n" in text for text in ends)  # (the text did break lines)
+    assert lines[:2] == [text.replace("\n", " ").replace("\r", " ") for text in ends]
+
+
 def test_json_format(capsys, tmp_path, clip, wordy):
     code, out, err = run(capsys, "transcribe", clip, "--format", "json", "--chunk-ms", "160", "--k", "1")
     assert code == 0, err

@@ -128,6 +128,12 @@ def test_cue_text_cannot_break_the_file_format():
     assert vtt == "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\none two a&lt;b&gt; &amp; c --&gt; d\n"
 
 
+def test_a_text_piece_breaks_no_line():
+    """The text format is one line per input: a line break a model wrote is a space (each piece alone, as written)."""
+    assert outputs.text_piece("one\ntwo\r\nthree\u2028four\x85five") == "one two  three four five"
+    assert outputs.text_piece(" plain text, é, \t tab") == " plain text, é, \t tab"
+
+
 def test_json_document():
     document = outputs.json_document("clip.wav", EVENTS)
     assert document == {
