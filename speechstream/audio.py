@@ -394,8 +394,12 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
 def _unreadable(path: Path, error: BaseException) -> InputError:
     """The error for a file libsndfile could not open: its first line, and how to convert the file where its format
     is one libsndfile lacks. Of a regular file whose MPEG data it cannot decode it says the file "does not exist or is
-    not a regular file", which is untrue: said as what happened."""
-    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    not a regular file", which is untrue: said as what happened. libsndfile's own words are given without soundfile's
+    "Error opening b'...': " before them (the name again, as Python bytes: escapes for every letter past ASCII)."""
+    import soundfile
+
+    text = error.error_string if isinstance(error, soundfile.LibsndfileError) and error.code else str(error)
+    reason = text.splitlines()[0] if text else type(error).__name__
     if "does not exist or is not a regular file" in reason and Path(path).is_file():
         reason = "libsndfile could not decode its data"
     return InputError(f"{path}: not a readable audio file ({reason}){_convert_hint(path)}")

@@ -284,6 +284,15 @@ def test_text_file_named_wav(tmp_path):
     assert_one_line_input_error(path, "not a readable audio file")
 
 
+def test_an_unreadable_files_reason_does_not_name_it_again_as_python_bytes(tmp_path):
+    """(libsndfile's reason came with soundfile's "Error opening b'...\\xe5\\xbd\\x95 1.flac': " before it)"""
+    path = tmp_path / "录音 1.flac"
+    path.write_text("this is not audio\nreally not\n" * 20)
+    with pytest.raises(InputError) as info:
+        load_audio(path)
+    assert str(info.value) == f"{path}: not a readable audio file (Format not recognised.)"
+
+
 def test_truncated_wav_header(tmp_path):
     path = tmp_path / "cut.wav"
     soundfile.write(path, sine(440.0, 0.2, SAMPLE_RATE), SAMPLE_RATE)
