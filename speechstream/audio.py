@@ -260,6 +260,7 @@ def looks_like_mpeg(path: Path) -> bool:
 
 
 WAV_OPEN_SIZE = 0xFFFFFFFF  # the data size of a WAV written as a stream (ffmpeg -f wav -): not known, not checked
+SOX_OPEN_SIZE = 0x7FFFF000  # sox's (its "length unspecified": -t wav - to a pipe): not checked either
 WAV_SCAN_BYTES = 65536  # where a WAV's data chunk is looked for
 
 
@@ -272,7 +273,7 @@ def wav_cut_short(head: bytes, size: int) -> tuple[float, float] | None:
         return None
     at, length, byte_rate, frame_bytes = chunk
     held = size - (at + 8)
-    if length == WAV_OPEN_SIZE or length - held < frame_bytes or not byte_rate:  # (no whole frame lost)
+    if length in (WAV_OPEN_SIZE, SOX_OPEN_SIZE) or length - held < frame_bytes or not byte_rate:  # (no frame lost)
         return None
     return length / byte_rate, max(held, 0) / byte_rate
 
