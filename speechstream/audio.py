@@ -350,14 +350,7 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
     import soundfile
 
     path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, not an audio file")
-    if not path.is_file():  # a pipe (<(...), a FIFO, /dev/stdin from one) has no size and cannot seek: "empty", it said
-        raise InputError(f"{path}: a pipe or device, not a file: stream it to `speechstream transcribe -` on stdin "
-                         "(raw 16-bit PCM or a WAV stream)")
-    size = path.stat().st_size
+    size = _file_size(path)
     if size == 0:
         raise InputError(f"{path}: the file is empty")
     try:  # (libsndfile says "System error." of a file it may not read: not a readable audio file, it seemed)
@@ -390,6 +383,22 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
         raise InputError(f"{path}: {error}") from None
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
         raise _unreadable(path, error) from None
+
+
+def _file_size(path: Path) -> int:
+    """The size of ``path``, a regular file; else an InputError saying what it is (missing, a folder, a pipe, or in a
+    folder that may not be searched: PermissionError, which came out as such, exit 1)."""
+    try:
+        if not path.exists():
+            raise InputError(f"{path}: no such file")
+        if path.is_dir():
+            raise InputError(f"{path}: is a directory, not an audio file")
+        if not path.is_file():  # a pipe (<(...), a FIFO, /dev/stdin from one): no size, no seek ("empty", it said)
+            raise InputError(f"{path}: a pipe or device, not a file: stream it to `speechstream transcribe -` on "
+                             "stdin (raw 16-bit PCM or a WAV stream)")
+        return path.stat().st_size
+    except PermissionError as error:
+        raise InputError(f"{path}: cannot read the file ({error.strerror or error})") from None
 
 
 def _unreadable(path: Path, error: BaseException) -> InputError:

@@ -347,6 +347,23 @@ def test_missing_path(tmp_path):
     assert_one_line_input_error(tmp_path / "nowhere.wav", "no such file")
 
 
+def test_a_file_in_a_folder_that_may_not_be_searched_is_one_line(tmp_path, monkeypatch):
+    """Looking at a file in a folder without search permission raises PermissionError, which came out as
+    "PermissionError: [Errno 13] ...", exit 1, where a file that may not be read is an input error, exit 2."""
+    import errno
+    from pathlib import Path
+
+    locked, stat = tmp_path / "locked", Path.stat
+
+    def refused(self, *args, **kwargs):  # (what a user gets from a folder of mode 0o600; root is let through)
+        if locked in self.parents:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", refused)
+    assert_one_line_input_error(locked / "x.wav", "x.wav: cannot read the file \\(Permission denied\\)$")
+
+
 # -- buffers --------------------------------------------------------------------------------------------
 
 
