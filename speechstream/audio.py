@@ -170,14 +170,19 @@ def open_audio(path: Path) -> Iterator:
     the decoder). An MP3 without a stored length (no Xing/Info/VBRI first frame: cut from a stream, or from an
     encoder that writes none) has a length libsndfile guesses from its first frame's bitrate, and its reads stop
     there, short of the end where the audio starts loud; such a file is read through a pipe, where libsndfile takes
-    no length and decodes to the real end (not seekable; ``frames`` is huge)."""
+    no length and decodes to the real end (not seekable; ``frames`` is huge). So is an MP3 whose stored length is
+    short of its audio (files joined end to end, ``cat a.mp3 b.mp3``: the first one's length), its info frame's tag
+    hidden from libmpg123, which takes the length from it even in a pipe (that frame is then decoded as silence, and
+    nothing is trimmed as gapless playback would)."""
     reader = _sequential_reader()
     with _libsndfile_source(path) as source, reader(source) as handle:
-        if handle.format != "MP3" or _stores_mp3_length(path):
+        info = None if handle.format != "MP3" else _mp3_info_tag(path)
+        if handle.format != "MP3" or (info is not None and not info[1]):
             yield handle
             return
     read_end, write_end = os.pipe()
-    feeder = threading.Thread(target=_feed_pipe, args=(path, write_end), daemon=True)
+    hidden = info[0] if info is not None else None
+    feeder = threading.Thread(target=_feed_pipe, args=(path, write_end, hidden), daemon=True)
     feeder.start()
     try:
         with reader(read_end, closefd=False) as handle:
@@ -187,10 +192,16 @@ def open_audio(path: Path) -> Iterator:
         feeder.join()
 
 
-def _feed_pipe(path: Path, write_end: int) -> None:
+def _feed_pipe(path: Path, write_end: int, hidden: int | None = None) -> None:
+    """Write the file into the pipe, the 4 bytes at ``hidden`` (an info frame's tag) as zeros."""
     try:
         with open(path, "rb") as file:
+            at = 0
             while chunk := file.read(MPEG_SCAN_BYTES):
+                if hidden is not None and at < hidden + 4 and hidden < at + len(chunk):
+                    low, high = max(hidden, at) - at, min(hidden + 4, at + len(chunk)) - at
+                    chunk = chunk[:low] + bytes(high - low) + chunk[high:]
+                at += len(chunk)
                 while chunk:
                     chunk = chunk[os.write(write_end, chunk) :]
     except OSError:  # the reader stopped early (broken pipe), or the file went: the reader sees the end
@@ -199,8 +210,10 @@ def _feed_pipe(path: Path, write_end: int) -> None:
         os.close(write_end)
 
 
-def _stores_mp3_length(path: Path) -> bool:
-    """Whether the first MPEG frame of an MP3 (after any ID3v2 tag) is an info frame holding its length."""
+def _mp3_info_tag(path: Path) -> tuple[int, bool] | None:
+    """Of an MP3 whose first MPEG frame (after any ID3v2 tag) is an info frame holding its length: where its tag lies
+    in the file, and whether more MPEG audio (a frame, or another file's ID3v2 tag) follows the bytes it counts
+    (files joined end to end); None for any other MP3."""
     with open(path, "rb") as file:
         head = file.read(10)
         skip = 0
@@ -209,12 +222,26 @@ def _stores_mp3_length(path: Path) -> bool:
             skip += 10 * bool(head[5] & 0x10)
         file.seek(skip)
         data = file.read(MPEG_SCAN_BYTES)
-    octets = np.frombuffer(data, np.uint8)
-    syncs = np.flatnonzero((octets[:-1] == 0xFF) & (octets[1:] >= 0xE0))
-    if not len(syncs):
-        return False
-    frame = data[syncs[0] : syncs[0] + 4 + 32 + 8]  # the tags lie after the side information (at most 32 bytes)
-    return any(tag in frame for tag in MP3_LENGTH_TAGS)
+        octets = np.frombuffer(data, np.uint8)
+        syncs = np.flatnonzero((octets[:-1] == 0xFF) & (octets[1:] >= 0xE0))
+        if not len(syncs):
+            return None
+        start = int(syncs[0])
+        frame = data[start : start + 4 + 32 + 8]  # the tags lie after the side information (at most 32 bytes)
+        tag = next((frame.index(tag) for tag in MP3_LENGTH_TAGS if tag in frame), None)
+        if tag is None:
+            return None
+        tag += start
+        if data[tag : tag + 4] == b"VBRI":  # (version, delay, quality, then the bytes)
+            stored = int.from_bytes(data[tag + 10 : tag + 14], "big")
+        else:  # Xing or Info: flags, then the frames and the bytes where flagged
+            flags = int.from_bytes(data[tag + 4 : tag + 8], "big")
+            at = tag + 8 + 4 * (flags & 1)
+            stored = int.from_bytes(data[at : at + 4], "big") if flags & 2 else 0
+        file.seek(skip + start + stored)
+        after = file.read(4) if stored else b""
+    joined = after[:3] == b"ID3" or (len(after) == 4 and after[0] == 0xFF and after[1] >= 0xE0)
+    return skip + tag, joined
 
 
 def audio_frames(path: str | Path) -> tuple[int, int]:

@@ -184,13 +184,13 @@ def test_a_loud_mp3_read_in_blocks_or_a_range_is_the_whole_reads_samples_and_qui
     decodes the next frames without the bits its reservoir held: blocks of this loud tone were off by up to 1.07
     from one whole read, with mpg123's "part2_3_length ... too large" notes on stderr. A seek into the file (a
     range) did the same there; an MP3's range is decoded from its start."""
-    from speechstream.audio import _stores_mp3_length
+    from speechstream.audio import _mp3_info_tag
 
     if not _mp3_writable(tmp_path):
         pytest.skip("this libsndfile cannot write mp3")
     path = tmp_path / "loud.mp3"
     soundfile.write(path, sine(440.0, 4.0, SAMPLE_RATE, amplitude=0.9), SAMPLE_RATE, format="MP3")
-    assert _stores_mp3_length(path)  # an ordinary MP3: read by seeks, not through a pipe
+    assert _mp3_info_tag(path)[1] is False  # an ordinary MP3: read by seeks, not through a pipe
     capfd.readouterr()
     whole = load_audio(path)
     for block_s in (0.3, 1.0):
@@ -251,6 +251,26 @@ def test_an_mp3_without_its_info_frame_is_read_to_its_end(tmp_path):
     assert _utterance_length(utterance) == pytest.approx(len(audio) / SAMPLE_RATE)
     write_mp3_without_info_frame(path, signal[:32000])  # the count is kept per version of the file
     assert audio_frames(path) == (len(load_audio(path)), SAMPLE_RATE) and audio_frames(path)[0] < 2.1 * SAMPLE_RATE
+
+
+def test_mp3_files_joined_end_to_end_are_read_to_the_end(tmp_path):
+    """``cat a.mp3 b.mp3 > ab.mp3``: the first file's info frame gives its length alone, and libmpg123 stopped there
+    (2 s of 4, exit 0, "Xing stream size off" on stderr). The joined file is read whole, as one without an info frame
+    (decoded without gapless trimming: its first frame, the info frame, is some milliseconds of silence)."""
+    from speechstream.audio import audio_frames
+
+    if not _mp3_writable(tmp_path):
+        pytest.skip("this libsndfile cannot write mp3")
+    parts = [tmp_path / "a.mp3", tmp_path / "b.mp3"]
+    for part, freq in zip(parts, (440.0, 1000.0)):
+        soundfile.write(part, sine(freq, 2.0, SAMPLE_RATE), SAMPLE_RATE, format="MP3")
+    path = tmp_path / "ab.mp3"
+    path.write_bytes(b"".join(part.read_bytes() for part in parts))
+    audio = load_audio(path)
+    assert 4 * SAMPLE_RATE <= len(audio) <= 4.3 * SAMPLE_RATE and audio_frames(path) == (len(audio), SAMPLE_RATE)
+    assert abs(peak_hz(audio[-SAMPLE_RATE:]) - 1000.0) < 5  # the second file is there
+    np.testing.assert_array_equal(np.concatenate(list(stream_audio(path, block_s=0.3))), audio)
+    assert len(load_audio(parts[0])) == 2 * SAMPLE_RATE  # (one file alone: its info frame's length, trimmed)
 
 
 # -- bad input: one-line InputError -------------------------------------------------------------------
