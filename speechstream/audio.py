@@ -193,10 +193,13 @@ def open_audio(path: Path) -> Iterator:
 
 
 def _feed_pipe(path: Path, write_end: int, hidden: int | None = None) -> None:
-    """Write the file into the pipe, the 4 bytes at ``hidden`` (an info frame's tag) as zeros."""
+    """Write the MPEG audio of the file into the pipe: from the end of any ID3v2 tag on (libsndfile, reading a pipe,
+    did not get past one of more than some kilobytes, cover art: "Unspecified internal error", "Format not
+    recognised"), the 4 bytes at ``hidden`` (an info frame's tag) as zeros."""
     try:
         with open(path, "rb") as file:
-            at = 0
+            at = _id3_size(file)
+            file.seek(at)
             while chunk := file.read(MPEG_SCAN_BYTES):
                 if hidden is not None and at < hidden + 4 and hidden < at + len(chunk):
                     low, high = max(hidden, at) - at, min(hidden + 4, at + len(chunk)) - at
@@ -210,16 +213,22 @@ def _feed_pipe(path: Path, write_end: int, hidden: int | None = None) -> None:
         os.close(write_end)
 
 
+def _id3_size(file) -> int:
+    """The bytes of the ID3v2 tag an MP3 file (open, binary) starts with; 0 without one."""
+    file.seek(0)
+    head = file.read(10)
+    if not (head.startswith(b"ID3") and len(head) == 10):
+        return 0
+    size = 10 + sum((byte & 0x7F) << (7 * (3 - i)) for i, byte in enumerate(head[6:10]))  # 4 syncsafe bytes
+    return size + 10 * bool(head[5] & 0x10)  # (and a footer when flagged)
+
+
 def _mp3_info_tag(path: Path) -> tuple[int, bool] | None:
     """Of an MP3 whose first MPEG frame (after any ID3v2 tag) is an info frame holding its length: where its tag lies
     in the file, and whether more MPEG audio (a frame, or another file's ID3v2 tag) follows the bytes it counts
     (files joined end to end); None for any other MP3."""
     with open(path, "rb") as file:
-        head = file.read(10)
-        skip = 0
-        if head.startswith(b"ID3") and len(head) == 10:  # tag size: 4 syncsafe bytes, + a footer when flagged
-            skip = 10 + sum((byte & 0x7F) << (7 * (3 - i)) for i, byte in enumerate(head[6:10]))
-            skip += 10 * bool(head[5] & 0x10)
+        skip = _id3_size(file)
         file.seek(skip)
         data = file.read(MPEG_SCAN_BYTES)
         octets = np.frombuffer(data, np.uint8)

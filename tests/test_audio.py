@@ -253,6 +253,22 @@ def test_an_mp3_without_its_info_frame_is_read_to_its_end(tmp_path):
     assert audio_frames(path) == (len(load_audio(path)), SAMPLE_RATE) and audio_frames(path)[0] < 2.1 * SAMPLE_RATE
 
 
+@pytest.mark.parametrize("tag_bytes", [20000, 300000])
+def test_an_mp3_read_through_a_pipe_may_carry_cover_art(tmp_path, tag_bytes):
+    """An MP3 without an info frame is read through a pipe, where libsndfile does not get past an ID3v2 tag of more
+    than some kilobytes (cover art): "not a readable audio file (Unspecified internal error.)", or "(Format not
+    recognised.)". The pipe is given the MPEG audio after the tag."""
+    signal = sine(440.0, 2.0, SAMPLE_RATE)
+    bare = tmp_path / "bare.mp3"
+    write_mp3_without_info_frame(bare, signal)
+    body = tag_bytes - 10
+    picture = b"APIC" + (body - 10).to_bytes(4, "big") + bytes(2) + b"\x11" * (body - 10)  # (an ID3v2.3 frame)
+    size = bytes((body >> shift) & 0x7F for shift in (21, 14, 7, 0))  # (4 syncsafe bytes)
+    path = tmp_path / "tagged.mp3"
+    path.write_bytes(b"ID3\x03\x00\x00" + size + picture + bare.read_bytes())
+    np.testing.assert_array_equal(load_audio(path), load_audio(bare))
+
+
 def test_mp3_files_joined_end_to_end_are_read_to_the_end(tmp_path):
     """``cat a.mp3 b.mp3 > ab.mp3``: the first file's info frame gives its length alone, and libmpg123 stopped there
     (2 s of 4, exit 0, "Xing stream size off" on stderr). The joined file is read whole, as one without an info frame
