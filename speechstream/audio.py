@@ -379,10 +379,45 @@ def _libsndfile_source(path: Path) -> Iterator:
         yield file
 
 
+OGG_SCAN_BYTES = 1 << 20  # an Ogg file is read this much at a time for its pages' marks
+
+
+def ogg_streams_in_sequence(path: Path) -> int:
+    """How many Ogg streams a file holds one after another (chained: each starts, its first page marked so, after
+    the pages of the one before): 1 for one stream, or for streams multiplexed (started together), or any other
+    file. A page starts "OggS", version 0, its flags (2: a stream's first page) and its granule position (0 on a
+    first page, whose packets are headers). Read once per file version (a manifest may name many segments of one
+    long recording)."""
+    with open(path, "rb") as file:
+        if file.read(4) != b"OggS":
+            return 1
+        status = os.fstat(file.fileno())
+    return _ogg_streams(os.fsencode(Path(path).absolute()), status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _ogg_streams(path: bytes, size: int, mtime_ns: int) -> int:
+    """``ogg_streams_in_sequence`` of an Ogg file, cached by the file's version."""
+    with open(path, "rb") as file:
+        streams, after_data, tail = 1, False, b""
+        while block := file.read(OGG_SCAN_BYTES):
+            data, at = tail + block, 0
+            while (at := data.find(b"OggS", at)) >= 0 and at + 14 <= len(data):
+                if data[at + 4] == 0:
+                    first = bool(data[at + 5] & 2) and data[at + 6 : at + 14] == bytes(8)
+                    if first and after_data:
+                        streams += 1
+                    after_data = not first
+                at += 4
+            tail = data[-13:]  # (a page's start cut by the read: looked at with the next block)
+    return streams
+
+
 def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | None = None) -> tuple[int, int | None]:
-    """What ``load_audio`` checks before it reads samples, from the file's header alone (cheap): the file exists,
-    is a non-empty audio file, and holds the time range. Returns the (start, stop) frames to read (stop None: to
-    the end); raises InputError with a one-line reason."""
+    """What ``load_audio`` checks before it reads samples, from the file's header alone (cheap; an Ogg file's page
+    marks are read through once per version of the file, ``ogg_streams_in_sequence``): the file exists, is a
+    non-empty audio file, and holds the time range. Returns the (start, stop) frames to read (stop None: to the
+    end); raises InputError with a one-line reason."""
     import soundfile
 
     path = Path(path)
@@ -397,6 +432,11 @@ def check_audio(path: str | Path, offset_s: float = 0.0, duration_s: float | Non
     if cut:
         raise InputError(f"{path}: the WAV file is cut short: its header declares {cut[0]:.2f} s of audio, the file "
                          f"holds {cut[1]:.2f} s (an unfinished copy or recording?)")
+    streams = ogg_streams_in_sequence(path)
+    if streams > 1:
+        raise InputError(f"{path}: a chained Ogg file, {streams} streams one after another (files joined end to end, "
+                         "or a recorded internet radio stream): libsndfile reads the first alone; convert it whole, "
+                         "e.g. ffmpeg -i IN -ac 1 -ar 16000 OUT.wav")
     if path.suffix.lower() == ".mp3" and not looks_like_mpeg(path):
         # libsndfile's MPEG decoder would try to resync through it, printing notes on stderr, then fail
         raise InputError(f"{path}: not a readable audio file (no ID3 tag or MPEG audio frame where an MP3 starts)")

@@ -648,6 +648,21 @@ def test_a_file_whose_header_names_no_audio_rate_is_refused(tmp_path, rate):
         next(stream_audio(path, 0.5))
 
 
+@pytest.mark.parametrize("subtype", ["VORBIS", "OPUS"])
+def test_a_chained_ogg_file_is_refused_not_read_in_part(tmp_path, subtype):
+    """Ogg files joined end to end (cat a.ogg b.ogg, or a recorded internet radio stream) hold several streams one
+    after another; libsndfile read the first alone: 1 s of 3, exit 0."""
+    rate = 48000 if subtype == "OPUS" else SAMPLE_RATE
+    parts = [tmp_path / f"{n}.ogg" for n in range(3)]
+    for part in parts:
+        soundfile.write(part, sine(440.0, 1.0, rate), rate, format="OGG", subtype=subtype)
+    path = tmp_path / "joined.ogg"
+    path.write_bytes(b"".join(part.read_bytes() for part in parts))
+    assert_one_line_input_error(path, "a chained Ogg file, 3 streams one after another .*: libsndfile reads the "
+                                "first alone; convert it")
+    assert len(load_audio(parts[0])) == SAMPLE_RATE  # (one stream is read as before)
+
+
 def test_text_named_mp3_is_refused_before_the_mpeg_decoder_chatters(tmp_path, capfd):
     """libsndfile's MPEG decoder, given a non-MP3 named .mp3, prints resync notes on stderr before it fails."""
     bad = tmp_path / "bad.mp3"
