@@ -172,7 +172,9 @@ class WhisperLocalAgreement(WhisperOffline):
 
         super().__init__(model_name, device, task, language)
         self.chunk_samples = chunk_samples(chunk_ms)
-        if self.chunk_samples >= self.window_samples:
+        # two runs over one buffer must fit in the window: with a longer chunk every run is cut off and flushed as it
+        # comes (forced_trim_point), unagreed
+        if 2 * self.chunk_samples > self.window_samples:
             raise InputError(f"whisper-la2: a chunk of {chunk_ms} ms does not fit twice in the model's window")
         self.trim_s = trim_s
         # The least audio a run is given: one encoder frame. Only the last scraps of a recording after a cut at

@@ -259,6 +259,19 @@ def test_a_directory_that_is_not_whisper_is_an_input_error(tmp_path):
                  baseline="whisper-offline")
 
 
+@pytest.mark.parametrize("chunk_ms", [200, 320])
+def test_whisper_la2_refuses_a_chunk_that_does_not_fit_twice_in_the_window(tiny_whisper, chunk_ms):
+    """LocalAgreement-2 commits what two runs over the growing buffer agree on: a chunk over half the window (here
+    0.2 s of the tiny model's 0.32 s; above 15 s of whisper-base's 30 s) left no room for a second run over the
+    same buffer, so every run was flushed as it came, unagreed, and scored as local-agreement-2. Only a chunk of
+    the whole window was refused, with this message."""
+    from speechstream.baselines import WhisperLocalAgreement
+
+    with pytest.raises(InputError, match=f"whisper-la2: a chunk of {chunk_ms} ms does not fit twice"):
+        WhisperLocalAgreement(str(tiny_whisper), chunk_ms=chunk_ms)
+    assert WhisperLocalAgreement(str(tiny_whisper), chunk_ms=160).chunk_samples == 2560  # half the window: fits
+
+
 # -- the command line -----------------------------------------------------------------------------------
 
 
