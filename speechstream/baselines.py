@@ -21,11 +21,12 @@ every system is measured by the same word delays, latency metrics and RTF.
   ufal/whisper_streaming does (`speechstream.local_agreement`): every ``--chunk-ms`` of new audio (whisper_streaming's
   ``min_chunk``; it defaults to 1 s, so ``--chunk-ms 1000`` matches it) the buffer since its last trim point is
   transcribed with segment and token timestamps (cross-attention DTW over the alignment heads), the committed text
-  before the buffer as the prompt; words two consecutive hypotheses agree on are committed as one "final" event
-  whose ``source_s`` is the audio read so far and ``wall_s`` the compute clock; the last hypothesis is committed
-  when the audio ends. The buffer is trimmed at the end of a committed sentence or segment once it is longer than
-  ``LA2_TRIM_S``, and at the last committed word before it would outgrow Whisper's window. Each run re-encodes
-  the whole buffer (padded to 30 s, as Whisper requires), so compute grows with the chunk rate.
+  before the buffer as the prompt (at most 200 characters, and of those the last tokens that fit beside Whisper's
+  new tokens, as OpenAI's decoding keeps them); words two consecutive hypotheses agree on are committed as one
+  "final" event whose ``source_s`` is the audio read so far and ``wall_s`` the compute clock; the last hypothesis
+  is committed when the audio ends. The buffer is trimmed at the end of a committed sentence or segment once it is
+  longer than ``LA2_TRIM_S``, and at the last committed word before it would outgrow Whisper's window. Each run
+  re-encodes the whole buffer (padded to 30 s, as Whisper requires), so compute grows with the chunk rate.
 
 This module is light to import (torch and transformers load when a system is built): ``eval``'s usage checks
 run before them.
@@ -57,6 +58,9 @@ BASELINE_TASKS = {"gpe": ("asr", "translate"), "whisper-offline": ("asr", "trans
 # The Whisper baselines' speech language where neither --source-lang nor the manifest names one (they detect none),
 # the only one an English-only model takes, and the one Whisper translates into.
 WHISPER_LANGUAGE = "en"
+# The most start tokens Whisper's generate puts after a prompt: <|startoftranscript|>, the language, the task and
+# <|notimestamps|>
+WHISPER_START_TOKENS = 4
 # whisper-la2: trim the buffer at a committed sentence or segment end once it is longer than this (s);
 # whisper_streaming's default buffer_trimming_sec
 LA2_TRIM_S = 15.0
@@ -187,6 +191,10 @@ class WhisperLocalAgreement(WhisperOffline):
         self.end_of_text = generation.eos_token_id
         self.timestamp_begin = generation.no_timestamps_token_id + 1
         self.generate_options |= {"return_timestamps": True, "return_token_timestamps": True}
+        # the prompt's tokens that fit (its last ones): the positions left beside <|startofprev|>, the start tokens
+        # and the new tokens (200 characters of Bengali or Georgian are twice that many of whisper-base's)
+        self.prompt_tokens = (self.model.config.max_target_positions - self.generate_options["max_new_tokens"]
+                              - WHISPER_START_TOKENS - 1)
 
     def decode(self, audio_path: str, offset_s: float = 0.0, duration_s: float | None = None) -> list[Event]:
         from speechstream.audio import SAMPLE_RATE, load_audio
@@ -239,8 +247,10 @@ class WhisperLocalAgreement(WhisperOffline):
         features = self.features(samples, sampling_rate=SAMPLE_RATE, max_length=self.window_samples,
                                  return_tensors="pt", return_attention_mask=True)
         options = dict(self.generate_options)
-        if prompt:
-            options["prompt_ids"] = torch.tensor(self.tokenizer.get_prompt_ids(" " + prompt), device=self.device)
+        if prompt and self.prompt_tokens > 0:
+            ids = self.tokenizer.get_prompt_ids(" " + prompt)  # <|startofprev|>, then the prompt's tokens
+            ids = [ids[0], *ids[max(1, len(ids) - self.prompt_tokens):]]
+            options["prompt_ids"] = torch.tensor(ids, device=self.device)
         with torch.no_grad(), _quiet_transformers():
             output = self.model.generate(features.input_features.to(self.device, self.model.dtype),
                                          attention_mask=features.attention_mask.to(self.device), **options)

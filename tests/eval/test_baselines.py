@@ -272,6 +272,22 @@ def test_whisper_la2_refuses_a_chunk_that_does_not_fit_twice_in_the_window(tiny_
     assert WhisperLocalAgreement(str(tiny_whisper), chunk_ms=160).chunk_samples == 2560  # half the window: fits
 
 
+def test_whisper_la2_keeps_to_the_last_prompt_tokens_that_fit_the_models_positions(tiny_whisper, tmp_path):
+    """The prompt (committed words before the buffer, at most 200 characters, as whisper_streaming has it) took
+    more tokens than Whisper's positions leave beside the new ones in scripts of many tokens a character (200
+    characters of Bengali are some 400 of whisper-base's 448 positions, which keep 224 for the new tokens), and
+    transformers raised "ValueError: The length of `decoder_input_ids` ... exceeds the `max_target_positions`":
+    eval ended there (exit 1). Whisper keeps the prompt's last tokens, as OpenAI's decoding does; the tiny model
+    (16 positions, 8 new tokens) has room for three."""
+    from speechstream.baselines import WhisperLocalAgreement
+
+    manifest = write_manifest(tmp_path / "data", (2.0,))
+    system = WhisperLocalAgreement(str(tiny_whisper), chunk_ms=160)
+    assert system.prompt_tokens == 3
+    events = system.decode(str(manifest.parent / "clip0.wav"))  # runs after the first commit are prompted
+    assert events[-1].type == "end" and events[-1].text and len(events) > 2
+
+
 # -- the command line -----------------------------------------------------------------------------------
 
 
