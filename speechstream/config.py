@@ -91,7 +91,8 @@ class ModelConfig:
     projector: ProjectorConfig = ProjectorConfig()
     llm: LLMConfig = LLMConfig()
     prompt: PromptConfig = PromptConfig()
-    checkpoint: str | None = None  # safetensors with trained projector/adapter weights, relative to the config
+    # safetensors with trained projector/adapter weights, relative to the config's folder ("~/..." in the home folder)
+    checkpoint: str | None = None
     ctc_weight: float = 0.0  # the joint CTC decoding weight used when decoding does not set one (needs a CTC head)
     # whether the CTC head's labels are the output text (ASR). A translation model's head transcribes the source
     # language, so joint CTC decoding would push source-language words into the output: it is refused.

@@ -408,12 +408,19 @@ def build_model(config: ModelConfig, base_dir: Path | None = None, for_training:
     if config.llm.lora_rank and for_training:
         add_lora(model.decoder.llm, config.llm)
     if config.checkpoint:
-        path = (base_dir or Path.cwd()) / config.checkpoint
+        path = checkpoint_path(config, base_dir)
         loaded = load_trainable(model, path, merge=config.llm if config.llm.lora_rank and not for_training else None)
         if model.ctc_head is not None and not for_training and not any(n.startswith("ctc_head.") for n in loaded):
             raise InputError(f"{path}: the config asks for a fine CTC head (ctc_hop {config.ctc_hop}) that the "
                              "checkpoint does not have")
     return model.eval()
+
+
+def checkpoint_path(config: ModelConfig, base_dir: Path | None = None) -> Path:
+    """The file the model config's ``checkpoint`` names: a leading "~" that names a home folder is that folder (as
+    for encoder.weights, llm.base and tokenizer); a relative path is read from ``base_dir`` (the config's folder; None:
+    the current one)."""
+    return (base_dir or Path.cwd()) / os.path.expanduser(config.checkpoint)
 
 
 def merge_lora(llm: nn.Module) -> None:

@@ -445,3 +445,27 @@ def test_an_end_of_chunk_token_that_is_the_end_token_is_refused():
     prompt = dataclasses.replace(config.prompt, eoc_token=config.prompt.eos_token)
     with pytest.raises(InputError, match=r"prompt.eoc_token .* must differ from prompt.eos_token"):
         build_model(dataclasses.replace(config, prompt=prompt))
+
+
+def test_a_checkpoint_under_the_home_folder_is_read_there(tiny_model, tmp_path, monkeypatch):
+    """``checkpoint: ~/runs/trainable.safetensors`` was joined to the model's folder as written, so the model was
+    refused with "<folder>/~/runs/trainable.safetensors: checkpoint not found" (exit 2), and eval fingerprinted it
+    as having none, while encoder.weights, llm.base and tokenizer read a leading "~" as the home folder."""
+    import yaml
+
+    from speechstream.baselines import model_fingerprint
+    from speechstream.model import MODELS_DIR
+
+    home = tmp_path / "home"
+    (home / "runs").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    state = trainable_state(tiny_model)
+    state["projector.fc1.bias"] = state["projector.fc1.bias"] + 1.0  # (not the seeded weights the build makes)
+    save_file(state, str(home / "runs" / "trainable.safetensors"))
+    config = yaml.safe_load((MODELS_DIR / "tiny-random" / "config.yaml").read_text())
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump({**config, "checkpoint": "~/runs/trainable.safetensors"}))
+    model = load_model(str(folder))
+    assert torch.equal(model.projector.fc1.bias, state["projector.fc1.bias"])
+    assert model_fingerprint("gpe", str(folder))["checkpoint"]["bytes"] > 0
