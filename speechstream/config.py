@@ -1,4 +1,5 @@
-"""Frozen configuration dataclasses, loaded from YAML with unknown keys rejected.
+"""Frozen configuration dataclasses, loaded from YAML with unknown keys rejected (and in model configs, keys given
+twice).
 
 Model configs live in ``models/<name>/config.yaml``; decoding options map one-to-one
 onto command-line flags.
@@ -265,23 +266,48 @@ class YamlLoader(yaml.SafeLoader):
     of them without a dot (``lr_lora: 1e-4`` was refused as "the wrong type")."""
 
 
+class UniqueKeyYamlLoader(YamlLoader):
+    """``YamlLoader`` for model configs: a key given twice in one mapping is an error, as YAML has it (PyYAML kept
+    the last value: a second ``encoder:`` section dropped the first whole). Keys a merge (``<<``) brings in may be
+    given again."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    repeated = key in seen
+                except TypeError:  # (an unhashable key: the constructor's own error names it)
+                    continue
+                if repeated:
+                    raise yaml.constructor.ConstructorError(None, None, f"found duplicate key {key!r}",
+                                                            key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 YAML_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
 YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML_EXPONENT_FLOAT, list("-+0123456789"))
 
 
-def load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` with YAML 1.2's floats (`YamlLoader`). Nesting deeper than the parser recurses (``[[[...``
-    thousands deep) is a ``yaml.YAMLError``, as other malformed YAML is, not the parser's RecursionError."""
+def load_yaml(text: str, loader: type[YamlLoader] = YamlLoader) -> Any:
+    """``yaml.safe_load`` with YAML 1.2's floats (`YamlLoader`, or ``loader``). Nesting deeper than the parser
+    recurses (``[[[...`` thousands deep) is a ``yaml.YAMLError``, as other malformed YAML is, not the parser's
+    RecursionError."""
     try:
-        return yaml.load(text, Loader=YamlLoader)  # noqa: S506 - a SafeLoader
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
     except RecursionError:
         raise yaml.YAMLError("nested too deeply") from None
 
 
-def read_yaml(path: Path | str, what: str) -> Any:
-    """A YAML file's contents; unreadable, undecodable or malformed files are one-line input errors."""
+def read_yaml(path: Path | str, what: str, loader: type[YamlLoader] = YamlLoader) -> Any:
+    """A YAML file's contents (read by ``loader``); unreadable, undecodable or malformed files are one-line input
+    errors."""
     try:
-        return load_yaml(Path(path).read_text(encoding="utf-8"))
+        return load_yaml(Path(path).read_text(encoding="utf-8"), loader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise InputError(f"{path}: cannot read {what} ({one_line(error)})") from None
 
@@ -332,7 +358,7 @@ def _check_type(value: Any, hint: Any, name: str) -> Any:
 
 def load_model_config(path: Path) -> ModelConfig:
     """Read ``models/<name>/config.yaml``."""
-    data = read_yaml(path, "model config")
+    data = read_yaml(path, "model config", UniqueKeyYamlLoader)
     if not isinstance(data, dict):
         raise InputError(f"{path}: a model config must be a mapping")
     try:

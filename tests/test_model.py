@@ -469,3 +469,22 @@ def test_a_checkpoint_under_the_home_folder_is_read_there(tiny_model, tmp_path, 
     model = load_model(str(folder))
     assert torch.equal(model.projector.fc1.bias, state["projector.fc1.bias"])
     assert model_fingerprint("gpe", str(folder))["checkpoint"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("text, key", [
+    ("encoder:\n  weights: whisper-base\n  d_model: 512\nllm:\n  phi: 0\nencoder:\n  lookahead_frames: 32\n",
+     "encoder"),
+    ("seed: 1\nprojector: {stack: 8, stack: 4}\n", "stack"),
+])
+def test_a_key_given_twice_in_a_model_config_is_refused(tmp_path, text, key):
+    """YAML's mappings take a key once; PyYAML kept the last value without a word, so a second ``encoder:`` section
+    added at the end of a config dropped the first one whole (its Whisper weights and sizes: a randomly initialised
+    encoder of the default size was built, and trained or refused as "checkpoint does not fit")."""
+    from speechstream.config import UniqueKeyYamlLoader, load_model_config, load_yaml
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=rf"config.yaml: cannot read model config \(.*found duplicate key '{key}'"):
+        load_model_config(path)
+    merged = "base: &base {stack: 8}\nprojector:\n  <<: *base\n  stack: 4\n"  # (a merged key may be given again)
+    assert load_yaml(merged, UniqueKeyYamlLoader)["projector"] == {"stack": 4}
