@@ -85,7 +85,7 @@ class PromptConfig:
 class ModelConfig:
     """Everything needed to build a speech LLM."""
 
-    name: str = "tiny-random"  # display name
+    name: str = "tiny-random"  # display name (load_model_config: where the file gives none, its folder's name)
     tokenizer: str = "bytes"  # "bytes" (built-in byte-level tokenizer) or a tokenizer directory / hub id
     seed: int = 0  # initialisation seed of randomly initialised parts
     encoder: EncoderConfig = EncoderConfig()
@@ -371,8 +371,16 @@ def load_model_config(path: Path) -> ModelConfig:
     if config.ctc_weight > 0 and not config.ctc_is_output:
         raise InputError(f"{path}: ctc_weight must be 0 when ctc_is_output is false")
     check_ctc_hop(config, str(path))
+    if "name" not in data:  # (the default, tiny-random's, named the shipped test model in this model's messages)
+        config = dataclasses.replace(config, name=default_model_name(path))
     return dataclasses.replace(config, **{key: language_code(getattr(config, key), f"{path}: {key}")
                                           for key in ("source_lang", "target_lang")})
+
+
+def default_model_name(path: Path) -> str:
+    """The name of a model whose config gives none: its folder's for a ``config.yaml``, else the YAML file's own."""
+    path = Path(path).absolute()
+    return path.parent.name if path.name == "config.yaml" else path.stem
 
 
 def language_code(value: str | None, name: str) -> str | None:

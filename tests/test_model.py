@@ -9,7 +9,8 @@ from safetensors.torch import save_file
 
 from speechstream.config import ModelConfig, from_dict
 from speechstream.errors import InputError
-from speechstream.model import build_model, load_model, load_trainable, merge_lora, model_config_path, trainable_state
+from speechstream.model import (MODELS_DIR, build_model, load_model, load_trainable, merge_lora, model_config_path,
+                               trainable_state)
 
 TINY_LORA = {
     "tokenizer": "bytes",
@@ -454,7 +455,6 @@ def test_a_checkpoint_under_the_home_folder_is_read_there(tiny_model, tmp_path, 
     import yaml
 
     from speechstream.baselines import model_fingerprint
-    from speechstream.model import MODELS_DIR
 
     home = tmp_path / "home"
     (home / "runs").mkdir(parents=True)
@@ -488,3 +488,19 @@ def test_a_key_given_twice_in_a_model_config_is_refused(tmp_path, text, key):
         load_model_config(path)
     merged = "base: &base {stack: 8}\nprojector:\n  <<: *base\n  stack: 4\n"  # (a merged key may be given again)
     assert load_yaml(merged, UniqueKeyYamlLoader)["projector"] == {"stack": 4}
+
+
+def test_a_model_config_without_a_name_is_named_after_its_folder(tmp_path):
+    """ModelConfig's default name is tiny-random's: a model of one's own whose config leaves ``name`` out was called
+    "model tiny-random" in every message about it (a part that cannot be loaded, a prompt token its tokenizer lacks,
+    too few positions), as if the shipped test model were being loaded."""
+    from speechstream.config import load_model_config
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("tokenizer: bytes\nprompt:\n  eoc_token: <|nope\n")
+    with pytest.raises(InputError, match=r"^model my-model: prompt.eoc_token '<\|nope' is not one token"):
+        load_model(str(folder))
+    (folder / "other.yaml").write_text("tokenizer: bytes\n")
+    assert load_model_config(folder / "other.yaml").name == "other"
+    assert load_model_config(MODELS_DIR / "tiny-random" / "config.yaml").name == "tiny-random"  # (it says so)
