@@ -353,6 +353,9 @@ def _check_type(value: Any, hint: Any, name: str) -> Any:
         bool_as_int = kind is int and isinstance(value, bool)
         if kind in (int, str, bool, float) and isinstance(value, kind) and not bool_as_int:
             return value
+    if isinstance(value, bool) and str in allowed:  # (``source_lang: no``, Norwegian, reads as false)
+        raise InputError(f"config key {name} has the wrong type: {value!r} (YAML reads an unquoted no, yes, off or on "
+                         "as false or true: put text in quotes)")
     raise InputError(f"config key {name} has the wrong type: {value!r}")
 
 

@@ -504,3 +504,19 @@ def test_a_model_config_without_a_name_is_named_after_its_folder(tmp_path):
     (folder / "other.yaml").write_text("tokenizer: bytes\n")
     assert load_model_config(folder / "other.yaml").name == "other"
     assert load_model_config(MODELS_DIR / "tiny-random" / "config.yaml").name == "tiny-random"  # (it says so)
+
+
+@pytest.mark.parametrize("text", ["source_lang: no\n", "name: off\n"])
+def test_a_yaml_word_read_as_true_or_false_where_text_is_wanted_says_to_quote_it(tmp_path, text):
+    """YAML 1.1 reads an unquoted no, yes, off or on as false or true: a Norwegian model's ``source_lang: no`` was
+    refused as "config key source_lang has the wrong type: False", naming a value the file does not hold."""
+    from speechstream.config import load_model_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(f"tokenizer: bytes\n{text}")
+    key, value = text.strip().split(": ")
+    with pytest.raises(InputError, match=rf"config key {key} has the wrong type: False \(YAML reads an unquoted no, "
+                                         rf"yes, off or on as false or true: put text in quotes\)$"):
+        load_model_config(path)
+    path.write_text(f'tokenizer: bytes\n{key}: "{value}"\n')
+    assert getattr(load_model_config(path), key) == value
