@@ -280,6 +280,7 @@ class StreamingSession:
         self._tokens_since_read = 0
         self._text_since_read = 0  # of those, text tokens (no header, context or marker): what max_tokens counts
         self._last_partial = ""
+        self._reported = 0  # characters of the committed text given in "final" events (``_final``)
         self._stopped = False
         self._started_at: float | None = None
         self._compute_s = 0.0
@@ -465,11 +466,15 @@ class StreamingSession:
     @contextlib.contextmanager
     def _failing(self):
         """Around work that changes the state: an exception that escapes it (a device error, Ctrl-C) leaves a
-        chunk, a read or a step half done, so the session refuses further work instead of going on without it."""
+        chunk, a read or a step half done, so the session refuses further work instead of going on without it. The
+        events the call had made are lost with it: the text of its "final" events counts as not given (``close``
+        gives it)."""
+        reported = self._reported
         try:
             yield
         except BaseException as error:
             self._failure = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            self._reported = reported
             raise
 
     def _front(self, step: tuple[str, object], advance: bool = True, later: bool = False) -> list[Event]:
@@ -581,15 +586,15 @@ class StreamingSession:
 
     def close(self) -> list[Event]:
         """Commit whatever text is left and return it with the "end" event (also after a call that failed mid-way,
-        which leaves the session refusing any other work)."""
+        which leaves the session refusing any other work: the text that call committed is given here too, its own
+        "final" events having been lost with it)."""
         if self.finished:
             return []
         events = self._take_held()
         if self._silent_end:  # the audio after the last segment was silence: all of it has been passed by now
             self._source_s = max(self._source_s, self._samples_in / SAMPLE_RATE)
-        tail = self.text.commit_all(force=True)
-        if tail:
-            events.append(self._event("final", tail))
+        self.text.commit_all(force=True)
+        events += self._final(self.text.committed[self._reported :])
         self._align_segment()
         self.finished = True
         self._stopped = True  # an outside driver gets no more requests: the "end" event has the whole transcript
@@ -922,6 +927,7 @@ class StreamingSession:
     def _final(self, text: str) -> list[Event]:
         if not text:
             return []
+        self._reported += len(text)
         self._last_partial = ""
         return [self._event("final", text)]
 

@@ -716,3 +716,32 @@ def test_a_stop_inside_a_step_keeps_the_streams_text(tiny_model, monkeypatch, st
         # the samples of the feed the stop came in were read in part: audio_s counted none of them (2.56 s of audio,
         # 2.848 s read)
         assert max(e.source_s for e in events) <= events[-1].audio_s
+
+
+def test_a_stop_inside_a_call_loses_none_of_its_final_text(tiny_model, monkeypatch):
+    """Ctrl-C (or SIGTERM) inside a feed or finish that had already committed words: that call's "final" events never
+    reached the caller, and close() gave only the uncommitted tail, so the finals printed (jsonl) and the cues made
+    of them missed words the "end" event's text holds (on a real clip, a Ctrl-C in finish lost the whole tail but its
+    last word). Now close() gives every committed word not yet given in a final event."""
+    step, calls = tiny_model.decoder.step, []
+
+    def stopping_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 40:
+            raise KeyboardInterrupt
+        return step(*args, **kwargs)
+
+    def words(_logits) -> int:  # "ab ab ab ...": each space commits a word
+        return b"ab "[len(calls) % 3]
+
+    monkeypatch.setattr(tiny_model.decoder, "step", stopping_step)
+    decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=8, max_tail_tokens=10, max_repeats=0)
+    session = StreamingSession(tiny_model, decoding, choose=words)
+    audio = (0.1 * np.random.default_rng(8).standard_normal(4 * SAMPLE_RATE)).astype(np.float32)
+    events = session.feed(audio[:SAMPLE_RATE])
+    with pytest.raises(KeyboardInterrupt):
+        session.feed(audio[SAMPLE_RATE:])
+    given = "".join(e.text for e in events if e.type == "final")
+    assert given and len(session.transcript) > len(given) + 3  # words committed inside the stopped feed
+    events += session.close()
+    assert "".join(e.text for e in events if e.type == "final") == events[-1].text == session.transcript
