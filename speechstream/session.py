@@ -542,11 +542,11 @@ class StreamingSession:
                              "batch until it stops, then close()")
         self._check_whole()
         start = self._clock_start()
-        with torch.no_grad(), self._failing():
+        with torch.no_grad(), self._failing():  # (the close too: a stop inside its alignment loses these events)
             self.end_audio()
             events = self._advance()
-        self._compute_s += time.perf_counter() - start
-        return events + self.close()
+            self._compute_s += time.perf_counter() - start
+            return events + self.close()
 
     def end_audio(self) -> None:
         """Turn the unchunked tail and the end-of-source marker into the last unit (no LLM work). With VAD, speech
@@ -590,12 +590,18 @@ class StreamingSession:
         "final" events having been lost with it)."""
         if self.finished:
             return []
-        events = self._take_held()
+        with self._failing():  # (a stop inside the alignment: the next close gives this text again)
+            return self._close()
+
+    def _close(self) -> list[Event]:
+        """``close``'s work: the held events (kept until the alignment is done), the text not yet given, the end."""
+        events = list(self._held)
         if self._silent_end:  # the audio after the last segment was silence: all of it has been passed by now
             self._source_s = max(self._source_s, self._samples_in / SAMPLE_RATE)
         self.text.commit_all(force=True)
         events += self._final(self.text.committed[self._reported :])
         self._align_segment()
+        self._held.clear()
         self.finished = True
         self._stopped = True  # an outside driver gets no more requests: the "end" event has the whole transcript
         audio_s = self._samples_in / SAMPLE_RATE

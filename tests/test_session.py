@@ -745,3 +745,37 @@ def test_a_stop_inside_a_call_loses_none_of_its_final_text(tiny_model, monkeypat
     assert given and len(session.transcript) > len(given) + 3  # words committed inside the stopped feed
     events += session.close()
     assert "".join(e.text for e in events if e.type == "final") == events[-1].text == session.transcript
+
+
+def test_a_stop_inside_the_last_alignment_loses_no_final_text(tiny_model, monkeypatch):
+    """Ctrl-C inside the word alignment that finish() runs as it closes the stream: the alignment is done again by the
+    close() that follows (its words are kept), but the "final" events of the tail finish() had written, and of the
+    text close() had just committed, were lost: the second close() found that text given. Now it gives it."""
+    from speechstream import session as session_module
+    from tests.helpers import fine_head_model
+
+    model = fine_head_model(tiny_model)
+    real, stops = session_module.segment_words, []
+
+    def stopped_once(*args, **kwargs):
+        if not stops:
+            stops.append(1)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "segment_words", stopped_once)
+    decoding = DecodingConfig(chunk_ms=320, k=1, max_tokens_per_chunk=4, max_tail_tokens=10, ctc_weight=0.5)
+    audio = (0.1 * np.random.default_rng(2).standard_normal(2 * SAMPLE_RATE)).astype(np.float32)
+    alone = StreamingSession(model, decoding, partials=False)
+    alone.feed(audio)
+    session = StreamingSession(model, decoding, partials=False)
+    events = session.feed(audio)
+    given = "".join(e.text for e in events if e.type == "final")
+    with pytest.raises(KeyboardInterrupt):
+        session.finish()
+    events += session.close()
+    monkeypatch.setattr(session_module, "segment_words", real)
+    expected = alone.finish()[-1].text
+    assert len(expected) > len(given)  # text written in finish
+    assert "".join(e.text for e in events if e.type == "final") == events[-1].text == expected
+    assert session.words == alone.words != []
