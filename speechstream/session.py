@@ -156,9 +156,8 @@ def feed_samples(samples) -> np.ndarray:
         what = f"{array.dtype} array of shape {array.shape}" if array is not None else type(samples).__name__
         raise InputError(f"feed takes a 1-D float array of 16 kHz mono samples in [-1, 1], not: {what} (int16 PCM: "
                          "speechstream.audio.int16_to_float; files and other rates: speechstream.audio.load_audio)")
-    array = array.astype(np.float32, copy=False)
-    check_finite(array)
-    return np.clip(array, -1.0, 1.0)
+    check_finite(array)  # (before the cast: a float64 past float32's range is loud, not infinite: clipped)
+    return np.clip(array, -1.0, 1.0).astype(np.float32, copy=False)
 
 
 def check_placement(model: SpeechLLM, decoding: DecodingConfig) -> None:

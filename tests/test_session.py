@@ -242,13 +242,14 @@ def test_loud_samples_are_clipped_as_load_audio_clips_them(tiny_model):
     rng = np.random.default_rng(0)
     audio = (0.5 * rng.standard_normal(16000)).astype(np.float32)
     texts = []
-    for samples in (audio * 1e6, np.clip(audio * 1e6, -1, 1)):
+    # (float64 past float32's range too: loud, not infinite, where it was cast to float32 before the check)
+    for samples in (audio * 1e6, audio.astype(np.float64) * 1e300, np.clip(audio * 1e6, -1, 1)):
         choose = text_favouring_chooser(tiny_model)
         session = StreamingSession(tiny_model, DecodingConfig(chunk_ms=320, k=1), choose=choose)
         session.feed(samples)
         session.finish()
         texts.append(session.target_ids)
-    assert texts[0] == texts[1]
+    assert texts[0] == texts[1] == texts[2]
 
 
 def test_no_feed_after_the_audio_has_ended(tiny_model):
