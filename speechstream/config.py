@@ -223,6 +223,8 @@ def check_device(device: str) -> None:
         raise InputError(f"--device {device}: no CUDA GPU is available here (use cpu)")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise InputError(f"--device {device}: MPS is not available here (use cpu)")
+    if kind == "cpu":  # (cpu:0: the one CPU device by an index, which the commands compare as "cpu")
+        raise InputError(f"--device {device}: the CPU takes no index (give --device cpu)")
     if kind not in ("cuda", "mps"):
         raise InputError(f"--device {device}: unsupported (cpu, cuda or mps)")
     index = torch.device(device).index  # (torch's "invalid device ordinal" came once the model was built)

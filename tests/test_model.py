@@ -216,6 +216,8 @@ def test_int8_is_refused_off_the_cpu_before_any_model_loads(monkeypatch):
 
 @pytest.mark.parametrize("device, int8, dtype, match", [
     ("gpu", False, "float32", "'gpu' is not a torch device"),
+    ("cpu:0", False, "float32", r"--device cpu:0: the CPU takes no index \(give --device cpu\)"),
+    ("meta", False, "float32", r"--device meta: unsupported \(cpu, cuda or mps\)"),
     ("cuda", False, "float32", "no CUDA GPU is available here"),
     ("cuda", True, "float32", "int8 is a CPU speed mode .*not on device cuda"),
     ("cpu", False, "half", "dtype must be one of float32, bfloat16, got 'half'"),
