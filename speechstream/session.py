@@ -333,6 +333,9 @@ class StreamingSession:
             raise InputError(f"model {self.model.config.name}: its LLM has {limit} positions, too few for the prompt "
                              f"and one {self.decoding.chunk_ms} ms chunk")
         target = limit - self.model.decoder.phi
+        if target <= 0:
+            raise InputError(f"model {self.model.config.name}: llm.phi ({self.model.decoder.phi}) leaves none of its "
+                             f"LLM's {limit} positions to the target group")
         if target < self._target_worst(queued=1):
             context = self.decoding.context_tokens
             raise InputError(f"model {self.model.config.name}: its LLM's target positions ({target}, from phi on) are "

@@ -496,6 +496,17 @@ def test_a_segment_ends_before_its_target_group_passes_the_llms_positions(tiny_m
         StreamingSession(tiny_model, replace(decoding, max_tokens_per_chunk=100))
 
 
+def test_a_phi_at_or_past_the_llms_positions_is_named_as_such(tiny_model, monkeypatch):
+    """llm.phi past the LLM's positions left a negative count of target positions in the message ("(-72, from phi
+    on) are too few"); it now says what is wrong."""
+    monkeypatch.setattr(tiny_model.decoder.llm.config, "max_position_embeddings", 128)
+    for phi in (128, 200):
+        monkeypatch.setattr(tiny_model.decoder, "phi", phi)
+        with pytest.raises(InputError, match=rf"llm.phi \({phi}\) leaves none of its LLM's 128 positions to the "
+                                             r"target group$"):
+            StreamingSession(tiny_model, DecodingConfig(chunk_ms=640, k=2))
+
+
 def test_the_interleaved_ablation_cuts_its_segments_within_the_llms_positions(tiny_model, monkeypatch):
     """Ablation "interleaved" numbers every token of a segment in arrival order (source and target in one
     sequence), so a segment of source and target groups that each fit took positions up to their sum past
