@@ -269,9 +269,9 @@ class YamlLoader(yaml.SafeLoader):
 
 
 class UniqueKeyYamlLoader(YamlLoader):
-    """``YamlLoader`` for model configs: a key given twice in one mapping is an error, as YAML has it (PyYAML kept
-    the last value: a second ``encoder:`` section dropped the first whole). Keys a merge (``<<``) brings in may be
-    given again."""
+    """``YamlLoader`` for model configs and training recipes: a key given twice in one mapping is an error, as YAML
+    has it (PyYAML kept the last value: a second ``encoder:`` section dropped the first whole). Keys a merge (``<<``)
+    brings in may be given again."""
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):

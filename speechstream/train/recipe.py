@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from speechstream.config import MAX_COUNT, _check_type, from_dict, load_yaml, one_line, read_yaml
+from speechstream.config import (MAX_COUNT, UniqueKeyYamlLoader, _check_type, from_dict, load_yaml, one_line,
+                                 read_yaml)
 from speechstream.errors import InputError
 from speechstream.model import model_config_path
 
@@ -133,7 +134,7 @@ class TrainConfig:
 
 
 def load_train_config(path: str, overrides: list[str]) -> TrainConfig:
-    data = read_yaml(path, "training config")
+    data = read_yaml(path, "training config", UniqueKeyYamlLoader)  # (a key given twice: an error, not the last)
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -764,9 +764,21 @@ def test_a_single_k_is_a_whole_number_in_a_recipe_and_its_overrides(tmp_path, ca
 def test_exponent_floats_are_numbers_in_a_recipe_and_its_overrides(tmp_path):
     """YAML 1.1 (PyYAML) reads 1e-4 without a dot as a string: "config key lr_lora has the wrong type: '1e-4'"."""
     path = write_recipe(tmp_path)
-    path.write_text(path.read_text() + "lr_lora: 1e-4\nweight_decay: 2E-2\n")
+    text = "".join(line for line in path.read_text().splitlines(keepends=True) if not line.startswith("lr_lora:"))
+    path.write_text(text + "lr_lora: 1e-4\nweight_decay: 2E-2\n")
     config = load_train_config(str(path), ["lr_projector=3e-3", "word_margin_s=1.5e-1"])
     assert (config.lr_lora, config.weight_decay, config.lr_projector, config.word_margin_s) == (1e-4, 2e-2, 3e-3, 0.15)
+
+
+def test_a_key_given_twice_in_a_recipe_is_refused(tmp_path):
+    """PyYAML kept the last of two ``steps:`` (or two ``lr_lora:``) silently: a run trained with a value its author
+    may not have meant; now one line naming the file and the key, as of a model config."""
+    path = write_recipe(tmp_path)
+    from speechstream.errors import InputError
+
+    path.write_text(path.read_text() + "steps: 60\n")
+    with pytest.raises(InputError, match=r"recipe.yaml: cannot read training config .*found duplicate key 'steps'"):
+        load_train_config(str(path), [])
 
 
 @pytest.mark.parametrize("overrides, match", [
