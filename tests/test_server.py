@@ -957,6 +957,49 @@ def test_a_stopping_server_tells_its_open_connections_and_does_not_wait_for_them
     assert {e["type"] for e in streamed[:-1]} <= {"final", "partial"}
 
 
+def test_a_stopping_server_does_not_wait_for_a_client_that_has_stopped_reading(tiny_model, monkeypatch, capsys):
+    """Ctrl-C with a stream open whose client had stopped reading (a suspended client, a dead network: its socket is
+    full and the server's sends wait): the shutdown error queued behind a send that waited --send-timeout-s (60 s),
+    and aiohttp waited as long for the connection's handler, so the server took over a minute to stop. Now such a
+    client gets ``UNREAD_CLOSE_S`` to take its events, then its stream is ended as any that has stopped reading."""
+    from speechstream.server import app
+
+    monkeypatch.setattr(app, "UNREAD_CLOSE_S", 0.5)
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(), choose=text_favouring_chooser)
+    socket_class = app.error_event_socket()
+    send_str = socket_class.send_str
+
+    async def full_socket(self, data, *args, **kwargs):  # stream 1's client reads nothing: its socket stays full
+        if getattr(server._open.get(self), "id", None) == 1:
+            await asyncio.Event().wait()
+        return await send_str(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(socket_class, "send_str", full_socket)
+    pcm = to_pcm(clips(1.0)[6])
+
+    async def scenario():
+        async with aiohttp.ClientSession() as http:
+            async with running(server) as url:
+                stalled = await open_stream(http, url, pcm)
+                reading = await open_stream(http, url, pcm)
+                await asyncio.sleep(0.5)
+                reader = asyncio.create_task(receive_all(reading))
+                begin = time.perf_counter()
+            stopped_s = time.perf_counter() - begin
+            events = await reader
+            for ws in (stalled, reading):
+                await ws.close()
+            return events, stopped_s
+
+    events, stopped_s = asyncio.run(scenario())
+    assert stopped_s < 5, stopped_s
+    assert events[-1] == {"type": "error", "message": "the server is shutting down"}
+    assert not server.worker.thread.is_alive()
+    log = capsys.readouterr().err
+    assert "stream 1: the client has stopped reading its events" in log, log
+    assert "stream 2: the client has stopped reading" not in log, log
+
+
 def test_health_and_the_page(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=3))
 

@@ -84,7 +84,10 @@ class Server:
     async def _on_shutdown(self, app) -> None:
         """The server stops (Ctrl-C): every open connection gets the events already computed, an error event and a
         close. (aiohttp waits up to 60 s for open connections' handlers: the server took that long to stop while a
-        page was open, and its clients got nothing.)"""
+        page was open, and its clients got nothing.) A client that has not taken them within ``UNREAD_CLOSE_S`` has
+        stopped reading (its sends wait on a full socket): its stream is ended as any such (``_end_unread``), rather
+        than holding the stop for --send-timeout-s."""
+        loop = asyncio.get_running_loop()
         for ws, stream in list(self._open.items()):
             if stream is None:  # (not started: the handler waits for the start message)
                 await self._refuse(ws, SHUTDOWN_MESSAGE)
@@ -92,6 +95,8 @@ class Server:
                 stream.cancelled = True
                 self.worker.wake()
                 stream.outbox.put_nowait(("error", SHUTDOWN_MESSAGE))
+                loop.call_later(UNREAD_CLOSE_S, stream.stopped_reading,
+                                f"the server is stopping and its events have waited {UNREAD_CLOSE_S:g} s")
 
     async def _on_cleanup(self, app) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.worker.stop)
