@@ -693,6 +693,37 @@ def test_a_stream_open_when_the_server_stops_is_recorded(tiny_model, tmp_path):
     assert 0 < len(audio) <= len(pcm) // 2
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_stream_open_when_the_decoder_dies_is_recorded(tiny_model, tmp_path):
+    """--record-dir writes a stream's audio as the worker drops the stream. When the batched LLM step failed, the
+    decode thread died without dropping its streams: each got the decoder's error and its events were recorded, but
+    not its audio, the one recording that would reproduce the failure. Now their audio is written as the thread dies."""
+    record = tmp_path / "record"
+    server = Server(tiny_model, "tiny-random", FAST, ServerConfig(record_dir=str(record)),
+                    choose=text_favouring_chooser)
+    worker, step = server.worker, server.worker.batch.step
+
+    def step_then_fail(*args, **kwargs):  # the first step after the stream's audio was fed fails
+        if worker._live and worker._live[0].recorded:
+            raise RuntimeError("boom")
+        return step(*args, **kwargs)
+
+    worker.batch.step = step_then_fail
+    pcm = to_pcm(clips(1.0)[4])
+
+    async def scenario():
+        async with running(server) as url, aiohttp.ClientSession() as http:
+            ws = await open_stream(http, url, pcm)
+            events = await asyncio.wait_for(receive_all(ws), 10)
+            await ws.close()
+            return events
+
+    events = asyncio.run(scenario())
+    assert events[-1] == {"type": "error", "message": "decoder failure: RuntimeError: boom"}
+    assert sorted(path.name for path in record.iterdir()) == ["stream-0001.jsonl", "stream-0001.wav"]
+    assert 0 < len(load_audio(record / "stream-0001.wav")) <= len(pcm) // 2
+
+
 def test_one_session_too_many_gets_an_error_and_the_others_go_on(tiny_model):
     server = Server(tiny_model, "tiny-random", FAST, ServerConfig(max_sessions=2), choose=text_favouring_chooser)
     pcm = to_pcm(clips(1.0)[0])

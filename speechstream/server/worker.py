@@ -115,6 +115,8 @@ class DecodeWorker:
             for live in self._live:
                 live.stream.deliver(("error", f"decoder failure: {type(error).__name__}: {error}"))
             self._fail_joining()  # (a stream that had not joined yet waited for its events for ever)
+            for live in self._live:  # (not _drop: the batch is the broken part) their audio, to reproduce this
+                self._record(live)
             raise
 
     def _take_inputs(self) -> bool:
@@ -255,6 +257,10 @@ class DecodeWorker:
         if live.session in self.batch:
             self.batch.leave(live.session)
         self._live.remove(live)
+        self._record(live)
+
+    def _record(self, live: _Live) -> None:
+        """``--record-dir``: write the 16 kHz audio a stream was fed, as it leaves."""
         if self.record_dir is not None:
             import soundfile
 
