@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
 from speechstream.audio import load_audio  # noqa: E402
+from speechstream.cli import check_writable  # noqa: E402
 from speechstream.data.corpora import RecipeArgumentParser  # noqa: E402
 from speechstream.errors import InputError  # noqa: E402
 from speechstream.eval.quality import normalize_english, wer  # noqa: E402
@@ -54,6 +55,19 @@ def transcripts(utterances: list[Utterance], manifest: str) -> list[str]:
     return texts
 
 
+def check_out(out: Path) -> None:
+    """``--out`` names a file that can be written, its folder made, before any decoding (InputError if not): a path
+    the system refuses (a folder no file can be created in, a name longer than it takes) stopped the probe with a
+    traceback once every clip was decoded, the WER lost."""
+    try:
+        if out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
+            raise InputError(f"--out {out}: must name a file in a folder (checked before any decoding)")
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"{out}: cannot write the output ({error.strerror or error})") from None
+    check_writable(str(out))
+
+
 def main() -> None:
     parser = RecipeArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -66,8 +80,7 @@ def main() -> None:
                         "tokens: the head on the speech tokens, trained with the projector")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    if args.out.is_dir() or any(p.exists() and not p.is_dir() for p in args.out.parents):
-        parser.error(f"--out {args.out}: must name a file in a folder (checked before any decoding)")
+    check_out(args.out)
     utterances = read_manifest(args.manifest)
     references = transcripts(utterances, args.manifest)
     torch.set_num_threads(2)
@@ -83,7 +96,6 @@ def main() -> None:
             hypotheses.append(greedy_ctc(model, audio, args.chunk_ms, classes, args.head))
     result = {"WER_normalized": wer(hypotheses, references, normalize=True), "WER": wer(hypotheses, references),
               "utterances": len(hypotheses), "hypotheses": hypotheses}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"CTC head, greedy: WER {result['WER_normalized']:.1f} % normalized over {len(hypotheses)} utterances")
 

@@ -102,3 +102,24 @@ def test_an_eval_folder_named_like_a_dev_weight_without_one_is_left_out(tmp_path
     MODEL_CARD.main()
     card = (model / "MODEL_CARD.md").read_text()
     assert card.index("| 0 | 50.0 |") < card.index("| 0.5 | 40.0 |") and "60.0" not in card
+
+
+@pytest.mark.parametrize("where", ["too-long", "proc"])
+def test_the_ctc_probe_refuses_an_out_it_cannot_write_before_decoding(tmp_path, monkeypatch, where):
+    """An --out the probe may not write (a folder the system refuses to create a file in, a name longer than the file
+    system takes) decoded every clip and then stopped with a traceback, the WER lost (or with one at its first
+    check); it is a one-line input error now, before the model is loaded."""
+    if where == "proc" and not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux's /proc, where no file can be created")
+    probe = load_recipe(ROOT / "recipes" / "asr" / "ctc_probe.py")
+    out = tmp_path / ("x" * 300 + ".json") if where == "too-long" else Path("/proc/real-ctc.json")
+
+    def no_model(name):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(probe, "load_model", no_model)
+    monkeypatch.setattr(sys, "argv", ["ctc_probe.py", "--model", "tiny-random", "--manifest",
+                                      str(ROOT / "samples" / "manifest.jsonl"), "--recipe", "unused.yaml",
+                                      "--out", str(out)])
+    with pytest.raises(InputError, match="cannot write"):
+        probe.main()
