@@ -65,6 +65,20 @@ def dev_weight(folder: str) -> float | None:
         return None
 
 
+def log_rows(path: Path) -> list[dict]:
+    """The rows of a run's log.jsonl; a torn one (a kill or a full disk while it was written: training drops it when
+    the run resumes) is left out."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # (a blank line too)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = RecipeArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -84,8 +98,7 @@ def main() -> None:
                                                    Path("models") / args.model / "config.yaml") if not path.exists()]
     if not problems and not any((args.eval / row).is_dir() for row, _ in ROWS):
         problems.append(f"{args.eval}: none of the evaluation folders of the results table ({ROWS[0][0]}, ...)")
-    log = [] if problems else [json.loads(line) for line in (args.run / "log.jsonl").read_text().splitlines()
-                               if line.strip()]
+    log = [] if problems else log_rows(args.run / "log.jsonl")
     if not problems and not any("loss" in row for row in log):
         problems.append(f"{args.run / 'log.jsonl'}: no training loss logged")
     if problems:

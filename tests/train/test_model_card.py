@@ -123,3 +123,25 @@ def test_the_ctc_probe_refuses_an_out_it_cannot_write_before_decoding(tmp_path, 
                                       "--out", str(out)])
     with pytest.raises(InputError, match="cannot write"):
         probe.main()
+
+
+def test_a_torn_last_log_row_is_left_out_of_the_card(tmp_path, monkeypatch):
+    """A run killed while it wrote a row of log.jsonl (training drops that row when it resumes) stopped the script
+    with a JSONDecodeError traceback; the card is written from the whole rows, the last of them the step given."""
+    model = tmp_path / "models" / "m"
+    model.mkdir(parents=True)
+    (model / "config.yaml").write_text("encoder: {lookahead_frames: 0}\n")
+    recipes = tmp_path / "recipes" / "asr"
+    recipes.mkdir(parents=True)
+    for name in MODEL_CARD.RECIPES:
+        (recipes / f"{name}.yaml").write_text("steps: 1\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text(json.dumps({"step": 20, "loss": 1.0}) + '\n{"step": 40, "lo')
+    (tmp_path / "eval" / MODEL_CARD.ROWS[0][0]).mkdir(parents=True)
+    (tmp_path / "eval" / MODEL_CARD.ROWS[0][0] / "scores.json").write_text(json.dumps({"WER": 30.0}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["model_card.py", "--model", "m", "--run", str(run), "--eval",
+                                      str(tmp_path / "eval"), "--data", str(tmp_path / "none")])
+    MODEL_CARD.main()
+    assert "last stage that trained the LLM side: 20 " in (model / "MODEL_CARD.md").read_text()
