@@ -17,6 +17,7 @@ a run stopped while writing it leaves none (a rerun makes it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -102,10 +103,16 @@ def join_utterances(manifest: str, wav: Path, pause_s: float, talk_id: str) -> t
             segments.append({"offset": round(start + offset, 6), "duration": round(duration, 6), **texts})
         pieces.append(audio)
         at += audio.size
-    wav.parent.mkdir(parents=True, exist_ok=True)
     temporary = wav.with_name(f".{wav.name}.tmp")  # renamed once whole: a run stopped midway leaves no half wav
-    soundfile.write(temporary, np.concatenate(pieces), SAMPLE_RATE, subtype="PCM_16", format="WAV")
-    os.replace(temporary, wav)
+    try:
+        wav.parent.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "wb") as stream:  # (opened here: libsndfile's own error names no reason)
+            soundfile.write(stream, np.concatenate(pieces), SAMPLE_RATE, subtype="PCM_16", format="WAV")
+        os.replace(temporary, wav)
+    except (OSError, soundfile.LibsndfileError) as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise InputError(f"{wav}: cannot write the recording ({getattr(error, 'strerror', None) or error})") from None
     return ({"id": talk_id, "audio": wav, "source_lang": source_lang, "target_lang": target_lang,
              "segments": segments}, at / SAMPLE_RATE)
 

@@ -172,3 +172,16 @@ def test_a_sentence_outside_its_talk_is_refused_before_the_recording_is_written(
     (tmp_path / "m.jsonl").write_text(json.dumps(talk) + "\n")
     result = run(tmp_path / "m.jsonl", "--out", out)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_recording_it_cannot_write_is_a_one_line_error(tmp_path: Path):
+    """A recording's folder that cannot be made (a file of that name on the way) or a place no file can be created in
+    (/proc) stopped the script with a FileExistsError or LibsndfileError ('System error') traceback once every clip
+    was read; it is one line, exit 2, naming the recording and why, and no manifest is written."""
+    (tmp_path / "file").write_text("not a folder")
+    outs = [tmp_path / "file" / "talk.jsonl"] + [Path("/proc/talk.jsonl")] * Path("/proc/self").is_dir()
+    for out in outs:
+        result = run(ROOT / "samples" / "manifest.jsonl", "--out", out)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"speechstream: error: {out.with_suffix('.wav')}: cannot write the recording")
+    assert (tmp_path / "file").read_text() == "not a folder"
