@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
 from speechstream import gpe  # noqa: E402
+from speechstream.cli import MAX_THREADS  # noqa: E402
 from speechstream.config import DTYPES  # noqa: E402
 from speechstream.data.corpora import RecipeArgumentParser, run_main  # noqa: E402
 from speechstream.errors import InputError  # noqa: E402
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, low in (("cache", 1), ("repeats", 1), ("threads", 1)):
         if getattr(args, name) < low:
             raise InputError(f"--{name} must be at least {low}, got {getattr(args, name)}")
+    if args.threads > MAX_THREADS:  # (the command line's limit: far more failed to map a library, the process aborted)
+        raise InputError(f"--threads must be at most {MAX_THREADS}, got {args.threads}")
     torch.set_num_threads(args.threads)
     model = load_model(args.model, dtype=args.dtype)
     decoder = model.decoder

@@ -51,3 +51,16 @@ def test_the_timed_step_leaves_the_stream_as_it_was(step_cost):
 def test_bad_row_counts_are_input_errors(step_cost, rows):
     with pytest.raises(InputError, match="--rows"):
         step_cost.row_counts(rows)
+
+
+def test_threads_past_the_command_lines_limit_are_refused_before_any_are_set(step_cost, monkeypatch):
+    """--threads 100000 set torch's threads and then failed to map a library ('memory allocation failed', the process
+    aborted); it is held to the command line's limit, as `speechstream --threads` is, before torch is told."""
+    from speechstream.cli import MAX_THREADS
+
+    def no_threads(count):
+        raise AssertionError(f"torch was told {count} threads")
+
+    monkeypatch.setattr(torch, "set_num_threads", no_threads)
+    with pytest.raises(InputError, match=f"--threads must be at most {MAX_THREADS}, got 100000"):
+        step_cost.main(["--model", "tiny-random", "--threads", "100000"])
