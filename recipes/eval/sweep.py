@@ -53,6 +53,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -636,6 +637,17 @@ def parse_baselines(value: str) -> tuple[str, ...] | None:
     return names
 
 
+def check_writable_folder(folder: Path, option: str) -> None:
+    """``folder`` can hold the report: made where absent, and a file created in it (and gone again), before any point
+    runs; SweepError if not (it stopped a sweep of hours with a traceback where the report was written)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise SweepError(f"{option} {folder}: cannot write there ({error.strerror or error})") from None
+
+
 def caller_path(value: str | None, default: str) -> Path:
     """An absolute path: ``value`` from the caller's working directory, or ``default`` inside the repository."""
     return Path(value).expanduser().absolute() if value is not None else ROOT / default
@@ -695,6 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         points = plan(args.quick, baselines, ctc_weight, data.long_form)
         if report_dir.exists() and not report_dir.is_dir():
             raise SweepError(f"--report-dir {report_dir} is a file, not a folder")
+        check_writable_folder(report_dir, "--report-dir")
         if out.exists() and not out.is_dir():
             raise SweepError(f"--out {out} is a file, not a folder")
         if args.report_only and not collect(out, model, manifest, ctc_weight):

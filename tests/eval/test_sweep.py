@@ -464,3 +464,18 @@ def test_a_stopped_sweep_stops_its_eval_and_says_what_is_kept(sweep, tmp_path, c
     assert not (report / "RESULTS.md").exists() and not (out / "gpe-c640-k2").exists()
     with hold_folder(first):  # the eval has ended: nothing writes its folder any more
         pass
+
+
+def test_a_report_dir_it_cannot_write_is_refused_before_any_point_runs(sweep, tmp_path, capsys, monkeypatch):
+    """--report-dir under a file (or anywhere no folder can be made) ran every point of the sweep, hours of evals, and
+    then stopped with a NotADirectoryError traceback where it made the folder; it is one line, exit 2, before the
+    first point."""
+    (tmp_path / "a-file").write_text("")
+    ran = []
+    monkeypatch.setattr(sweep, "run_point", lambda point, *rest: ran.append(point) or 0)
+    args = ["--manifest", str(_manifest(tmp_path)), "--model", "tiny-random", "--baselines", "none", "--quick",
+            "--out", str(tmp_path / "out"), "--report-dir", str(tmp_path / "a-file" / "rep")]
+    assert sweep.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sweep: error: --report-dir {tmp_path / 'a-file' / 'rep'}: cannot write there") and not ran
+    assert err.count("\n") == 1
