@@ -361,12 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --threads at most: 10,000 OpenMP threads took minutes to start, 100,000 failed to map a library
-MAX_THREADS = 1024
-
-
 def _decoding_config(args: argparse.Namespace):
-    from speechstream.config import DecodingConfig
+    from speechstream.config import MAX_THREADS, DecodingConfig
 
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be at least 1, got {args.threads}")

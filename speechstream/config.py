@@ -112,6 +112,9 @@ class ModelConfig:
 
 # The largest count any option takes (a C int): --k, --max-repeats, --threads and the other whole numbers.
 MAX_COUNT = 2**31 - 1
+# --threads (and a recipe's threads) at most: 10,000 OpenMP threads took minutes to start, 100,000 failed to map a
+# library
+MAX_THREADS = 1024
 MAX_BEAM = 16  # --beam: each hypothesis is a branch of the stream's cache (``decoder.Branches``) fed at every beam step
 BEAM_NEEDS_CTC = "--beam above 1 searches with joint CTC decoding: it needs --ctc-weight above 0"
 

@@ -22,8 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a checkout works without installing the package
 
 from speechstream import gpe  # noqa: E402
-from speechstream.cli import MAX_THREADS  # noqa: E402
-from speechstream.config import DTYPES  # noqa: E402
+from speechstream.config import DTYPES, MAX_THREADS  # noqa: E402
 from speechstream.data.corpora import RecipeArgumentParser, run_main  # noqa: E402
 from speechstream.errors import InputError  # noqa: E402
 from speechstream.model import load_model  # noqa: E402

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from speechstream.config import (MAX_COUNT, UniqueKeyYamlLoader, _check_type, from_dict, load_yaml, one_line,
-                                 read_yaml)
+from speechstream.config import (MAX_COUNT, MAX_THREADS, UniqueKeyYamlLoader, _check_type, from_dict, load_yaml,
+                                 one_line, read_yaml)
 from speechstream.errors import InputError
 from speechstream.model import model_config_path
 
@@ -101,8 +101,8 @@ class TrainConfig:
                      "weight_decay", "ctc_weight", "word_margin_s", "lr_projector", "lr_lora", "lr_encoder"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must not be negative, not {getattr(self, name)}")
-        if self.threads > MAX_COUNT:  # (torch takes a C int)
-            raise InputError(f"threads must be at most {MAX_COUNT}, not {self.threads}")
+        if self.threads > MAX_THREADS:  # (as --threads: 100,000 ended the run in a MemoryError traceback)
+            raise InputError(f"threads must be at most {MAX_THREADS}, not {self.threads}")
         for field in dataclasses.fields(self):  # (a NaN passes every comparison below and trains NaN weights)
             value = getattr(self, field.name)
             if isinstance(value, float) and not math.isfinite(value):

@@ -56,7 +56,7 @@ def test_bad_row_counts_are_input_errors(step_cost, rows):
 def test_threads_past_the_command_lines_limit_are_refused_before_any_are_set(step_cost, monkeypatch):
     """--threads 100000 set torch's threads and then failed to map a library ('memory allocation failed', the process
     aborted); it is held to the command line's limit, as `speechstream --threads` is, before torch is told."""
-    from speechstream.cli import MAX_THREADS
+    from speechstream.config import MAX_THREADS
 
     def no_threads(count):
         raise AssertionError(f"torch was told {count} threads")
