@@ -107,11 +107,14 @@ def read_manifest(path: str | Path) -> list[Utterance]:
         first_line_of[utterance.id] = number
         try:
             is_dir, is_file = utterance.audio.is_dir(), utterance.audio.is_file()
+            exists = is_dir or is_file or utterance.audio.exists()
         except OSError as error:  # a name too long, a folder on the way that may not be searched
             raise InputError(f"{path}:{number}: {utterance.audio}: cannot look the file up "
                              f"({error.strerror or error})") from None
         if is_dir:
             raise InputError(f"{path}:{number}: {utterance.audio}: is a directory, not an audio file")
+        if exists and not is_file:  # (/dev/null, a FIFO: not a file that is missing)
+            raise InputError(f"{path}:{number}: {utterance.audio}: a pipe or device, not an audio file")
         if not is_file:
             missing.setdefault(utterance.audio, []).append(number)
         utterances.append(utterance)

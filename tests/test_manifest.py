@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,16 @@ def test_a_folder_named_as_audio_is_said_to_be_one(clips: Path):
     with pytest.raises(InputError) as caught:
         read_manifest(manifest)
     assert str(caught.value) == f"{manifest}:2: {clips / 'clips'}: is a directory, not an audio file"
+
+
+@pytest.mark.skipif(not os.path.exists(os.devnull) or os.name != "posix", reason="needs /dev/null")
+def test_a_device_named_as_audio_is_said_to_be_one(clips: Path):
+    """A device or a pipe (/dev/null, a FIFO) was counted among the files not found ('1 audio file not found (line 2:
+    /dev/null)'), which it is not: eval then stopped with an error that sent the user looking for a missing file."""
+    manifest = write_lines(clips / "m.jsonl", [{"id": "a", "audio": "clips/a.wav"}, {"id": "b", "audio": os.devnull}])
+    with pytest.raises(InputError) as caught:
+        read_manifest(manifest)
+    assert str(caught.value) == f"{manifest}:2: {os.devnull}: a pipe or device, not an audio file"
 
 
 def test_a_name_starting_with_a_tilde_that_names_no_user_is_a_relative_path(clips: Path):
