@@ -426,13 +426,23 @@ def write_from_args(entries: Iterable[dict], args: argparse.Namespace, untransla
 
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Run a recipe's ``main``: a bad input or corpus is one ``speechstream: error:`` line and exit code 2; Ctrl-C
-    is one line too, exit 130, as in the command line (it was a traceback, one per synthesis worker)."""
+    """Run a recipe's ``main``: a bad input or corpus is one ``speechstream: error:`` line and exit code 2, a file or
+    folder named longer than the file system takes too (`speechstream.cli.name_too_long`: an OSError traceback where
+    the name was first looked up); Ctrl-C is one line too, exit 130, as in the command line (it was a traceback, one
+    per synthesis worker)."""
+    from speechstream.cli import name_too_long
+
     try:
         return main(argv)
     except SpeechstreamError as error:
         print(f"speechstream: error: {error}", file=sys.stderr)
         return error.exit_code
+    except OSError as error:
+        too_long = name_too_long(error)
+        if too_long is None:
+            raise
+        print(f"speechstream: error: {too_long}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("speechstream: error: interrupted (finished files are kept; rerun the same command to go on)",
               file=sys.stderr)

@@ -613,3 +613,24 @@ def test_an_empty_path_argument_is_refused_not_read_as_the_current_folder(script
                             cwd=tmp_path, timeout=120)
     assert result.returncode == 2 and result.stderr == f"speechstream: error: argument {named}: must not be empty\n"
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("prepare_jsonl.py", ["{manifest}", "--out", "{long}.jsonl"]),
+    ("prepare_jsonl.py", ["{long}.jsonl", "--out", "{tmp}/m.jsonl"]),
+    ("prepare_librispeech.py", ["{long}", "--out", "{tmp}/m.jsonl"]),
+])
+def test_a_name_longer_than_the_file_system_takes_is_one_line(script, argv, tmp_path: Path, capsys):
+    """An input or --out named longer than the file system takes (ENAMETOOLONG) stopped every recipes/data script
+    with an OSError traceback where the name was first looked up; it is one line and exit 2, as in the command
+    line."""
+    from speechstream.data.corpora import run_main
+    from tests.helpers import load_recipe
+
+    manifest = tmp_path / "in.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": str(tone(tmp_path / "a.wav", 0.3))}) + "\n")
+    names = {"manifest": manifest, "long": tmp_path / ("x" * 300), "tmp": tmp_path}
+    code = run_main(load_recipe(RECIPES / script).main, [arg.format(**names) for arg in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("speechstream: error: ") and "the name is longer than the file system takes" in err
