@@ -55,6 +55,9 @@ def export(args: argparse.Namespace) -> None:
                        (args.model / "config.yaml", "a model's config")):
         if not path.is_file():
             raise InputError(f"{path}: not found (expected {what})")
+    from speechstream.config import load_model_config
+
+    load_model_config(args.model / "config.yaml")  # (a model's config, as every command reads it, before any work)
     check_model_fits_run(args.run, args.model)
     average_with, run_weight = getattr(args, "average_with", None), getattr(args, "run_weight", 0.5)
     if not 0.0 < run_weight < 1.0:

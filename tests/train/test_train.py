@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from speechstream.train import load_train_config, train
 from speechstream.train.examples import batch_indices
@@ -1474,6 +1474,32 @@ def test_export_replaces_the_models_files_atomically_and_transcribe_loads_the_ru
     assert main(["transcribe", str(ROOT / "samples" / "austen-0880.wav"), "--model", str(model_dir),
                  "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["audio_s"] == pytest.approx(2.99, abs=0.01)
+
+
+@pytest.mark.parametrize("config_text, message", [
+    ("llm: [\n", "cannot read model config"),
+    ("- 1\n", "a model config must be a mapping"),
+    ("", "a model config must be a mapping"),
+])
+def test_export_refuses_a_model_config_that_is_none_before_writing(tmp_path, config_text, message):
+    """A run without recipe.json (an earlier version's) did not have the model's config.yaml read before the export:
+    YAML that does not parse, or a list or nothing, stopped it with a ScannerError or AttributeError traceback; it is
+    the one-line input error of any other command given that folder, and nothing is written."""
+    import argparse
+
+    from speechstream.errors import InputError
+    from tests.helpers import load_recipe
+
+    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
+    run, model_dir = tmp_path / "run", tmp_path / "model"
+    run.mkdir()
+    model_dir.mkdir()
+    save_file({"projector.weight": torch.zeros(2)}, str(run / "trainable.safetensors"))
+    (run / "progress.json").write_text(json.dumps({"step": 2}))
+    (model_dir / "config.yaml").write_text(config_text)
+    with pytest.raises(InputError, match=message):
+        export.export(argparse.Namespace(run=run, model=model_dir, recipe=None))
+    assert sorted(path.name for path in model_dir.iterdir()) == ["config.yaml"]
 
 
 def test_export_refuses_a_model_config_without_the_runs_adapters_and_notes_another_right_context(tmp_path, capsys):
