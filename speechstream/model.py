@@ -371,15 +371,17 @@ class SpeechLLM(nn.Module):
 
 
 def model_config_path(name_or_path: str) -> Path:
-    """``models/<name>/config.yaml`` or ``<dir>/config.yaml`` or a YAML file itself. A name the system cannot look
+    """``models/<name>/config.yaml`` or ``<dir>/config.yaml`` or a YAML file itself (a name with a folder in it, or
+    starting with ".", is a path only: never looked up in ``models/``). A name the system cannot look
     up (longer than the file system takes, a folder on the way that may not be searched) is an InputError: pathlib's
     checks raise the OSError of all but a missing file."""
     candidate = Path(name_or_path)
     shipped = MODELS_DIR / name_or_path / "config.yaml"
+    a_path = len(candidate.parts) > 1 or name_or_path.startswith(".")  # (a folder in it: a path alone, not a name)
     try:
         is_file, is_dir = candidate.is_file(), candidate.is_dir()
         has_config = is_dir and (candidate / "config.yaml").is_file()
-        shipped_is_file = not is_file and not has_config and shipped.is_file()
+        shipped_is_file = not a_path and not is_file and not has_config and shipped.is_file()
     except OSError as error:
         raise InputError(f"model {name_or_path!r}: cannot look it up ({error.strerror or error})") from None
     if is_file:
@@ -390,6 +392,8 @@ def model_config_path(name_or_path: str) -> Path:
         return shipped
     if is_dir:
         raise InputError(f"{name_or_path}: a model folder needs a config.yaml")
+    if a_path:
+        raise InputError(f"{name_or_path}: no such model folder or config file")
     known = sorted(p.parent.name for p in MODELS_DIR.glob("*/config.yaml"))
     raise InputError(f"unknown model {name_or_path!r} (shipped models: {', '.join(known)})")
 

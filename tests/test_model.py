@@ -1,6 +1,7 @@
 """Model assembly: LoRA merge, trainable checkpoints, config errors."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -98,6 +99,16 @@ def test_checkpoint_that_does_not_fit_is_refused(lora_model, tmp_path):
         load_trainable(lora_model, path)
     with pytest.raises(InputError, match="not found"):
         load_trainable(lora_model, tmp_path / "missing.safetensors")
+
+
+def test_a_model_path_that_is_not_there_is_not_looked_up_among_the_shipped_models(tmp_path, monkeypatch):
+    """``--model ../models/tiny-random`` run where that path does not exist was read as models/../models/tiny-random
+    (a shipped model's folder by a path the user did not mean); a name with a folder in it is a path alone."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("../models/tiny-random", "./tiny-random", "sub/../tiny-random"):
+        with pytest.raises(InputError, match=rf"^{re.escape(name)}: no such model folder or config file$"):
+            model_config_path(name)
+    assert model_config_path("tiny-random").parent.name == "tiny-random"  # a shipped name, from anywhere
 
 
 def test_unknown_model_and_config_keys():
