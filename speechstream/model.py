@@ -485,10 +485,12 @@ def trainable_state(model: SpeechLLM) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_trainable(model: SpeechLLM, path: Path, merge: LLMConfig | None = None) -> list[str]:
-    """Load a ``trainable_state`` checkpoint (safetensors); every tensor must find its place. Returns the names
-    of the tensors loaded. With ``merge`` (the LLM config of a model built without adapters, for inference) its
-    LoRA pairs are added into their base weights (``merge_lora_pairs``) instead of loaded into peft adapters."""
+def load_trainable(model: SpeechLLM, path: Path, merge: LLMConfig | None = None,
+                   leave_out: tuple[str, ...] = ()) -> list[str]:
+    """Load a ``trainable_state`` checkpoint (safetensors); every tensor must find its place, but those whose names
+    start with one of ``leave_out``, which are not loaded. Returns the names of the tensors loaded. With ``merge``
+    (the LLM config of a model built without adapters, for inference) its LoRA pairs are added into their base
+    weights (``merge_lora_pairs``) instead of loaded into peft adapters."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -498,6 +500,7 @@ def load_trainable(model: SpeechLLM, path: Path, merge: LLMConfig | None = None)
         state = load_file(str(path))
     except (SafetensorError, OSError) as error:
         raise InputError(f"{path}: not a readable safetensors checkpoint ({error})") from None
+    state = {name: tensor for name, tensor in state.items() if not name.startswith(leave_out)}
     classes = state.pop(CTC_CLASSES, None)
     if classes is not None:
         vocab = model.decoder.llm.get_input_embeddings().weight.shape[0]

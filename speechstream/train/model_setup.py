@@ -4,6 +4,7 @@ everything but the projector side and the LoRA adapters frozen, and the classes 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import torch
@@ -85,13 +86,23 @@ def trainable_parameters(model: SpeechLLM, ctc_head_only: bool = False
 def starting_model(config: TrainConfig, device: str) -> SpeechLLM:
     """The model a run starts from, in training mode: built from the recipe's model config (seeded), its
     ``init_checkpoint`` loaded; a fine CTC head trained alone (``ctc_head_only``) not loaded from it starts as a
-    copy of the projector."""
+    copy of the projector. The fine CTC head of an ``init_checkpoint`` is left out (with a note) where the model
+    has none: the translation model (no ``ctc_hop``) starts from the English model's weights, which have one."""
     torch.manual_seed(config.seed)
     model = training_model(config, device)
     if config.init_checkpoint:
+        from safetensors import safe_open
+
         from speechstream.model import load_trainable
 
-        load_trainable(model, Path(config.init_checkpoint))
+        path = Path(config.init_checkpoint)
+        leave_out = ("ctc_head.",) if model.ctc_head is None else ()
+        load_trainable(model, path, leave_out=leave_out)
+        with safe_open(str(path), "pt") as weights:  # (only the names, from the header)
+            left_out = any(name.startswith(leave_out) for name in weights.keys()) if leave_out else False
+        if left_out:
+            print(f"speechstream: note: init_checkpoint {path}: its fine CTC head (ctc_head.*) is left out: model "
+                  f"{model.config.name} has none (no ctc_hop)", file=sys.stderr)
     if config.ctc_head_only:
         if model.ctc_head is None:
             raise InputError("ctc_head_only needs a model with a fine CTC head: set ctc_hop (1 .. the projector stack)")

@@ -539,6 +539,29 @@ def test_init_checkpoint_starts_from_given_weights(tmp_path):
         assert torch.equal(start[key], after[key]), key
 
 
+def test_init_checkpoint_with_a_fine_ctc_head_starts_a_model_without_one(tmp_path, capsys):
+    """recipes/st stage 2 starts the translation model (no ctc_hop) from the English model's weights, which carry a
+    fine CTC head since it got one: the run stopped at once, 'checkpoint does not fit the model (unknown
+    ['ctc_head.blank', ...])'. The head is left out (a note says so); everything else is loaded."""
+    from speechstream.train.model_setup import starting_model
+
+    (tmp_path / "a").mkdir()
+    train(load_train_config(str(write_recipe(tmp_path / "a", steps=1, warmup_steps=0, ctc_head_only=True,
+                                             ctc_hop=2)), []), progress=False)
+    english = tmp_path / "a" / "run" / "trainable.safetensors"
+    assert any(name.startswith("ctc_head.") for name in load_file(str(english)))
+    (tmp_path / "b").mkdir()
+    config = load_train_config(str(write_recipe(tmp_path / "b", init_checkpoint=str(english))), [])
+    capsys.readouterr()
+    model = starting_model(config, "cpu")
+    assert model.ctc_head is None
+    own = model.state_dict()
+    for name, tensor in load_file(str(english)).items():
+        if not name.startswith("ctc_head.") and name in own:
+            assert torch.equal(own[name], tensor.to(own[name].dtype)), name
+    assert "its fine CTC head (ctc_head.*) is left out" in capsys.readouterr().err
+
+
 def test_ctc_over_the_training_vocabulary(tmp_path):
     """ctc_vocab=train scores only the training texts' token ids: with every id in the subset the loss is the
     full-vocabulary loss; ids are mapped to class positions; the CTC-only phase takes its own batch size."""
