@@ -179,3 +179,20 @@ def test_recipe_refuses_more_hours_than_the_text_holds(tmp_path, capsys):
     assert run_main(recipe.main, ["--out", str(out), "--hours", "0.0005", "--heldout-hours", "0.0005",
                                   "--text-only"]) == 0
     assert (out / "plan.jsonl").exists()
+
+
+def test_the_readmes_training_commands_load():
+    """The smoke-training command of recipes/st/README.md, copied as it stands, stopped at once: "override
+    'steps=20': ctc_only_steps (600) must not exceed steps (20)" (exit 2), the recipe having gained 600 CTC-only
+    steps and 50 warm-up steps since the command was written."""
+    from speechstream.train import load_train_config
+
+    readme = (RECIPE.parent / "README.md").read_text(encoding="utf-8")
+    commands = [block.replace("\\\n", " ") for block in readme.split("```sh\n")[1:]]
+    lines = [line.split("#")[0].split() for block in commands for line in block.split("```")[0].splitlines()
+             if line.startswith("speechstream train ")]
+    assert lines, "no speechstream train command in recipes/st/README.md"
+    root = RECIPE.parents[2]
+    for words in lines:
+        overrides = [word for word in words[3:] if "=" in word and not word.startswith("-")]
+        load_train_config(str(root / words[2]), overrides)
