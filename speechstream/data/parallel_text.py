@@ -217,7 +217,7 @@ def split_sentences(text: str, clauses: bool = False) -> list[str]:
     pieces, start = [], 0
     for match in _BREAK.finditer(text):
         following = text[match.end():].lstrip("¡¿")[:1]
-        if following.isupper() or (clauses and match.group(0)[0] == ";"):
+        if (clauses if match.group(0)[0] == ";" else following.isupper()):
             pieces.append(text[start:match.end()].strip())
             start = match.end()
     pieces.append(text[start:].strip())

@@ -18,6 +18,7 @@ from speechstream.data.parallel_text import (
     normalize_spanish,
     parse_imp,
     split_pairs,
+    split_sentences,
 )
 from speechstream.eval.quality import normalize_english
 
@@ -130,6 +131,18 @@ def test_align_by_reference_with_clean_splits_and_drops():
     assert counts["dropped_no_english_verse"] == 1  # Luke 19:1 (Tobit has no Spanish: not counted as a pair)
     assert counts["split_verses"] == 1 and counts["split_pieces"] == 3
 
+
+def test_a_semicolon_cuts_clauses_only():
+    """Sentences end at ". ? !" before a capital; ";" cuts only in the clause pass (module docstring, README). A ";"
+    before a capital ("; Jehová") cut in the sentence pass too, so a verse could be paired by other pieces than the
+    rule says."""
+    text = "Oíd esto, pueblos todos; Jehová es grande. ¿Quién como él? Alabad su nombre."
+    assert split_sentences(text) == ["Oíd esto, pueblos todos; Jehová es grande.", "¿Quién como él?",
+                                     "Alabad su nombre."]
+    assert split_sentences(text, clauses=True) == ["Oíd esto, pueblos todos;", "Jehová es grande.",
+                                                   "¿Quién como él?", "Alabad su nombre."]
+    assert split_sentences("Y dijo; y fué así.", clauses=True) == ["Y dijo;", "y fué así."]
+    assert split_sentences("Y dijo: Sea la luz.") == ["Y dijo: Sea la luz."]  # colons never cut
 
 def test_heldout_split_is_a_deterministic_function_of_the_text():
     pairs = [Pair(f"Book 1:{index}", f"Frase número {word} de prueba", f"Test sentence {word}")
