@@ -35,15 +35,18 @@ ASR_MODEL = "smollm2-whisper-base"  # English speech -> English text (recipes/as
 
 
 def _trained(name: str) -> bool:
-    """Whether the shipped model ``name`` names a checkpoint that exists (a trained model, not a config alone)."""
+    """Whether the shipped model ``name`` names a checkpoint that exists (a trained model, not a config alone), read
+    where loading reads it (``checkpoint_path``: "~" is the home folder). A config that cannot say (not a mapping, a
+    checkpoint that is no path) is untrained here; loading it names what is wrong."""
     import yaml
 
     path = MODELS_DIR / name / "config.yaml"
     try:
-        checkpoint = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("checkpoint")
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return False
-    return bool(checkpoint) and (path.parent / checkpoint).is_file()
+    checkpoint = config.get("checkpoint") if isinstance(config, dict) else None
+    return isinstance(checkpoint, str) and bool(checkpoint) and (path.parent / os.path.expanduser(checkpoint)).is_file()
 
 
 # Used when no --model is given: the task's shipped model once its recipe has exported a trained checkpoint

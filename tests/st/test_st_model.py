@@ -36,6 +36,22 @@ def test_translate_default_needs_a_trained_checkpoint(tmp_path, monkeypatch):
     assert not model_module._trained("absent")
 
 
+def test_the_default_reads_the_checkpoint_where_loading_reads_it(tmp_path, monkeypatch):
+    """A shipped model whose checkpoint is "~/..." loads from the home folder (``checkpoint_path``), but was taken for
+    untrained, so a run without --model decoded with tiny-random; a config that is no mapping, or whose checkpoint
+    is no path, raised at import (every command a traceback) instead of counting as untrained."""
+    monkeypatch.setattr(model_module, "MODELS_DIR", tmp_path / "models")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    folder = tmp_path / "models" / "m"
+    folder.mkdir(parents=True)
+    (tmp_path / "home" / "runs").mkdir(parents=True)
+    (tmp_path / "home" / "runs" / "trainable.safetensors").write_bytes(b"x")
+    (folder / "config.yaml").write_text("name: m\ncheckpoint: ~/runs/trainable.safetensors\n")
+    assert model_module._trained("m")
+    for text in ("name: m\ncheckpoint: 5\n", "- name\n- m\n", "name: m\ncheckpoint: [a]\n"):
+        (folder / "config.yaml").write_text(text)
+        assert not model_module._trained("m"), text
+
 def test_each_task_defaults_to_its_model_once_trained_else_tiny_random():
     for task, name in (("translate", model_module.TRANSLATION_MODEL), ("asr", model_module.ASR_MODEL)):
         expected = name if model_module._trained(name) else "tiny-random"
