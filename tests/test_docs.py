@@ -267,3 +267,19 @@ def test_the_websocket_start_fields_are_the_documented_ones():
     text = flat(ROOT / "docs/websocket.md")
     one_stream = text.split("## One stream", 1)[1].split("2. Then binary frames", 1)[0]
     assert set(START_FIELDS) <= set(re.findall(r"`(\w+)`", one_stream)) | {"type"}
+
+
+def test_the_readmes_train_command_loads_with_every_asr_recipe():
+    """The README's `speechstream train recipes/asr/<recipe>.yaml steps=500` was refused by the shipped recipe
+    ("ctc_only_steps (1500) must not exceed steps (500)"): its overrides are loaded against each recipe here."""
+    from speechstream.train import load_train_config
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = [line.split("#")[0].split() for line in readme.splitlines() if line.startswith("speechstream train ")]
+    assert lines, "no speechstream train command in README.md"
+    recipes = sorted((ROOT / "recipes" / "asr").glob("*.yaml"))
+    assert recipes
+    for words in lines:
+        overrides = [word for word in words[3:] if "=" in word and not word.startswith("-")]
+        for recipe in recipes:
+            load_train_config(str(ROOT / words[2].replace("<recipe>.yaml", recipe.name)), overrides)
