@@ -182,15 +182,28 @@ def check_model_fits_run(run: Path, model: Path) -> None:
 
 def replace_atomically(path: Path, write) -> None:
     """``write(tmp)`` writes the new content of ``path`` into a temporary file beside it, flushed, then renamed
-    over ``path``; on any error the temporary file goes and ``path`` is left untouched."""
+    over ``path``; on any error the temporary file goes and ``path`` is left untouched. The new file has the mode of
+    the one it replaces, or a new file's under the umask: safetensors writes 0600, which left a model's weights
+    readable by their owner alone."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         write(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
+        tmp.chmod(file_mode(path))
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def file_mode(path: Path) -> int:
+    """The permission bits of ``path`` where it exists, else those a new file gets under the process's umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 if __name__ == "__main__":

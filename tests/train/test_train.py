@@ -1525,6 +1525,35 @@ def test_export_refuses_a_model_config_that_is_none_before_writing(tmp_path, con
     assert sorted(path.name for path in model_dir.iterdir()) == ["config.yaml"]
 
 
+def test_export_keeps_the_modes_of_the_models_files(tmp_path):
+    """safetensors writes its files 0600: an export replaced a model's world-readable trainable.safetensors (git's
+    0644) with one only its owner could read, so a model folder exported for others (a shared checkout, ``pip
+    install .`` as root) failed to load for every other user. The weights keep the mode of the file they replace
+    (a new file: the umask's), as config.yaml does."""
+    import argparse
+    import stat
+
+    from tests.helpers import load_recipe
+
+    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
+    train(load_train_config(str(write_recipe(tmp_path, steps=2)), []), progress=False)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA))
+    args = argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None)
+    umask = os.umask(0o022)
+    try:
+        export.export(args)  # (a new file)
+        assert stat.S_IMODE((model_dir / "trainable.safetensors").stat().st_mode) == 0o644
+        (model_dir / "trainable.safetensors").chmod(0o664)
+        (model_dir / "config.yaml").chmod(0o664)
+        export.export(args)  # (replacing the shipped ones)
+    finally:
+        os.umask(umask)
+    assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in model_dir.iterdir()} == {
+        "config.yaml": 0o664, "trainable.safetensors": 0o664}
+
+
 def test_export_refuses_a_model_config_without_the_runs_adapters_and_notes_another_right_context(tmp_path, capsys):
     """A recipe's lora_targets and lookahead_frames change the model it trains. Exported into a copy of its model
     config, the MLP adapters did not load (an error naming tensors): export refuses, naming the setting, and writes
