@@ -641,8 +641,15 @@ def load_model(name_or_path: str, device: str = "cpu", for_training: bool = Fals
 
 
 def cast_llm(model: SpeechLLM, dtype: str) -> None:
-    """The LLM's weights in ``dtype`` (``config.DTYPES``); the encoder, projector and CTC heads stay float32."""
-    model.decoder.llm.to(getattr(torch, dtype))
+    """The LLM's weights in ``dtype`` (``config.DTYPES``); the encoder, projector and CTC heads stay float32, and so
+    do RoPE's inverse frequencies (its ``inv_freq`` buffers: rounded to bfloat16 they would turn each relative
+    position by up to 0.14 rad per 100 positions in SmolLM2; transformers keeps them float32, as it loads them)."""
+    llm = model.decoder.llm
+    frequencies = {name: buffer for name, buffer in llm.named_buffers() if name.endswith("inv_freq")}
+    llm.to(getattr(torch, dtype))
+    for name, buffer in frequencies.items():
+        owner, _, attribute = name.rpartition(".")
+        setattr(llm.get_submodule(owner), attribute, buffer)
 
 
 def load_decoding_model(name_or_path: str, decoding) -> SpeechLLM:

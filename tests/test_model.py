@@ -165,6 +165,25 @@ def test_a_bfloat16_llm_verifies_within_its_precision_and_leaves_the_rest_float3
         assert session.finished and session.target_ids
 
 
+@pytest.mark.parametrize("architecture", ["llama", "phi3"])
+def test_a_bfloat16_llm_keeps_its_rotary_frequencies_float32(architecture):
+    """``cast_llm`` cast every floating buffer of the LLM, RoPE's inverse frequencies too: rounded to bfloat16's 8
+    bits, each relative position turned by up to 0.14 rad per 100 positions too many or too few in SmolLM2 (theta
+    1e5), more the further apart two tokens are. transformers keeps them float32 as it loads a model (its rotary
+    forward computes in float32); only the weights are bfloat16."""
+    from speechstream.model import cast_llm
+    from speechstream.verify import tiny_config
+
+    model = build_model(tiny_config(architecture))
+    frequencies = {name: buffer.clone() for name, buffer in model.decoder.llm.named_buffers() if "inv_freq" in name}
+    assert frequencies
+    cast_llm(model, "bfloat16")
+    assert {p.dtype for p in model.decoder.llm.parameters()} == {torch.bfloat16}
+    for name, buffer in model.decoder.llm.named_buffers():
+        if name in frequencies:
+            assert buffer.dtype == torch.float32 and torch.equal(buffer, frequencies[name]), name
+
+
 @pytest.mark.parametrize("options, match", [
     ({"dtype": "float16"}, r"^--dtype must be one of float32, bfloat16, got 'float16'$"),
     ({"dtype": None}, r"^--dtype must be one of float32, bfloat16, got None$"),
