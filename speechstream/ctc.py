@@ -319,7 +319,7 @@ class JointCTC:
         self.class_of[self.classes] = torch.arange(len(self.classes))
         self.allowed = model.writable()
         # the class table as float32 numpy (a view of the model's shared tensor, no copy)
-        self.table = model.decoding_ctc_table().float().cpu().numpy()
+        self.table = model.decoding_ctc_table().numpy()
         self.reset()
 
     def reset(self) -> None:

@@ -336,8 +336,9 @@ class SpeechLLM(nn.Module):
 
     @torch.no_grad()
     def decoding_ctc_table(self) -> torch.Tensor:
-        """``ctc_table(ctc_classes)`` for decoding (with the fine head's blank where the model has one), built once
-        and shared by every stream of this model; built again when the classes, the blank or the embeddings change
+        """``ctc_table(ctc_classes)`` for decoding (with the fine head's blank where the model has one), in float32 on
+        the CPU, where joint CTC decoding scores (``ctc.JointCTC``): built once and shared by every stream of this
+        model, whatever the LLM's dtype and device; built again when the classes, the blank or the embeddings change
         (a checkpoint loaded into them)."""
         rows = self.decoder.llm.get_input_embeddings().weight
         classes = self.ctc_classes
@@ -346,7 +347,7 @@ class SpeechLLM(nn.Module):
                rows.data_ptr(), rows.dtype)
         cached = getattr(self, "_decoding_ctc_table", None)  # (classes, key, table): holds the classes tensor,
         if cached is None or cached[0] is not classes or cached[1] != key:  # so ``is`` cannot meet a reused id
-            cached = (classes, key, self.ctc_table(classes, blank).detach())
+            cached = (classes, key, self.ctc_table(classes, blank).detach().float().cpu())
             self._decoding_ctc_table = cached
         return cached[2]
 
