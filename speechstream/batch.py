@@ -34,6 +34,14 @@ def check_unstarted(session) -> None:
                          "new row): a session joins before its first LLM step")
 
 
+def check_float(model: SpeechLLM) -> None:
+    """A batch steps its streams' rows in one LLM call: an int8 LLM (``model.quantize_int8``) takes its activation
+    scale over all of them, so each stream's logits would move with the others' (ValueError)."""
+    if getattr(model, "int8", False):
+        raise ValueError("a batch cannot decode an int8 LLM: its activation scale, taken per LLM call over every "
+                         "stream's rows, would make each stream's logits depend on the others'")
+
+
 def check_model(model: SpeechLLM, session) -> None:
     """A batch steps its model's LLM: a session made on a model with another LLM (another checkpoint, or the same
     one loaded twice) would have its embeddings read by weights they were not made for, silently."""
@@ -152,6 +160,7 @@ class BatchDecoder(TrimmedRows):
         """A fixed batch of whole streams, one LLM row each, reset when a stream's ``segment`` changes (``gap``)
         (``DynamicBatch`` takes streams that come and go, and VAD segments). Its cache is trimmed as
         ``DynamicBatch``'s is (`TrimmedRows`): a reset row's old slots and the padding of rows that waited go."""
+        check_float(model)
         if any(session.llm is not None for session in sessions):
             raise ValueError("batched sessions must be created with own_llm=False")
         if len({id(session) for session in sessions}) < len(sessions):
@@ -249,6 +258,7 @@ class DynamicBatch(TrimmedRows):
     def __init__(self, model: SpeechLLM, compact_below: float = 0.5):
         """``compact_below``: pack rows when the fullest row's real slots are under this share of the columns
         (packing cuts the width to them, no further)."""
+        check_float(model)
         self.model = model
         self.compact_below = compact_below
         self.sessions: list[StreamingSession] = []

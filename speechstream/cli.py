@@ -153,7 +153,9 @@ def _decoding_args(parser: argparse.ArgumentParser, vad: bool, ablations: bool =
     parser.add_argument("--device", default=defaults.device,
                         help="torch device: cpu, cuda, cuda:N or mps, where present (default: %(default)s)")
     parser.add_argument("--int8", action="store_true",
-                        help="CPU speed mode: int8 LLM weights (approximate; --device cpu only)")
+                        help="CPU speed mode: int8 LLM weights (approximate; --device cpu only)" if ablations
+                        else "int8 LLM weights: refused (serve batches its streams, and int8 would make each "
+                        "stream's text depend on the others')")
     parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES,
                         help="precision of the LLM's weights: float32 (streaming equals the batch forward) or "
                         "bfloat16 (faster on CPUs with AVX-512 BF16 or AMX, and on GPUs; approximate; see README.md, "

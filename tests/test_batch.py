@@ -296,6 +296,20 @@ def test_a_fixed_batch_refuses_what_it_cannot_decode_as_alone(tiny_model):
     assert transcribe_batch(tiny_model, []) == []
 
 
+def test_a_batch_refuses_an_int8_llm_whose_streams_would_move_each_other():
+    """int8's activation scale is taken per LLM call over all its rows (``model.quantize_int8``): batched, a stream's
+    logits moved with the other streams' rows (1e-2 here beside a loud one, a hundred times the float bound), so the
+    drivers' promise, each stream's logits as alone, did not hold; they refuse such a model."""
+    from speechstream.batch import BatchDecoder
+    from speechstream.model import load_model
+
+    model = load_model("tiny-random", int8=True)
+    with pytest.raises(ValueError, match="int8"):
+        DynamicBatch(model)
+    with pytest.raises(ValueError, match="int8"):
+        BatchDecoder(model, [StreamingSession(model, DecodingConfig(int8=True), own_llm=False)])
+
+
 @pytest.mark.parametrize("ablation", ["none", "reencode"])
 def test_a_gap_gives_a_stream_of_a_fixed_batch_a_fresh_row(tiny_model, ablation):
     """``gap`` ends a segment (a solo session starts a fresh LLM state): ``BatchDecoder`` resets that stream's row

@@ -1654,6 +1654,22 @@ def test_beam_values_no_stream_can_decode_with_are_one_line_errors(capsys, tmp_p
     assert code == 2 and error_lines(err) == [err.strip()] and message in err, err
 
 
+def test_serve_refuses_int8_before_the_model_loads(capsys, tmp_path, monkeypatch):
+    """``serve --int8`` decoded every connected stream in one batched LLM step with activation scales taken over all
+    their rows, so one client's text moved with what the others said (the server's promise: each stream gets the
+    logits it would get alone); it is refused, as a beam is."""
+    import speechstream.server
+
+    def served(*args, **kwargs):
+        raise AssertionError("the server started")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(speechstream.server, "run", served)
+    code, out, err = run(capsys, "serve", "--int8")
+    assert code == 2 and error_lines(err) == [err.strip()] and "serve decodes its streams in one batch" in err, err
+    assert "--int8" in err and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("argv", [
     ["transcribe", "{long}"],
     ["eval", "{manifest}", "--out", "{long}", "--model", "tiny-random"],

@@ -449,11 +449,15 @@ async def serve_forever(server: Server, sock: socket.socket, on_ready: Callable[
 
 
 def check_served_decoding(decoding) -> None:
-    """The decoding options a server refuses whatever its model: an ablation, a beam (InputError)."""
+    """The decoding options a server refuses whatever its model: an ablation, a beam, int8 (its activation scales,
+    taken per LLM step over all the batch's rows, would make each stream's text depend on the others') (InputError)."""
     if getattr(decoding, "ablation", "none") != "none":
         raise InputError("serve decodes with GPE only (--ablation none)")
     if getattr(decoding, "beam", 1) != 1:
         raise InputError("serve decodes its batched streams greedily (--beam 1)")
+    if getattr(decoding, "int8", False):
+        raise InputError("serve decodes its streams in one batch, where --int8 (one activation scale per LLM step) "
+                         "would make each stream's text depend on the others': leave --int8 out")
 
 
 def run(config: ServerConfig, decoding, model_name: str, task: str = "asr") -> int:
