@@ -25,27 +25,39 @@ def test_carried_sections_are_those_the_script_does_not_write():
     assert MODEL_CARD.carried_sections("# m\n## Training\nx\n") == []
 
 
-def test_a_rewritten_card_keeps_its_hand_written_sections(tmp_path, monkeypatch):
-    """Run the script on a minimal run and eval folder: Training and Results are new, the Status section of the
-    card that was there is kept after them, word for word."""
+def card_folders(tmp_path) -> tuple[Path, Path]:
+    """A model folder models/m, a recipe of each name the card reads (one step) and an empty run folder, under
+    ``tmp_path``: (the model folder, the run folder)."""
     model = tmp_path / "models" / "m"
     model.mkdir(parents=True)
     (model / "config.yaml").write_text("encoder: {lookahead_frames: 0}\n")
-    (model / "MODEL_CARD.md").write_text("# m\n\n## Training\n\nstale\n\n## Status\n\nMeasured by hand: 42.\n")
     recipes = tmp_path / "recipes" / "asr"
     recipes.mkdir(parents=True)
     for name in MODEL_CARD.RECIPES:
         (recipes / f"{name}.yaml").write_text("steps: 1\n")
     run = tmp_path / "run"
     run.mkdir()
-    (run / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0, "lm": 1.0, "accuracy": 0.5, "ctc": 2.0}) + "\n")
-    folder = tmp_path / "eval" / MODEL_CARD.ROWS[0][0]
-    folder.mkdir(parents=True)
-    (folder / "scores.json").write_text(json.dumps({"WER": 30.0, "WER_normalized": 25.0, "RTF": 0.4}))
+    return model, run
+
+
+def write_card(tmp_path, monkeypatch, run: Path) -> None:
+    """Run model_card.py for model m and ``run``, its evaluations under ``tmp_path``/eval, from ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["model_card.py", "--model", "m", "--run", str(run), "--eval",
                                       str(tmp_path / "eval"), "--data", str(tmp_path / "none")])
     MODEL_CARD.main()
+
+
+def test_a_rewritten_card_keeps_its_hand_written_sections(tmp_path, monkeypatch):
+    """Run the script on a minimal run and eval folder: Training and Results are new, the Status section of the
+    card that was there is kept after them, word for word."""
+    model, run = card_folders(tmp_path)
+    (model / "MODEL_CARD.md").write_text("# m\n\n## Training\n\nstale\n\n## Status\n\nMeasured by hand: 42.\n")
+    (run / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0, "lm": 1.0, "accuracy": 0.5, "ctc": 2.0}) + "\n")
+    folder = tmp_path / "eval" / MODEL_CARD.ROWS[0][0]
+    folder.mkdir(parents=True)
+    (folder / "scores.json").write_text(json.dumps({"WER": 30.0, "WER_normalized": 25.0, "RTF": 0.4}))
+    write_card(tmp_path, monkeypatch, run)
     card = (model / "MODEL_CARD.md").read_text()
     assert "stale" not in card and "| 30.0 | 25.0 |" in card
     assert card.index("## Results") < card.index("## Status")
@@ -83,23 +95,12 @@ def test_the_ctc_probe_refuses_lines_without_a_transcript_before_decoding(tmp_pa
 def test_an_eval_folder_named_like_a_dev_weight_without_one_is_left_out(tmp_path, monkeypatch, capsys):
     """The dev table is sorted by the weight in its folders' names (dev-w0.5): a folder such as dev-w0.5-old beside
     them stopped the script with a ValueError traceback; only folders named by a number are the table's rows."""
-    model = tmp_path / "models" / "m"
-    model.mkdir(parents=True)
-    (model / "config.yaml").write_text("encoder: {lookahead_frames: 0}\n")
-    recipes = tmp_path / "recipes" / "asr"
-    recipes.mkdir(parents=True)
-    for name in MODEL_CARD.RECIPES:
-        (recipes / f"{name}.yaml").write_text("steps: 1\n")
-    run = tmp_path / "run"
-    run.mkdir()
+    model, run = card_folders(tmp_path)
     (run / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
     for folder, wer in ((MODEL_CARD.ROWS[0][0], 30.0), ("dev-w0.5", 40.0), ("dev-w0", 50.0), ("dev-w0.5-old", 60.0)):
         (tmp_path / "eval" / folder).mkdir(parents=True)
         (tmp_path / "eval" / folder / "scores.json").write_text(json.dumps({"WER": wer, "WER_normalized": wer}))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["model_card.py", "--model", "m", "--run", str(run), "--eval",
-                                      str(tmp_path / "eval"), "--data", str(tmp_path / "none")])
-    MODEL_CARD.main()
+    write_card(tmp_path, monkeypatch, run)
     card = (model / "MODEL_CARD.md").read_text()
     assert card.index("| 0 | 50.0 |") < card.index("| 0.5 | 40.0 |") and "60.0" not in card
 
@@ -128,20 +129,9 @@ def test_the_ctc_probe_refuses_an_out_it_cannot_write_before_decoding(tmp_path, 
 def test_a_torn_last_log_row_is_left_out_of_the_card(tmp_path, monkeypatch):
     """A run killed while it wrote a row of log.jsonl (training drops that row when it resumes) stopped the script
     with a JSONDecodeError traceback; the card is written from the whole rows, the last of them the step given."""
-    model = tmp_path / "models" / "m"
-    model.mkdir(parents=True)
-    (model / "config.yaml").write_text("encoder: {lookahead_frames: 0}\n")
-    recipes = tmp_path / "recipes" / "asr"
-    recipes.mkdir(parents=True)
-    for name in MODEL_CARD.RECIPES:
-        (recipes / f"{name}.yaml").write_text("steps: 1\n")
-    run = tmp_path / "run"
-    run.mkdir()
+    model, run = card_folders(tmp_path)
     (run / "log.jsonl").write_text(json.dumps({"step": 20, "loss": 1.0}) + '\n{"step": 40, "lo')
     (tmp_path / "eval" / MODEL_CARD.ROWS[0][0]).mkdir(parents=True)
     (tmp_path / "eval" / MODEL_CARD.ROWS[0][0] / "scores.json").write_text(json.dumps({"WER": 30.0}))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["model_card.py", "--model", "m", "--run", str(run), "--eval",
-                                      str(tmp_path / "eval"), "--data", str(tmp_path / "none")])
-    MODEL_CARD.main()
+    write_card(tmp_path, monkeypatch, run)
     assert "last stage that trained the LLM side: 20 " in (model / "MODEL_CARD.md").read_text()

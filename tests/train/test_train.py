@@ -1525,22 +1525,30 @@ def test_export_refuses_a_model_config_that_is_none_before_writing(tmp_path, con
     assert sorted(path.name for path in model_dir.iterdir()) == ["config.yaml"]
 
 
+def trained_for_export(tmp_path: Path, steps: int):
+    """A tiny run of ``steps`` trained under ``tmp_path``/run and an empty model folder beside it holding the tiny
+    LoRA config: (recipes/asr/export.py loaded, the model folder, export's arguments for them)."""
+    import argparse
+
+    from tests.helpers import load_recipe
+
+    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
+    train(load_train_config(str(write_recipe(tmp_path, steps=steps)), []), progress=False)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA))
+    return export, model_dir, argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None)
+
+
 def test_export_keeps_the_modes_of_the_models_files(tmp_path):
     """safetensors writes its files 0600: an export replaced a model's world-readable trainable.safetensors (git's
     0644) with one only its owner could read, so a model folder exported for others (a shared checkout, ``pip
     install .`` as root) failed to load for every other user. The weights keep the mode of the file they replace
     (a new file: the umask's), as config.yaml does."""
-    import argparse
     import stat
 
-    from tests.helpers import load_recipe
 
-    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
-    train(load_train_config(str(write_recipe(tmp_path, steps=2)), []), progress=False)
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA))
-    args = argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None)
+    export, model_dir, args = trained_for_export(tmp_path, steps=2)
     umask = os.umask(0o022)
     try:
         export.export(args)  # (a new file)
@@ -1714,17 +1722,10 @@ def test_export_run_weight_interpolates_between_the_two_checkpoints(tmp_path, ca
 def test_export_names_a_damaged_run_record(tmp_path):
     """A progress.json or recipe.json that is not the JSON object train writes is a one-line error naming the file
     (a progress.json without its step was a KeyError traceback; bad JSON a message naming no file)."""
-    import argparse
 
     from speechstream.errors import InputError
-    from tests.helpers import load_recipe
 
-    export = load_recipe(ROOT / "recipes" / "asr" / "export.py")
-    train(load_train_config(str(write_recipe(tmp_path, steps=1)), []), progress=False)
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    (model_dir / "config.yaml").write_text(yaml.safe_dump(TINY_LORA))
-    args = argparse.Namespace(run=tmp_path / "run", model=model_dir, recipe=None)
+    export, model_dir, args = trained_for_export(tmp_path, steps=1)
     for name, text, match in (("progress.json", "{}", "progress.json: no step number"),
                               ("progress.json", "[1", "progress.json: not valid JSON"),
                               ("recipe.json", "[]", "recipe.json: not a JSON object")):
