@@ -392,3 +392,15 @@ def test_stream_laal_skips_sentences_without_words_and_needs_segments_everywhere
     assert long_form_latency([silent]) == {}
     with pytest.raises(ValueError, match="delays"):
         sentence_delays(long_form_record("a b", [1.0], [(0, 1000, "a b")]))
+
+
+def test_stream_laal_is_laal_of_a_sentence_given_more_words_than_its_reference():
+    # the sentence "a b" (2000 ms) is given all three words: LAAL's ideal writer spreads max(3, 2) words over it,
+    # one per 2000 / 3 ms, so the lags are 500, 1000 - 2000 / 3 and 1500 - 4000 / 3, 1000 / 3 on average; AL's would
+    # spread only the two reference words (lags 500, 0, -500: 0). A mutation that scored sentences with AL passed.
+    record = long_form_record("a b c", [500, 1000, 1500], [(0, 2000, "a b")])
+    assert [s["delays"] for s in sentence_delays(record)] == [[500, 1000, 1500]]
+    assert long_form_latency([record])["StreamLAAL"] == pytest.approx(1000 / 3)
+    # the reference is counted as SimulEval counts it: "a b " is three words, so LAAL's writer spreads three again
+    spaced = long_form_record("a b", [500, 1000], [(0, 2000, "a b ")])
+    assert long_form_latency([spaced])["StreamLAAL"] == pytest.approx((500 + 1000 - 2000 / 3) / 2)
