@@ -89,3 +89,27 @@ def test_additive_mask():
     mask = torch.tensor([[True, False]])
     additive = gpe.additive(mask, torch.float32)
     assert additive[0, 0] == 0 and additive[0, 1] == torch.finfo(torch.float32).min
+
+
+def test_an_end_of_chunk_token_right_after_the_header_ends_the_first_chunk():
+    # the first chunk wrote no text: its end-of-chunk token comes right after the header and already sees a unit more
+    # (a mutation that counted markers only from the token after the header's first on passed this file)
+    target = torch.tensor([4, 9, 9, 1, 9, 2])  # header [4, 9], then an empty chunk, "1", and "2"
+    assert gpe.units_visible(target, 9, k=1, n_units=10, header=2).tolist() == [1, 1, 2, 2, 3, 3]
+
+
+def test_positions_and_masks_of_a_streaming_step_and_the_ablations():
+    source, target, pad = gpe.SOURCE, gpe.TARGET, gpe.PAD
+    # GPE: each kind continues its own group's count; interleaved: one count over every non-padding token
+    kinds = torch.tensor([[source, target, pad, source, target, target]])
+    assert gpe.group_positions(torch.tensor([3]), torch.tensor([10]), kinds).tolist() == [[3, 10, 0, 4, 11, 12]]
+    cached = torch.tensor([[source, pad, target]])
+    assert gpe.arrival_positions(cached, torch.tensor([[target, pad, source]])).tolist() == [[2, 0, 3]]
+    # a source row after a target slot: GPE hides the target slot from it, "source-sees-target" does not
+    assert gpe.step_mask("none", torch.tensor([[target]]), torch.tensor([[source]]))[0, 0].tolist() == [[False, True]]
+    assert gpe.step_mask("source-sees-target", torch.tensor([[target, pad]]), torch.tensor([[source]]))[0, 0].tolist() \
+        == [[True, False, True]]
+    # reencode: only rows that read source in this step and have written target tokens before
+    rows = gpe.reencode_rows(torch.tensor([[source, target], [source, source], [source, target]]),
+                             torch.tensor([[source], [source], [target]]))
+    assert rows.tolist() == [True, False, False]
