@@ -114,6 +114,14 @@ NORMALIZER_CASES = {
     # a grouped number with decimals before "%" is one number (its digits after the comma were read as "000.5")
     "up 1,000.5% or 12,345.25 %": "up one thousand point five percent or twelve thousand three hundred forty five "
                                   "point two five percent",
+    # symbols (Unicode S*) become spaces as punctuation does: a mutation that kept them passed every test
+    "x + y = z at 90°": "x y z at ninety",
+    # an "s", an ordinal suffix or a "%" glued to the word after it is no decade, no ordinal, no lone percent
+    # (mutations dropping the word boundary of the decade and the ordinal, and the space after "percent", passed)
+    "60sec 5thousand 5%off": "sixty sec five thousand five percent off",
+    # a comma then four digits is no thousands separator (groups of exactly three): a mutation that grouped
+    # "1,000" out of "1,0000" and read "ten thousand" passed
+    "1,0000": "one zero zero zero zero",
 }
 
 
