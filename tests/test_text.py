@@ -35,3 +35,31 @@ def test_a_segment_whose_text_ends_in_whitespace_is_followed_by_no_second_space(
             partials.append(text.committed + text.tail())
         text.commit_all()
         assert partials[-1] == expected and text.committed == expected
+
+
+def test_the_first_partial_has_no_leading_space_and_a_broken_character_waits_for_its_other_bytes():
+    # mutations that kept the first partial's leading space and that committed half a character both passed
+    tokenizer = byte_tokenizer([])
+    text = TextAssembler(tokenizer)
+    ids = tokenizer.encode(" café", add_special_tokens=False)  # "é" is two bytes, two tokens
+    for token in ids[:-1]:
+        text.add(token)
+    assert text.tail() == "caf\ufffd"
+    assert text.commit_all() == "" and text.committed == ""  # a chunk ends between the bytes of "é": nothing yet
+    text.add(ids[-1])
+    assert text.tail() == "café" and text.commit_all() == "café"
+
+
+def test_a_word_cut_by_a_chunk_end_after_a_segment_boundary_goes_on_without_a_space():
+    # after a VAD cut the first committed text gets one space; text committed later does not (a mutation that kept
+    # adding it wrote "ask ing")
+    tokenizer = byte_tokenizer([])
+    text = TextAssembler(tokenizer)
+    for token in tokenizer.encode("so", add_special_tokens=False):
+        text.add(token)
+    text.start_segment()
+    for token in tokenizer.encode("ask", add_special_tokens=False):
+        text.add(token)
+    assert text.commit_all() == " ask"  # a chunk ends inside the word
+    added = [text.add(token) for token in tokenizer.encode("ing not", add_special_tokens=False)]
+    assert "".join(added) == "ing" and text.committed == "so asking"
