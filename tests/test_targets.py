@@ -42,3 +42,12 @@ def test_a_word_heard_exactly_at_a_chunks_end_belongs_to_that_chunk_whatever_the
     assert segment_of(2.14, 0.32, 10, margin_s=0.1) == 6
     assert segment_of(1.3401, 0.48, 10, margin_s=0.1) == 3
     assert chunk_texts([TimedWord("a", 1.34), TimedWord("b", 1.35)], 0.48, 4) == ["", "", " a", " b"]
+
+
+def test_chunk_texts_uses_the_margin_it_is_given():
+    # training passes word_margin_s plus the encoder's look-ahead: a word ending at 0.6 s is in the first 640 ms chunk
+    # with no margin, in the second with 0.1 s and in the third with 0.7 s (a mutation ignoring margin_s passed)
+    words = [TimedWord("a", 0.6)]
+    assert chunk_texts(words, 0.64, 3, margin_s=0.0) == [" a", "", ""]
+    assert chunk_texts(words, 0.64, 3) == ["", " a", ""]
+    assert chunk_texts(words, 0.64, 3, margin_s=0.7) == ["", "", " a"]

@@ -23,6 +23,14 @@ def test_proportional_rule_with_lag():
     # lag 1: target word 1 waits for source word 3 (1.5 s -> segment 3)
     pieces = translation_chunk_texts(["Hello", "world."], source, 0.5, 5, margin_s=0.1, lag_words=1)
     assert pieces == ["", "", "", " Hello", " world."]
+    # 3 target words over 4 source words: word i waits for source word ceil(4 i / 3) = 2, 3, 4 (a fraction rounded
+    # up: a mutation that rounded it down, so the first word waited for source word 1 only, passed every test)
+    pieces = translation_chunk_texts(["x", "y", "z"], source, 0.5, 5, margin_s=0.1, lag_words=0)
+    assert pieces == ["", "", " x", " y", " z"]
+    # source word times out of order (an alignment error): target word 3 waits for source word 3, which ends before
+    # source word 2, yet is not placed before target word 2 (a mutation that dropped this rule passed)
+    pieces = translation_chunk_texts(["a", "b", "c", "d"], _source([0.5, 2.0, 1.0, 2.2]), 0.5, 5, lag_words=0)
+    assert pieces == ["", " a", "", "", " b c d"]
 
 
 def test_translation_pieces_keep_order_and_all_words():
