@@ -206,6 +206,11 @@ def test_score_dicts():
     assert set(translation_scores(HYPOTHESES, REFERENCES)) == {"BLEU", "chrF"}
     scores = transcription_scores(["mister smith paid five dollars"], ["Mr. Smith paid $5."])
     assert scores["WER"] > 0 and scores["WER_normalized"] == 0.0
+    assert scores["CER"] > 0 and scores["CER_normalized"] == 0.0  # (a mutation scoring it on the raw text passed)
+    # each key holds its own metric (a mutation that wrote BLEU under "chrF" passed)
+    translation = translation_scores(HYPOTHESES, REFERENCES)
+    assert translation["BLEU"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score)
+    assert translation["chrF"] == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
 
 
 def test_references_that_normalise_to_nothing_leave_the_normalised_rates_out():
