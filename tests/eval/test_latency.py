@@ -404,3 +404,12 @@ def test_stream_laal_is_laal_of_a_sentence_given_more_words_than_its_reference()
     # the reference is counted as SimulEval counts it: "a b " is three words, so LAAL's writer spreads three again
     spaced = long_form_record("a b", [500, 1000], [(0, 2000, "a b ")])
     assert long_form_latency([spaced])["StreamLAAL"] == pytest.approx((500 + 1000 - 2000 / 3) / 2)
+
+
+def test_long_form_corpus_values_are_the_mean_over_sentences():
+    # three one-word sentences of 1000 ms, each word 100, 200 and 900 ms after its sentence began: a one-word LAAL (and
+    # YAAL, every word before the talk's end) is that delay, so both are (100 + 200 + 900) / 3 = 400 (a mutation
+    # taking the median, 200, passed: every long-form test had at most two sentences)
+    record = long_form_record("a b c", [100, 1200, 2900], [(0, 1000, "a"), (1000, 1000, "b"), (2000, 1000, "c")])
+    scores = long_form_latency([record])
+    assert scores["StreamLAAL"] == pytest.approx(400) and scores["LongYAAL"] == pytest.approx(400)
