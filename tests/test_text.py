@@ -63,3 +63,34 @@ def test_a_word_cut_by_a_chunk_end_after_a_segment_boundary_goes_on_without_a_sp
     assert text.commit_all() == " ask"  # a chunk ends inside the word
     added = [text.add(token) for token in tokenizer.encode("ing not", add_special_tokens=False)]
     assert "".join(added) == "ing" and text.committed == "so asking"
+
+
+def test_a_token_that_loses_its_word_start_when_decoded_alone_still_starts_a_word():
+    # SentencePiece-style tokenizers drop the space of a leading "▁": "▁so" alone decodes as "so", after "▁And" as
+    # " so"; a mutation decoding each token without left context never committed a word (and passed every test)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "▁And": 1, "▁so": 2, "▁ask": 3, "ing": 4}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    assert tokenizer.decode([2]) == "so"
+    text = TextAssembler(tokenizer)
+    assert [text.add(token) for token in (1, 2, 3, 4)] == ["", "And", " so", ""]
+    assert text.tail() == " asking" and text.commit_all() == " asking" and text.committed == "And so asking"
+
+
+def test_a_segment_boundary_commits_even_a_broken_character():
+    # a VAD cut inside a character (the LLM wrote one byte of "é"): the segment's text is final, so the byte is
+    # committed as it is and the next segment starts after a space; a mutation leaving it uncommitted glued the next
+    # segment's words to it ("caf\ufffdask") and passed every test
+    tokenizer = byte_tokenizer([])
+    text = TextAssembler(tokenizer)
+    for token in tokenizer.encode("café", add_special_tokens=False)[:-1]:
+        text.add(token)
+    text.start_segment()
+    assert text.committed == "caf\ufffd" and text.tail() == ""
+    for token in tokenizer.encode("ask", add_special_tokens=False):
+        text.add(token)
+    assert text.commit_all() == " ask" and text.committed == "caf\ufffd ask"
