@@ -122,6 +122,8 @@ NORMALIZER_CASES = {
     # a comma then four digits is no thousands separator (groups of exactly three): a mutation that grouped
     # "1,000" out of "1,0000" and read "ten thousand" passed
     "1,0000": "one zero zero zero zero",
+    # one hundredth of a pound is a penny (a mutation reading "one pence" passed)
+    "£1.01": "one pound one penny",
 }
 
 
@@ -180,6 +182,17 @@ def test_bleu_and_chrf_match_sacrebleu():
     assert chrf(HYPOTHESES, REFERENCES) == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
     assert bleu(REFERENCES, REFERENCES) == pytest.approx(100.0)
     assert 0 < bleu(HYPOTHESES, REFERENCES) < 100
+
+
+def test_bleu_and_chrf_need_two_lists_of_the_same_non_zero_length():
+    # as WER does (a mutation that let chrF score a string, unequal lists or nothing passed)
+    for metric in (bleu, chrf):
+        with pytest.raises(ValueError):
+            metric(["a"], ["a", "b"])
+        with pytest.raises(ValueError):
+            metric([], [])
+        with pytest.raises(TypeError):
+            metric("a b", ["a b"])
 
 
 def test_bleu_uses_the_tokenizer_it_is_given():
