@@ -188,8 +188,8 @@ def device_sync(device: str) -> Callable[[], None]:
 def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
     """Run the benchmark, emitting the report line by line; return the window figures.
 
-    On KeyboardInterrupt the window in progress and the last/first comparison are still emitted, then the
-    interrupt is raised again."""
+    On KeyboardInterrupt (while the stream is finished too) the window in progress and the last/first comparison are
+    still emitted, then the interrupt is raised again."""
     import torch
 
     from speechstream.chunker import chunk_samples
@@ -238,6 +238,7 @@ def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
             fed += chunk.size
             if fed >= (len(windows) + 1) * window or fed >= total:
                 close_window()
+        session.finish()  # (a Ctrl-C here, every window printed, still gets the comparison)
     except KeyboardInterrupt:
         if latencies and caches:
             close_window()
@@ -246,7 +247,6 @@ def run(config: BenchConfig, emit: Callable[[str], None]) -> list[WindowStats]:
         emit(f"interrupted after {fed / SAMPLE_RATE:.0f} s of audio ({time.perf_counter() - started:.0f} s of "
              "compute)")
         raise
-    session.finish()
     wall = time.perf_counter() - started
     emit(format_ratios(windows))
     emit(f"compute {wall:.0f} s for {total / SAMPLE_RATE:.0f} s of audio (RTF {wall / (total / SAMPLE_RATE):.3f}); "

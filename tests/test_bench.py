@@ -109,6 +109,22 @@ def test_an_interrupted_bench_still_reports_what_it_measured(capsys, monkeypatch
     assert captured.err == "speechstream: error: interrupted\n"
 
 
+def test_ctrl_c_while_the_stream_is_finished_still_prints_the_comparison(capsys, monkeypatch):
+    """Every window was printed, but a Ctrl-C during ``finish`` (the end of the stream, which no window counts) left
+    out the last/first comparison the README promises on Ctrl-C."""
+    from speechstream.session import StreamingSession
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(StreamingSession, "finish", interrupted)
+    assert main(["bench", "--minutes", "0.1", "--window-minutes", "0.05"]) == 130
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [r.split()[0] for r in lines[2:4]] == ["0.00-", "0.05-"]
+    assert lines[4].startswith("last/first window: RSS ")
+    assert lines[5].startswith("interrupted after 6 s of audio (")
+
+
 def test_device_work_is_waited_for_before_a_chunk_is_timed(monkeypatch):
     import torch
 
