@@ -68,13 +68,14 @@ def load_sounddevice():
 
 
 def parse_device(spec: str | None) -> int | str | None:
-    """``--input-device``: a whole number is a PortAudio index, anything else a (part of a) name."""
+    """``--input-device``: a whole number (decimal digits) is a PortAudio index, anything else a (part of a) name
+    (superscripts and other digits that are not decimal ones too: ``int`` cannot read them)."""
     if spec is None:
         return None
     spec = spec.strip()
     if not spec:
         raise InputError("--input-device must not be empty")
-    return int(spec) if spec.isdigit() else spec
+    return int(spec) if spec.isdecimal() else spec
 
 
 MAX_SECONDS = 1e7  # --seconds: about 16 weeks

@@ -322,6 +322,8 @@ def test_sigterm_stops_as_ctrl_c_does_and_is_named():
 def test_option_parsing():
     assert live.parse_device("3") == 3 and live.parse_device(" default ") == "default"
     assert live.parse_device(None) is None
+    # digits int() cannot read (superscripts) are part of a name, not an index: they were a ValueError, exit 1
+    assert live.parse_device("mic²") == "mic²" and live.parse_device("²") == "²" and live.parse_device("٣") == 3
     assert live.seconds_to_samples(2.5) == 40000 and live.seconds_to_samples(None) is None
     for bad in (0, -1, float("nan"), float("inf"), 1e-9, 1e305):
         with pytest.raises(live.InputError):
