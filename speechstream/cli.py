@@ -625,7 +625,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         status = "ok" if r.ok else "FAIL"
         print(f"{r.name:<16} k={r.k} chunk_ms={r.chunk_ms} rows={r.target_tokens:<4} "
               f"max|delta logit|={r.max_delta:.3e} "
-              f"(bound {r.bound:.1e}; logits up to {r.logit_scale:.1f}) {status}")
+              f"(bound {r.bound:.3e}; logits up to {r.logit_scale:.1f}) {status}")
     return 0 if all(r.ok for r in results) else 1
 
 

@@ -942,6 +942,19 @@ def test_verify_in_bfloat16_is_held_to_its_precision(capsys, monkeypatch):
     assert code == 1 and out.rstrip().endswith("FAIL")
 
 
+def test_verify_prints_the_bound_as_precisely_as_the_delta(capsys, monkeypatch):
+    """The bound was printed to two figures: in bfloat16 (4 epsilons times the logits' scale, 0.115625 here) a FAIL
+    line read "max|delta logit|=1.180e-01 (bound 1.2e-01 ...) FAIL", its delta under the bound it printed."""
+    from speechstream import verify
+
+    for delta in (0.1150, 0.1180):
+        result = verify.VerifyResult("m", 1, 640, 10, delta, 3.7, "bfloat16")
+        monkeypatch.setattr(verify, "verify_named", lambda *args, result=result: [result])
+        code, out, err = run(capsys, "verify", "--k", "1")
+        shown_delta, shown_bound = (float(x) for x in re.search(r"=(\S+) \(bound (\S+);", out).groups())
+        assert (code == 0) == result.ok == (shown_delta <= shown_bound), out
+
+
 @pytest.mark.parametrize("chunk_ms", ["0", "-640", "7"])
 def test_verify_refuses_a_bad_chunk_before_loading_the_model(capsys, monkeypatch, chunk_ms):
     from speechstream import verify
