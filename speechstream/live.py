@@ -293,6 +293,27 @@ def terminal_columns(stream) -> int:
     return columns or shutil.get_terminal_size().columns
 
 
+def rows_past(column: int, text: str, width: int) -> int:
+    """The rows past the cursor's that ``text`` written from ``column`` (< ``width``) goes on to: a character wraps
+    when it does not fit in what is left of the row (a wide one in the last column leaves that column empty)."""
+    rows = 0
+    for char in text:
+        columns = text_columns(char)
+        if column + columns > width:
+            rows, column = rows + 1, columns
+        else:
+            column += columns
+    return rows
+
+
+def fitting_rows(text: str, column: int, width: int, rows: int = 2) -> str:
+    """The longest end of ``text`` that, written from ``column``, takes at most ``rows`` rows of the terminal."""
+    tail = fitting_tail(text, rows * width - column)
+    while tail and rows_past(column, tail, width) >= rows:  # (wide characters wrapped early: a column lost a row)
+        tail = tail[1:]
+    return tail
+
+
 def fitting_tail(text: str, columns: int) -> str:
     """The longest end of ``text`` that takes at most ``columns`` terminal columns."""
     used, start = 0, len(text)
@@ -319,16 +340,16 @@ class Printer:
         self.shared = self.tty and self.out.isatty()  # (taken to be the same terminal)
         self.width = max(2, width or terminal_columns(self.err))
         self.column = 0  # the terminal's column after the committed text (0 when stdout is not on it)
-        self._shown = 0  # columns of the tail on the screen
+        self._shown = ""  # the tail on the screen
 
     def __call__(self, event) -> None:
         if event.type == "partial":
             if self.tty:
                 self._clear()
-                tail = fitting_tail(event.text, 2 * self.width - self._start)
+                tail = fitting_rows(event.text, self._start, self.width)
                 self.err.write(tail)
                 self.err.flush()
-                self._shown = text_columns(tail)
+                self._shown = tail
             return
         self._clear()
         if event.type == "final":
@@ -359,11 +380,11 @@ class Printer:
 
     def _clear(self) -> None:
         if self._shown:
-            up = (self._start + self._shown - 1) // self.width  # rows the tail went on past its first
+            up = rows_past(self._start, self._shown, self.width)  # rows the tail went on past its first
             back = "\r" + (f"\x1b[{up}A" if up else "") + (f"\x1b[{self._start}C" if self._start else "")
             self.err.write(back + "\x1b[J")
             self.err.flush()
-            self._shown = 0
+            self._shown = ""
 
 
 def gap_warner(warn: Callable[[str], None], max_queued_s: float = MAX_QUEUED_S) -> Callable[[int, int], None]:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -457,8 +458,9 @@ def test_the_device_asked_for_is_the_one_recorded_when_two_share_a_name():
 
 class _Terminal:
     """What a terminal of ``width`` columns shows of the text written to it (stdout and stderr both): text wraps at
-    the last column, and the controls act on it as in xterm ("\\r", "\\n", ESC [ n A / C: up / right n, ESC [ K / J:
-    erase from the cursor to the end of the row / screen)."""
+    the last column (a wide character that would not fit in it is written on the next row), and the controls act on
+    it as in xterm ("\\r", "\\n", ESC [ n A / C: up / right n, ESC [ K / J: erase from the cursor to the end of the
+    row / screen)."""
 
     def __init__(self, width: int):
         self.width, self.rows, self.row, self.col = width, [[]], 0, 0
@@ -502,13 +504,14 @@ class _Terminal:
                 self.col = 0
             elif char == "\n":
                 self.down()
-            else:
-                if self.col >= self.width:
+            else:  # (a wide character takes two cells; one that does not fit in the row's last cell goes on the next)
+                wide = 2 if unicodedata.east_asian_width(char) in "WF" else 1
+                if self.col + wide > self.width:
                     self.down()
                 line = self.rows[self.row]
-                line += [" "] * (self.col + 1 - len(line))
-                line[self.col] = char
-                self.col += 1
+                line += [" "] * (self.col + wide - len(line))
+                line[self.col : self.col + wide] = [char] + [""] * (wide - 1)
+                self.col += wide
 
     @property
     def screen(self) -> list[str]:
@@ -544,6 +547,24 @@ def test_the_uncommitted_tail_shown_on_a_terminal_leaves_the_committed_text_on_i
     # East Asian wide characters take two columns: the tail that fits, and where the text leaves the cursor
     assert live.fitting_tail("ab日本", 5) == "b日本" and live.fitting_tail("ab日本", 3) == "本"
     assert live.advance_column(17, "日本", 20) == 2 and live.advance_column(16, "日本", 20) == 20
+
+
+def test_a_wide_tail_that_wraps_early_is_erased_whole():
+    """A wide character does not fit in a row's last column: the terminal writes it on the next row, leaving that
+    column empty, so a tail of wide characters can take more rows than its columns say. It was fitted and erased by
+    its columns: "中中中中中" in 10 columns of a 5-column terminal took three rows, and its first stayed on the
+    screen, over the committed text written after it."""
+    from speechstream.session import Event
+
+    terminal = _Terminal(width=5)
+    printer = live.Printer(terminal.stream(), terminal.stream(), width=5)
+    printer(Event("partial", "中中中中中", 0.0, 0.0))
+    assert terminal.screen == ["中中", "中中"]  # (at most the row and the next: the end that fits there)
+    printer(Event("final", "ab", 0.0, 0.0))
+    printer(Event("partial", "中中中中", 0.0, 0.0))
+    assert terminal.screen == ["ab中", "中中"]
+    printer(Event("final", "c", 0.0, 0.0))
+    assert terminal.screen == ["abc"]
 
 
 def test_the_block_queued_as_the_stream_ends_is_read():
