@@ -292,7 +292,7 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         if not absolute and audio.is_relative_to(folder) and ".." not in audio.relative_to(folder).parts:
             audio = audio.relative_to(folder)  # (a path that needs ".." would break when the folder moves)
         fields = {key: entry[key] for key in FIELD_ORDER if entry.get(key) is not None}
-        fields["audio"] = audio.as_posix()
+        fields["audio"] = audio_text(audio)
         fields |= {key: value for key, value in entry.items() if key not in FIELD_ORDER}
         lines.append(json_text(fields) + "\n")  # (a file name that is not UTF-8: a JSON escape)
     temporary = None
@@ -310,6 +310,13 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
         if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
     return len(lines)
+
+
+def audio_text(audio: Path) -> str:
+    """A manifest's ``audio`` value for ``audio``: a relative path that starts with "~" (a folder named "~" under the
+    manifest's) gets a leading "./", as `read_manifest` expands a leading "~" that names a home folder."""
+    text = audio.as_posix()
+    return f"./{text}" if text.startswith("~") else text
 
 
 def _plain(path: Path) -> Path:

@@ -454,6 +454,17 @@ def test_audio_paths_that_need_dot_dot_are_written_absolute(tmp_path: Path):
     assert read_manifest(out)[0].audio.resolve() == deep
 
 
+def test_audio_under_a_folder_named_tilde_reads_back_as_the_same_file(tmp_path: Path):
+    """A folder literally named "~" under the manifest's (a script that quoted "~/data" makes one) was written as
+    "~/a.wav", which `read_manifest` reads as a file in the home folder: "audio file not found" or another file.
+    Such a path is now written as "./~/a.wav"."""
+    clip = tone(tmp_path / "corpus" / "~" / "a.wav", 0.2)
+    out = tmp_path / "corpus" / "m.jsonl"
+    write_manifest([{"id": "a", "audio": clip}], out)
+    assert read_lines(out)[0]["audio"] == "./~/a.wav"
+    assert read_manifest(out)[0].audio == tmp_path / "corpus" / "~" / "a.wav"
+
+
 def test_jsonl_manifests_combine_with_folder_prefixed_ids(tmp_path: Path):
     for name in ("a", "b"):
         tone(tmp_path / name / "x.wav", 0.2)
