@@ -299,6 +299,7 @@ def write_manifest(entries: Iterable[dict], out: str | Path, absolute: bool = Fa
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{out.name}.", suffix=".tmp")
+        os.fchmod(handle, 0o666 & ~_umask())  # (mkstemp makes it 0600: the manifest would be its owner's alone)
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write("".join(lines))
         os.replace(temporary, out)
@@ -317,6 +318,13 @@ def audio_text(audio: Path) -> str:
     manifest's) gets a leading "./", as `read_manifest` expands a leading "~" that names a home folder."""
     text = audio.as_posix()
     return f"./{text}" if text.startswith("~") else text
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _plain(path: Path) -> Path:

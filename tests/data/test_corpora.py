@@ -358,6 +358,20 @@ def test_a_manifest_write_interrupted_before_its_rename_leaves_no_temporary_file
     assert list((tmp_path / "out").iterdir()) == []
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_a_manifest_gets_the_permissions_of_any_new_file(tmp_path: Path, umask: int):
+    """The manifest was its temporary file renamed, made readable by its owner only (0600, as `tempfile.mkstemp`
+    makes them): another user of a shared data folder, or a training job run as another user, could not read it.
+    It now gets what the umask gives any new file (0644 under umask 022)."""
+    clip = tone(tmp_path / "a.wav", 0.2)
+    previous = os.umask(umask)
+    try:
+        write_manifest([{"id": "a", "audio": clip}], tmp_path / "m.jsonl")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "m.jsonl").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_a_missing_talk_is_one_missing_file(mustc: Path, tmp_path: Path):
     """The segments of a talk share its wav: a missing talk is counted and named once (it was '2 audio files not
     found (.../ted_1.wav, .../ted_1.wav)')."""
