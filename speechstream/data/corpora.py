@@ -340,11 +340,13 @@ def _plain(path: Path) -> Path:
 def check_manifest_out(out: str | Path) -> None:
     """``--out`` names a file that is absent, empty or an earlier manifest (a JSON object with ``id`` and ``audio``
     on its first non-blank line, after any byte-order mark, as `read_manifest` reads it); a folder, a name ending in
-    a separator or any other file is refused, before any work."""
+    a separator, a device or pipe (/dev/null) or any other file is refused, before any work."""
     text = str(out)
     path = Path(out)
     if not text or text.endswith(("/", os.sep)) or not path.name or path.is_dir():
         raise InputError(f"--out {text!r} must name a manifest file, not a folder")
+    if path.exists() and not path.is_file():  # (/dev/null, a FIFO: renaming over it would replace the device)
+        raise InputError(f"--out {text}: not a regular file; refusing to replace it")
     if path.is_file() and path.stat().st_size > 0:  # (an empty file holds nothing to lose)
         try:
             with open(path, encoding="utf-8-sig") as stream:

@@ -543,6 +543,20 @@ def test_out_never_replaces_a_file_that_is_not_a_manifest(common_voice: Path, tm
     assert result.returncode == 2 and "--lang must not be empty" in result.stderr
 
 
+def test_out_never_replaces_a_pipe_or_a_device(common_voice: Path, tmp_path: Path):
+    """Only a regular file was checked: ``--out`` naming a FIFO (or /dev/null, to check a corpus without keeping the
+    manifest) had the device replaced by a regular file holding the manifest where its folder was writable (as
+    root: /dev/null itself). It is refused before any work, and left as it was."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    result = run_recipe("prepare_common_voice.py", common_voice, "--lang", "es", "--out", pipe)
+    assert result.returncode == 2 and "not a regular file; refusing to replace it" in result.stderr, result.stderr
+    assert pipe.is_fifo()
+    with pytest.raises(InputError, match="not a regular file"):
+        write_manifest(common_voice_entries(common_voice, language="es"), pipe)
+    assert pipe.is_fifo()
+
+
 def test_out_replaces_a_manifest_with_a_byte_order_mark_or_a_blank_first_line(common_voice: Path, tmp_path: Path):
     """An earlier manifest that read_manifest reads (a BOM and blank lines are skipped) may be replaced; it was
     refused as 'not a manifest'."""
