@@ -14,6 +14,7 @@ relative to the output's folder when the audio lies under it, else absolute. Oth
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +35,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def combined(manifests: list[str], prefix_ids: bool) -> Iterator[dict]:
-    """The entries of every manifest in order; ids prefixed by the manifest's folder name on request."""
+    """The entries of every manifest in order; ids prefixed by the manifest's folder name on request (the folder as
+    named, "." and ".." steps taken: a folder that is a link to one elsewhere gives its own name, not its target's)."""
     for manifest in manifests:
-        prefix = Path(manifest).resolve().parent.name + "-" if prefix_ids else ""
+        prefix = Path(os.path.abspath(manifest)).parent.name + "-" if prefix_ids else ""
         for entry in jsonl_entries(manifest):
             yield entry | {"id": prefix + str(entry["id"])}
 

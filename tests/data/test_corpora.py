@@ -494,6 +494,28 @@ def test_jsonl_manifests_combine_with_folder_prefixed_ids(tmp_path: Path):
                                {"id": "b-tr-1", "audio": "b/x.wav", "text": "b"}]
 
 
+def test_prefix_ids_name_the_folder_as_given_not_a_link_target(tmp_path: Path):
+    """--prefix-ids took the folder name after resolving links: data/synth-b/ linked to a folder on a larger disk
+    (store/synth-b-2024/) gave ids "synth-b-2024-tr-1", not the documented "synth-b-tr-1", and they changed when the
+    data moved. The name is that of the folder as given ("." and ".." steps still taken)."""
+    store = tmp_path / "store" / "synth-b-2024"
+    tone(store / "x.wav", 0.2)
+    (store / "train.jsonl").write_text(json.dumps({"id": "tr-1", "audio": "x.wav"}) + "\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "synth-b").symlink_to(store, target_is_directory=True)
+    out = tmp_path / "data" / "b.jsonl"
+    linked = tmp_path / "data" / "synth-b" / "train.jsonl"
+    result = run_recipe("prepare_jsonl.py", linked, "--prefix-ids", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert read_lines(out)[0]["id"] == "synth-b-tr-1"
+    (tmp_path / "data" / "other").mkdir()
+    result = subprocess.run([sys.executable, str(RECIPES / "prepare_jsonl.py"), "../synth-b/train.jsonl",
+                             "--prefix-ids", "--out", str(out)], capture_output=True, text=True,
+                            cwd=tmp_path / "data" / "other", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert read_lines(out)[0]["id"] == "synth-b-tr-1"
+
+
 def test_jsonl_problems_are_one_line_errors(tmp_path: Path):
     source = tmp_path / "in.jsonl"
     source.write_text('{"id": "a", "audio": "a.wav", "offset": -1}\n')
