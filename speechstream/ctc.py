@@ -113,6 +113,7 @@ class CTCPrefixScorer:
         # are spare room
         self._lp = np.zeros((16, width))
         self._frames = 0
+        self._owns_buffer = True  # False: ``_lp`` is shared with the scorer this one was copied from (``copy``)
         self._best_labels = 0  # labels on the head's own best path (frame argmax, repeats merged, no blanks)
         self._best_last = -1  # the argmax class of the last frame (-1: none yet)
         self.labels: list[int] = []
@@ -153,14 +154,16 @@ class CTCPrefixScorer:
 
     def _store(self, lp: np.ndarray, kept: np.ndarray) -> None:
         """Append the rows ``kept`` of frames with log-probabilities ``lp``, doubling the buffer when full (no
-        copy of every earlier frame at each read)."""
+        copy of every earlier frame at each read); a buffer shared with another scorer (``copy``) is left as it is,
+        the frames moving to one of this scorer's own."""
         if len(lp) == 0:
             return
         need = self._frames + len(lp)
-        if need > len(self._lp):
-            grown = np.empty((max(need, 2 * len(self._lp)), self._lp.shape[1]))
+        if need > len(self._lp) or not self._owns_buffer:
+            size = len(self._lp) if need <= len(self._lp) else max(need, 2 * len(self._lp))
+            grown = np.empty((size, self._lp.shape[1]))
             grown[: self._frames] = self._lp[: self._frames]
-            self._lp = grown
+            self._lp, self._owns_buffer = grown, True
         self._lp[self._frames : need] = kept
         self._frames = need
         path = lp.argmax(axis=1)
@@ -203,9 +206,14 @@ class CTCPrefixScorer:
         self._store(lp, lp if kept is None else kept)
 
     def copy(self) -> "CTCPrefixScorer":
-        """An independent copy (a hypothesis of a beam search); the class table, shared by a model's streams, is
-        shared by the copy too."""
-        return copy.deepcopy(self, {id(self._table): self._table})
+        """An independent copy (a hypothesis of a beam search). The class table, shared by a model's streams, is
+        shared by the copy too, and so is the buffer of the frames so far: a stored frame never changes, and only the
+        scorer that owns the buffer writes its spare rows (a copy that reads frames moves to a buffer of its own), so
+        a hypothesis costs its forward variables (two numbers a frame), not the segment's frames (577 numbers a frame
+        for the English model: a beam-16 plan 8 minutes into a segment held 1.8 GB of copies of them)."""
+        twin = copy.deepcopy(self, {id(self._table): self._table, id(self._lp): self._lp})
+        twin._owns_buffer = False
+        return twin
 
     def append(self, label: int) -> None:
         """Add ``label`` (a class index) to the hypothesis."""

@@ -158,7 +158,7 @@ def test_a_plan_stopped_inside_a_branch_step_leaves_no_branch_slot_in_the_cache(
     assert stopped and _session(tiny_model, decoding, noise(12, 30000)).target_ids == stopped_once.target_ids
 
 
-def test_a_copied_scorer_shares_the_class_table_and_nothing_else(tiny_model):
+def test_a_copied_scorer_shares_the_class_table_and_not_its_text(tiny_model):
     joint = JointCTC(tiny_model, 0.5, 8)
     joint.add_frames(np.random.default_rng(0).standard_normal((6, joint.table.shape[1])).astype(np.float32))
     twin = joint.scorer.copy()
