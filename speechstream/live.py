@@ -314,6 +314,12 @@ def fitting_rows(text: str, column: int, width: int, rows: int = 2) -> str:
     return tail
 
 
+def printable(text: str) -> str:
+    """``text`` with its control characters (line breaks, tabs, escapes) as spaces: a tail is fitted and erased by
+    its columns, which such characters would move the cursor past (or the terminal act on)."""
+    return "".join(" " if unicodedata.category(char) in ("Cc", "Zl", "Zp") else char for char in text)
+
+
 def fitting_tail(text: str, columns: int) -> str:
     """The longest end of ``text`` that takes at most ``columns`` terminal columns."""
     used, start = 0, len(text)
@@ -346,7 +352,7 @@ class Printer:
         if event.type == "partial":
             if self.tty:
                 self._clear()
-                tail = fitting_rows(event.text, self._start, self.width)
+                tail = fitting_rows(printable(event.text), self._start, self.width)
                 self.err.write(tail)
                 self.err.flush()
                 self._shown = tail

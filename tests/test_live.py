@@ -567,6 +567,21 @@ def test_a_wide_tail_that_wraps_early_is_erased_whole():
     assert terminal.screen == ["abc"]
 
 
+def test_a_tail_holding_line_breaks_or_controls_is_shown_on_its_rows_and_erased_whole():
+    """The tail is fitted and erased by its columns: a line break, tab or escape the model wrote in it moved the
+    cursor in ways not counted, so erasing left its first row on the screen (or the escape acted on the terminal).
+    Control characters are shown as spaces."""
+    from speechstream.session import Event
+
+    terminal = _Terminal(width=20)
+    printer = live.Printer(terminal.stream(), terminal.stream(), width=20)
+    printer(Event("final", "Hello", 0.0, 0.0))
+    printer(Event("partial", " one\ntwo\tthree\x1b[2Jx", 0.0, 0.0))
+    assert terminal.screen == ["Hello one two three", "[2Jx"]
+    printer(Event("final", " one", 0.0, 0.0))
+    assert terminal.screen == ["Hello one"]
+
+
 def test_the_block_queued_as_the_stream_ends_is_read():
     """The main loop found the queue empty, and in the moment before it asked whether the stream was still active the
     callback queued its last block and ended the stream (``--seconds`` reached): that block (up to 100 ms of the
