@@ -173,18 +173,25 @@ def resolve(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Pa
     """Something ``from_pretrained`` accepts: a known asset fetched, a local directory as is, else a hub id as is.
 
     The bare name of an asset is always the asset, even where the current folder has a folder of that name (write
-    ``./whisper-base`` for that one). A path that looks local (``./x``, ``/x``, ``~/x``) but is no directory is an
-    InputError, not a hub id.
+    ``./whisper-base`` for that one). A path that looks local (``./x``, ``/x``, ``~/x``) or cannot be a hub id (empty,
+    ``a/b/c``, ``x/``, a backslash) but is no directory is an InputError, not a hub id.
     """
     text = str(name_or_path)
     if text in ASSETS and not isinstance(name_or_path, Path):
         return fetch(text, cache_dir)
     path = Path(os.path.expanduser(text))  # (Path.expanduser raised RuntimeError for a "~name" naming no user)
-    if path.is_dir():
+    if text and path.is_dir():  # (an empty name is Path("."): the current folder)
         return path
-    if path.exists() or text.startswith((".", "/", "~")):
-        raise InputError(f"{text}: not a model directory (and not a known asset or hub id)")
+    if path.exists() or looks_local(text):
+        raise InputError(f"{text or repr(text)}: not a model directory (and not a known asset or hub id)")
     return text
+
+
+def looks_local(text: str) -> bool:
+    """Whether ``text`` can only be a path: it starts like one (``.``, ``/``, ``~``) or is no hub id (``name`` or
+    ``namespace/name``): empty, two or more ``/``, a trailing ``/``, a backslash."""
+    return (not text or text.startswith((".", "/", "~")) or text.count("/") > 1 or text.endswith("/")
+            or "\\" in text)
 
 
 # --- cache state ---------------------------------------------------------------------------------------------------

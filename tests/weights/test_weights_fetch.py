@@ -392,3 +392,15 @@ def test_a_dangling_symbolic_link_in_place_of_the_asset_is_replaced(index, cache
     built = fetch(NAME)
     assert built == cache / NAME and not built.is_symlink() and (built / "model.safetensors").is_file()
     assert sorted(path.name for path in cache.iterdir()) == [NAME]  # no scratch left behind
+
+
+@pytest.mark.parametrize("text", ["", "models/en/llm", "llm-folder/", "models\\llm"])
+def test_a_path_that_cannot_be_a_hub_id_is_not_passed_on_as_one(index, cache, monkeypatch, tmp_path, text):
+    """An empty name resolved to the current folder ("." loaded whatever was there); a folder path mistyped without
+    a leading "./" ("models/en/llm", "llm-folder/", "models\\llm") went to the hub as an id, and the user read
+    transformers' "Repo id must be in the form 'repo_name' or 'namespace/repo_name'" instead of a missing folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="not a model directory"):
+        resolve(text)
+    assert resolve("openai/whisper-tiny.en") == "openai/whisper-tiny.en"  # (a hub id still passes)
+    assert resolve("gpt2") == "gpt2"
