@@ -164,7 +164,8 @@ def load_pretrained(config: ModelConfig, field: str, name: str, load, base_dir: 
     where = f"model {config.name}: {field}"
     path = None  # (found: a failure after this is one of loading it)
     try:
-        relative = base_dir is not None and name not in ASSETS and not Path(os.path.expanduser(name)).is_absolute()
+        relative = base_dir is not None and name not in ASSETS and name != "" \
+            and not Path(os.path.expanduser(name)).is_absolute()  # (base_dir / "" is the config's own folder)
         local = base_dir / name if relative else None
         path = resolve(local if local is not None and local.is_dir() else name)
         return load(path)

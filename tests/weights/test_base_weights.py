@@ -90,6 +90,8 @@ def test_only_safetensors_are_read(tmp_path):
     ("llm__base", "EMPTY", r"llm.base '.*empty': cannot load it"),
     ("tokenizer", "someone/not-in-any-cache", r"tokenizer 'someone/not-in-any-cache': cannot load it"),
     ("tokenizer", "EMPTY", r"tokenizer '.*empty': cannot load it"),
+    ("llm__base", "", r"llm.base: '': not a model directory"),  # (it loaded the model's own folder as the LLM)
+    ("tokenizer", "", r"tokenizer: '': not a model directory"),
 ])
 def test_pretrained_parts_that_cannot_be_loaded_are_one_line(capsys, tmp_path, field, value, match):
     """Offline (the tests run with HF_HUB_OFFLINE=1), a hub id that is not cached, a missing folder or one without
