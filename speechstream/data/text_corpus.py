@@ -287,22 +287,33 @@ def _gcide_quotation(lines: list[str]) -> list[str]:
 
 
 def read_gettext(locale_globs: Sequence[str] = LOCALE_GLOBS) -> list[str]:
-    """English message ids of the installed gettext catalogs, one catalog per domain (msgctxt dropped)."""
-    by_domain: dict[str, str] = {}
+    """English message ids of the installed gettext catalogs, one readable catalog per domain (msgctxt dropped)."""
+    by_domain: dict[str, list[str]] = defaultdict(list)
     for pattern in locale_globs:
         for path in sorted(glob.glob(pattern)):
-            by_domain.setdefault(os.path.basename(path), path)
+            by_domain[os.path.basename(path)].append(path)
     messages: set[str] = set()
     for domain in sorted(by_domain):
-        try:
-            with open(by_domain[domain], "rb") as handle:
-                catalog = gettext.GNUTranslations(handle)._catalog  # noqa: SLF001  (msgid -> msgstr)
-        except (OSError, UnicodeDecodeError, ValueError):
-            continue
-        for key in catalog:
+        for key in _first_readable_catalog(by_domain[domain]):
             if isinstance(key, str) and key:
                 messages.add(key.split("\x04")[-1])  # "context\x04msgid"
     return sorted(messages)
+
+
+def _first_readable_catalog(paths: Sequence[str]) -> dict:
+    """msgid -> msgstr of the first of ``paths`` (one domain's catalogs) that Python's gettext reads, {} if none.
+
+    A broken catalog (a header left as the template's "charset=CHARSET": LookupError; "Plural-Forms" without
+    "plural=": IndexError; text not in its charset: UnicodeDecodeError) is skipped for the next language's: the
+    msgids are the same in every language of a domain.
+    """
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                return gettext.GNUTranslations(handle)._catalog  # noqa: SLF001
+        except (OSError, ValueError, LookupError, IndexError):
+            continue
+    return {}
 
 
 # --- spoken numbers ------------------------------------------------------------------------------------------------

@@ -240,3 +240,18 @@ def _mo_file(messages: dict[str, str]) -> bytes:
     header = struct.pack("<7I", 0x950412DE, 0, len(keys), table, table + 8 * len(keys), 0, 0)
     entries = b"".join(struct.pack("<2I", *entry) for entry in original_entries + translation_entries)
     return header + entries + blob
+
+
+@pytest.mark.parametrize("header", [
+    "Content-Type: text/plain; charset=CHARSET\n",  # an unfilled template header: an unknown encoding
+    "Content-Type: text/plain; charset=UTF-8\nPlural-Forms: nplurals=INTEGER;\n",  # no plural= expression
+    "Content-Type: text/plain; charset=ASCII\n",  # says ASCII but holds UTF-8
+])
+def test_read_gettext_reads_the_domain_from_another_catalog_when_one_is_broken(tmp_path, header):
+    # One catalog a domain per machine is read; a broken first one must neither crash the corpus nor lose the domain.
+    for language, messages in (("ab", {"": header, "Open the file": "\u00d6ffnen"}),
+                               ("de", {"": "Content-Type: text/plain; charset=UTF-8\n", "Open the file": "Offnen"})):
+        catalog = tmp_path / language / "LC_MESSAGES" / "demo.mo"
+        catalog.parent.mkdir(parents=True)
+        catalog.write_bytes(_mo_file(messages))
+    assert read_gettext([str(tmp_path / "*" / "LC_MESSAGES" / "*.mo")]) == ["Open the file"]
