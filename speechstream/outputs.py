@@ -93,7 +93,8 @@ def cues(events: list[Event], segment_starts: Sequence[float] = (), words: Seque
     MAX_CUE_CHARS stays whole: there are no word times to split it at). A cue ends when its last words were
     committed and starts where the previous cue ended, but no earlier than MAX_CUE_SECONDS before its own end
     (after a long silence the text is not shown long before it is spoken) nor before the start of the segment
-    its first piece belongs to. ``segment_starts``: seconds where each VAD segment's audio starts, in order
+    its first words belong to (a piece of whitespace alone, which a segment can end with, is not counted).
+    ``segment_starts``: seconds where each VAD segment's audio starts, in order
     (``StreamingSession.segment_start_times``); a piece committed at ``source_s`` belongs to the last segment
     that starts before it. Pieces committed at the moment the previous cue ended (the flush at a segment end)
     join that cue: a cue never has zero length. A piece that goes on with the cue's last word (``_inside_word``)
@@ -117,6 +118,8 @@ def cues(events: list[Event], segment_starts: Sequence[float] = (), words: Seque
             start = _cue_start(groups, len(groups) - 1)
             too_long = len((text + event.text).strip()) > MAX_CUE_CHARS or event.source_s - start > MAX_CUE_SECONDS
             if not too_long or event.source_s <= end or not text.strip() or _inside_word(text, event.text):
+                # (a cue of whitespace alone, a segment's last piece: its first words are this piece's)
+                floor = floor if text.strip() else segment_start(event.source_s)
                 groups[-1] = [text + event.text, max(end, event.source_s), floor]
                 continue
         groups.append([event.text, event.source_s, segment_start(event.source_s)])

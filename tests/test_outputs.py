@@ -237,6 +237,16 @@ def test_a_piece_of_whitespace_alone_is_no_cue_and_ends_none():
     assert cues(stream(final(" ", 5.0), final("x" * 43, 6.0))) == [Cue(0.0, 6.0, "x" * 43)]
 
 
+def test_a_segment_ending_in_a_space_does_not_start_the_next_segments_cue_in_the_pause():
+    """A segment can end with a space token, committed alone by its flush (``TextAssembler.start_segment``): the
+    next segment's text joins that piece of whitespace, and its cue starts where that segment starts (20 s), not in
+    the pause before it (14.5 s: the floor was the segment the lone space was committed in)."""
+    events = stream(final("He was not an ill spoken man, and yet he", 1.5), final(" ", 9.0), final("might", 21.5),
+                    final(" even have been.", 23.5), audio_s=24.0)
+    assert cues(events, [0.5, 20.0]) == [Cue(0.5, 1.5, "He was not an ill spoken man, and yet he"),
+                                         Cue(20.0, 23.5, "might even have been.")]
+
+
 @pytest.mark.parametrize("seconds, stamp", [(359999.999, "99:59:59,999"), (360000.0, "100:00:00,000"),
                                             (3600000.5, "1000:00:00,500")])
 def test_timestamps_past_99_hours_keep_every_digit(seconds, stamp):
