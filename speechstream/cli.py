@@ -804,7 +804,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         starts = session.segment_start_times
         with open(args.output, "w", encoding="utf-8") as out:
             if args.format == "text":
-                out.write(session.transcript + "\n")
+                out.write(outputs.text_piece(session.transcript) + "\n")  # (one line, as transcribe writes it)
             elif args.format == "json":
                 document = outputs.json_document(f"microphone:{device['name']}", result.events, starts, session.words)
                 json.dump(document, out, ensure_ascii=False, indent=2)

@@ -1459,6 +1459,26 @@ def test_live_saves_what_transcribe_writes_after_dropped_silence(capsys, monkeyp
     assert all(start >= SILENCE_S - 0.6 for start, _, _ in srt_cues(saved.read_text(encoding="utf-8")))
 
 
+def test_live_saves_the_text_on_one_line_as_transcribe_does(capsys, monkeypatch, tmp_path):
+    """``live --output x.txt`` saves the transcript as transcribe's text format writes it: a line break the model
+    wrote is a space (it saved the text's own line breaks: a transcript of several lines, unlike transcribe's)."""
+    from speechstream import live
+
+    for module in (session_module, transcribe_module):
+        monkeypatch.setattr(module, "StreamingSession", LineBreakingSession)
+    path = write_wav(tmp_path / "clip.wav", seconds=2.0)
+    audio = soundfile.read(path, dtype="float32")[0]
+    monkeypatch.setattr(live, "load_sounddevice", lambda: FakeSoundDevice(audio))
+    options = ["--chunk-ms", "320", "--k", "1"]
+    saved = tmp_path / "live.txt"
+    code, out, err = run(capsys, "live", "--seconds", str(audio.size / 16000), "--output", saved, *options)
+    assert code == 0, err
+    code, reference, err = run(capsys, "transcribe", path, *options)
+    assert code == 0, err
+    assert len(reference.split()) > 1 and reference.count("\n") == 1
+    assert saved.read_text(encoding="utf-8") == reference
+
+
 def test_a_device_name_that_matches_several_is_one_error_line(capsys, monkeypatch):
     """sounddevice lists the devices a name matches one per line; the error stays one line."""
     from speechstream import live
