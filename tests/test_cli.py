@@ -1441,17 +1441,22 @@ class FakeSoundDevice:
         return Stream()
 
 
-def test_live_saves_what_transcribe_writes_after_dropped_silence(capsys, monkeypatch, tmp_path, wordy):
-    """``live --output x.srt`` (no --format) saves subtitles, with the times transcribe gives the same audio."""
+def record_live(capsys, monkeypatch, path, saved, options) -> None:
+    """``live --output saved`` over the audio of file ``path`` played by a fake microphone, for its length."""
     from speechstream import live
 
-    path = silence_then_speech(tmp_path / "late.wav")
     audio = soundfile.read(path, dtype="float32")[0]
     monkeypatch.setattr(live, "load_sounddevice", lambda: FakeSoundDevice(audio))
+    code, _, err = run(capsys, "live", "--seconds", str(audio.size / 16000), "--output", saved, *options)
+    assert code == 0, err
+
+
+def test_live_saves_what_transcribe_writes_after_dropped_silence(capsys, monkeypatch, tmp_path, wordy):
+    """``live --output x.srt`` (no --format) saves subtitles, with the times transcribe gives the same audio."""
+    path = silence_then_speech(tmp_path / "late.wav")
     options = ["--chunk-ms", "160", "--k", "1"]
     saved = tmp_path / "live.srt"
-    code, out, err = run(capsys, "live", "--seconds", str(audio.size / 16000), "--output", saved, *options)
-    assert code == 0, err
+    record_live(capsys, monkeypatch, path, saved, options)
     reference = tmp_path / "reference.srt"
     code, _, err = run(capsys, "transcribe", path, "--output", reference, *options)
     assert code == 0, err
@@ -1462,17 +1467,12 @@ def test_live_saves_what_transcribe_writes_after_dropped_silence(capsys, monkeyp
 def test_live_saves_the_text_on_one_line_as_transcribe_does(capsys, monkeypatch, tmp_path):
     """``live --output x.txt`` saves the transcript as transcribe's text format writes it: a line break the model
     wrote is a space (it saved the text's own line breaks: a transcript of several lines, unlike transcribe's)."""
-    from speechstream import live
-
     for module in (session_module, transcribe_module):
         monkeypatch.setattr(module, "StreamingSession", LineBreakingSession)
     path = write_wav(tmp_path / "clip.wav", seconds=2.0)
-    audio = soundfile.read(path, dtype="float32")[0]
-    monkeypatch.setattr(live, "load_sounddevice", lambda: FakeSoundDevice(audio))
     options = ["--chunk-ms", "320", "--k", "1"]
     saved = tmp_path / "live.txt"
-    code, out, err = run(capsys, "live", "--seconds", str(audio.size / 16000), "--output", saved, *options)
-    assert code == 0, err
+    record_live(capsys, monkeypatch, path, saved, options)
     code, reference, err = run(capsys, "transcribe", path, *options)
     assert code == 0, err
     assert len(reference.split()) > 1 and reference.count("\n") == 1
