@@ -451,7 +451,7 @@ def model_fingerprint(baseline: str, model_name: str) -> dict:
         config = load_model_config(path)  # checks it
         # (parsed as the model is loaded: 0.5 and 5e-1 are one value)
         content = json.dumps(load_yaml(path.read_text(encoding="utf-8")), sort_keys=True, default=str)
-        checkpoint = checkpoint_path(config, path.parent) if config.checkpoint else None
+        checkpoint = checkpoint_path(config.checkpoint, path.parent) if config.checkpoint else None
         return {"config_sha256": hashlib.sha256(content.encode("utf-8")).hexdigest(),
                 "checkpoint": file_hash(checkpoint) if checkpoint and checkpoint.is_file() else None}
     from pathlib import Path

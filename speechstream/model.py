@@ -34,6 +34,13 @@ TRANSLATION_MODEL = "smollm2-whisper-base-es-en"  # Spanish speech -> English te
 ASR_MODEL = "smollm2-whisper-base"  # English speech -> English text (recipes/asr/)
 
 
+def checkpoint_path(checkpoint: str, base_dir: Path | None = None) -> Path:
+    """The file a model config's ``checkpoint`` names: a leading "~" that names a home folder is that folder (as
+    for encoder.weights, llm.base and tokenizer); a relative path is read from ``base_dir`` (the config's folder; None:
+    the current one)."""
+    return (base_dir or Path.cwd()) / os.path.expanduser(checkpoint)
+
+
 def _trained(name: str) -> bool:
     """Whether the shipped model ``name`` names a checkpoint that exists (a trained model, not a config alone), read
     where loading reads it (``checkpoint_path``: "~" is the home folder). A config that cannot say (not a mapping, a
@@ -46,7 +53,7 @@ def _trained(name: str) -> bool:
     except (OSError, yaml.YAMLError):
         return False
     checkpoint = config.get("checkpoint") if isinstance(config, dict) else None
-    return isinstance(checkpoint, str) and bool(checkpoint) and (path.parent / os.path.expanduser(checkpoint)).is_file()
+    return isinstance(checkpoint, str) and bool(checkpoint) and checkpoint_path(checkpoint, path.parent).is_file()
 
 
 # Used when no --model is given: the task's shipped model once its recipe has exported a trained checkpoint
@@ -417,19 +424,12 @@ def build_model(config: ModelConfig, base_dir: Path | None = None, for_training:
     if config.llm.lora_rank and for_training:
         add_lora(model.decoder.llm, config.llm)
     if config.checkpoint:
-        path = checkpoint_path(config, base_dir)
+        path = checkpoint_path(config.checkpoint, base_dir)
         loaded = load_trainable(model, path, merge=config.llm if config.llm.lora_rank and not for_training else None)
         if model.ctc_head is not None and not for_training and not any(n.startswith("ctc_head.") for n in loaded):
             raise InputError(f"{path}: the config asks for a fine CTC head (ctc_hop {config.ctc_hop}) that the "
                              "checkpoint does not have")
     return model.eval()
-
-
-def checkpoint_path(config: ModelConfig, base_dir: Path | None = None) -> Path:
-    """The file the model config's ``checkpoint`` names: a leading "~" that names a home folder is that folder (as
-    for encoder.weights, llm.base and tokenizer); a relative path is read from ``base_dir`` (the config's folder; None:
-    the current one)."""
-    return (base_dir or Path.cwd()) / os.path.expanduser(config.checkpoint)
 
 
 def merge_lora(llm: nn.Module) -> None:
